@@ -1,0 +1,132 @@
+"""The FastAPI application: `create_app(settings)` wires services in a lifespan.
+
+`app = create_app()` is what `uvicorn server.app:app` serves. Nothing heavy (torch,
+transformers, tinker, wandb) is imported here or by anything this imports at start-up.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+
+from server import __version__
+from server.db import init_db, make_engine
+from server.deps import Services, require_token
+from server.errors import DomainError, status_for
+from server.routes import environments, health, runs
+from server.services.catalog import Catalog
+from server.services.configs import ConfigService
+from server.services.metrics import MetricsService
+from server.services.run_views import RunViews
+from server.services.runs import RunService
+from server.services.supervisor import Supervisor
+from server.settings import PROJECT_ROOT, Settings
+
+log = logging.getLogger("server")
+
+
+def build_services(settings: Settings) -> Services:
+    settings.var_dir.mkdir(parents=True, exist_ok=True)
+    settings.runs_dir.mkdir(parents=True, exist_ok=True)
+    engine = make_engine(settings.db_url)
+    init_db(engine)
+    catalog = Catalog(settings.environment_dirs, PROJECT_ROOT)
+    configs = ConfigService(engine, catalog)
+    metrics = MetricsService(engine)
+    supervisor = Supervisor(settings, engine)
+    runs_service = RunService(
+        settings, engine, configs, RunViews(settings, metrics), supervisor.wake
+    )
+    return Services(settings, engine, catalog, configs, metrics, runs_service, supervisor)
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or Settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        svc = build_services(settings)
+        app.state.services = svc
+        await svc.supervisor.start()
+        try:
+            yield
+        finally:
+            await svc.supervisor.stop()
+            svc.engine.dispose()
+
+    app = FastAPI(
+        title="RL control server",
+        version=__version__,
+        description="Discover RL environments, edit their config, run and watch LoRA training.",
+        lifespan=lifespan,
+    )
+    app.state.settings = settings
+    app.add_exception_handler(DomainError, _domain_error)  # type: ignore[arg-type]
+    app.add_exception_handler(RequestValidationError, _validation_error)  # type: ignore[arg-type]
+    app.include_router(health.router)
+    protected = [Depends(require_token)]
+    app.include_router(environments.router, dependencies=protected)
+    app.include_router(runs.router, dependencies=protected)
+    _document_errors(app)
+    return app
+
+
+async def _domain_error(_request: Request, exc: DomainError) -> JSONResponse:
+    headers = {"WWW-Authenticate": "Bearer"} if status_for(exc) == 401 else None
+    return JSONResponse(
+        {"detail": exc.detail, **exc.extra}, status_code=status_for(exc), headers=headers
+    )
+
+
+async def _validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:
+    """One readable sentence naming each bad field, instead of FastAPI's list of dicts."""
+    parts = []
+    for err in exc.errors():
+        loc = [str(p) for p in err.get("loc", ()) if p not in ("body", "query", "path", "header")]
+        where = ".".join(loc) or "body"
+        if err.get("type") == "json_invalid":
+            parts.append(f"body: malformed JSON ({err.get('ctx', {}).get('error', 'invalid')})")
+        elif err.get("type") == "extra_forbidden":
+            parts.append(f"{where}: unknown field; remove it (see /docs for the accepted fields)")
+        else:
+            parts.append(f"{where}: {err.get('msg', 'invalid')}")
+    return JSONResponse({"detail": "; ".join(parts) + "."}, status_code=422)
+
+
+def _document_errors(app: FastAPI) -> None:
+    """Declare our error body ({"detail": str}) in the OpenAPI document for every route."""
+    original = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema:
+            return app.openapi_schema
+        schema = original()
+        error_ref = {"$ref": "#/components/schemas/Error"}
+        schema.setdefault("components", {}).setdefault("schemas", {})["Error"] = {
+            "type": "object",
+            "properties": {"detail": {"type": "string"}},
+            "required": ["detail"],
+        }
+        for path_item in schema.get("paths", {}).values():
+            for operation in path_item.values():
+                responses = operation.setdefault("responses", {})
+                for code in ("400", "401", "404", "409", "422", "424"):
+                    responses[code] = {
+                        "description": "Error: what is wrong and how to fix it",
+                        "content": {"application/json": {"schema": error_ref}},
+                    }
+        schema["components"]["schemas"].pop("HTTPValidationError", None)
+        schema["components"]["schemas"].pop("ValidationError", None)
+        app.openapi_schema = schema
+        return schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
+app = create_app()

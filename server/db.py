@@ -1,0 +1,70 @@
+"""The database engine (SQLite file in WAL mode by default; any SQLAlchemy URL works).
+
+Writers open transactions with BEGIN IMMEDIATE so concurrent writers queue on the busy
+timeout instead of failing with "database is locked" when a read lock cannot be upgraded.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from sqlalchemy import event
+from sqlalchemy.engine import Engine
+from sqlmodel import Session, SQLModel, create_engine
+
+BUSY_TIMEOUT_MS = 30_000
+
+
+def make_engine(url: str) -> Engine:
+    """Create the engine; for SQLite set WAL, busy timeout and foreign keys on every connection."""
+    if not url.startswith("sqlite"):
+        return create_engine(url, pool_pre_ping=True)
+    path = url.split("///", 1)[-1]
+    if path and path != ":memory:":
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+    engine = create_engine(
+        url,
+        connect_args={"check_same_thread": False, "timeout": BUSY_TIMEOUT_MS / 1000},
+        pool_size=20,
+        max_overflow=20,
+    )
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn, _record) -> None:  # type: ignore[no-untyped-def]
+        # Take over transaction control from pysqlite so BEGIN can be IMMEDIATE for writers.
+        dbapi_conn.isolation_level = None
+        cur = dbapi_conn.cursor()
+        cur.execute("PRAGMA journal_mode=WAL")
+        cur.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+        cur.execute("PRAGMA foreign_keys=ON")
+        cur.execute("PRAGMA synchronous=NORMAL")
+        cur.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn) -> None:  # type: ignore[no-untyped-def]
+        mode = conn.get_execution_options().get("sqlite_begin", "DEFERRED")
+        conn.exec_driver_sql(f"BEGIN {mode}")
+
+    return engine
+
+
+def init_db(engine: Engine) -> None:
+    from server import models  # noqa: F401  (registers the tables)
+
+    SQLModel.metadata.create_all(engine)
+
+
+@contextmanager
+def read_session(engine: Engine) -> Iterator[Session]:
+    with Session(engine) as session:
+        yield session
+
+
+@contextmanager
+def write_session(engine: Engine) -> Iterator[Session]:
+    """A session whose transaction takes the write lock up front, committed on success."""
+    with Session(engine.execution_options(sqlite_begin="IMMEDIATE")) as session:
+        yield session
+        session.commit()

@@ -1,0 +1,55 @@
+"""Domain errors raised by services, and the one table mapping them to HTTP statuses."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class DomainError(Exception):
+    """An error the client can fix; `detail` says what is wrong and how to fix it."""
+
+    def __init__(self, detail: str, **extra: Any) -> None:
+        super().__init__(detail)
+        self.detail = detail
+        self.extra = extra
+
+
+class BadRequest(DomainError):
+    """The request cannot be acted on as asked (e.g. nothing selected, a locked field)."""
+
+
+class InvalidValue(DomainError):
+    """A value fails validation; the message names the field."""
+
+
+class NotFound(DomainError):
+    """An environment, run or checkpoint that does not exist."""
+
+
+class Conflict(DomainError):
+    """The request clashes with the current state (e.g. resume of a running run)."""
+
+
+class Unauthorized(DomainError):
+    """Missing or wrong bearer token."""
+
+
+class Unavailable(DomainError):
+    """A dependency (inference worker, model) is not usable right now; retrying may help."""
+
+
+STATUS_FOR: dict[type[DomainError], int] = {
+    BadRequest: 400,
+    Unauthorized: 401,
+    NotFound: 404,
+    Conflict: 409,
+    InvalidValue: 422,
+    Unavailable: 424,
+}
+
+
+def status_for(exc: DomainError) -> int:
+    for cls in type(exc).__mro__:
+        if cls in STATUS_FOR:
+            return STATUS_FOR[cls]
+    return 400

@@ -1,0 +1,166 @@
+"""The run state machine, shared by the server and the runner (DESIGN §4).
+
+Every status change goes through `transition`, which refuses to leave a finished state;
+the runner records `running`, each step, checkpoints and its own end through this module.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy.engine import Engine
+from sqlmodel import Session
+
+from server.db import write_session
+from server.models import FINISHED, Checkpoint, Metric, Run, RunStatus, utcnow
+
+# Which status may follow which; a finished status is final (a resume starts a new attempt).
+ALLOWED: dict[RunStatus, frozenset[RunStatus]] = {
+    RunStatus.queued: frozenset({RunStatus.starting, RunStatus.stopped, RunStatus.failed}),
+    RunStatus.starting: frozenset(
+        {
+            RunStatus.running,
+            RunStatus.stopping,
+            RunStatus.failed,
+            RunStatus.succeeded,
+            RunStatus.stopped,
+        }
+    ),
+    RunStatus.running: frozenset(
+        {RunStatus.stopping, RunStatus.succeeded, RunStatus.failed, RunStatus.stopped}
+    ),
+    RunStatus.stopping: frozenset({RunStatus.stopped, RunStatus.failed, RunStatus.succeeded}),
+}
+
+
+def transition(session: Session, run: Run, new: RunStatus, **fields: Any) -> bool:
+    """Move `run` to `new` (setting `fields`) if allowed; False and no change otherwise."""
+    current = RunStatus(run.status)
+    if new == current:
+        _apply(run, fields)
+        session.add(run)
+        return True
+    if new not in ALLOWED.get(current, frozenset()):
+        return False
+    now = utcnow()
+    run.status = new
+    if new == RunStatus.running and run.started_at is None:
+        run.started_at = now
+    if new == RunStatus.stopping and run.stop_requested_at is None:
+        run.stop_requested_at = now
+    if new in FINISHED:
+        run.finished_at = now
+    _apply(run, fields)
+    session.add(run)
+    return True
+
+
+def reopen(session: Session, run: Run) -> bool:
+    """Queue a finished run again as a new attempt (resume): the one way out of a finished state."""
+    if RunStatus(run.status) not in FINISHED:
+        return False
+    run.status = RunStatus.queued
+    run.attempt += 1
+    for name in (
+        "pid",
+        "process_start",
+        "exit_code",
+        "failure_kind",
+        "details",
+        "finished_at",
+        "stop_requested_at",
+    ):
+        setattr(run, name, None)
+    session.add(run)
+    return True
+
+
+def set_status(engine: Engine, run_id: str, new: RunStatus, **fields: Any) -> bool:
+    with write_session(engine) as session:
+        run = session.get(Run, run_id)
+        return run is not None and transition(session, run, new, **fields)
+
+
+def _apply(run: Run, fields: dict[str, Any]) -> None:
+    for key, value in fields.items():
+        if not hasattr(run, key):
+            raise AttributeError(f"Run has no field {key}")
+        setattr(run, key, value)
+
+
+# The runner's records ------------------------------------------------------------------
+
+
+def record_running(engine: Engine, run_id: str, pid: int, process_start: float | None) -> bool:
+    """The runner is up: record its pid (so a restarted server can adopt it) and `running`."""
+    return set_status(engine, run_id, RunStatus.running, pid=pid, process_start=process_start)
+
+
+def record_step(
+    engine: Engine, run_id: str, step: int, metrics: dict[str, float], *, at: datetime | None = None
+) -> None:
+    """One finished training step: its metrics row and the run's progress, in one transaction."""
+    with write_session(engine) as session:
+        run = session.get(Run, run_id)
+        if run is None:
+            return
+        session.add(Metric(run_id=run_id, step=step, values_json=json.dumps(clean(metrics))))
+        run.step = max(run.step, step)
+        run.last_step_at = at or utcnow()
+        session.add(run)
+
+
+def record_metrics(engine: Engine, run_id: str, step: int, metrics: dict[str, float]) -> None:
+    """Metrics that are not a training step (e.g. an evaluation) at `step`."""
+    with write_session(engine) as session:
+        session.add(Metric(run_id=run_id, step=step, values_json=json.dumps(clean(metrics))))
+
+
+def record_checkpoint(
+    engine: Engine, run_id: str, step: int, kind: str, name: str, path: str
+) -> None:
+    with write_session(engine) as session:
+        session.add(Checkpoint(run_id=run_id, step=step, kind=kind, name=name, path=path))
+        if kind == "sampler":
+            run = session.get(Run, run_id)
+            if run is not None:
+                run.weights_path = path
+                session.add(run)
+
+
+def record_fields(engine: Engine, run_id: str, **fields: Any) -> None:
+    """Non-status facts about a run (W&B path and URL, weights path)."""
+    with write_session(engine) as session:
+        run = session.get(Run, run_id)
+        if run is not None:
+            _apply(run, fields)
+            session.add(run)
+
+
+def record_end(
+    engine: Engine,
+    run_id: str,
+    status: RunStatus,
+    *,
+    failure_kind: str | None = None,
+    details: str | None = None,
+) -> bool:
+    """The runner's own end: succeeded, stopped (after SIGTERM) or failed (a caught error)."""
+    if status not in FINISHED:
+        raise ValueError(f"{status} is not a final status")
+    return set_status(engine, run_id, status, failure_kind=failure_kind, details=details)
+
+
+def clean(metrics: dict[str, Any]) -> dict[str, float | None]:
+    """JSON-safe metric values: numbers as float, NaN and infinities as null."""
+    out: dict[str, float | None] = {}
+    for key, value in metrics.items():
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            continue
+        out[key] = number if math.isfinite(number) else None
+    return out

@@ -1,0 +1,1 @@
+"""HTTP routes: thin wrappers, one service call each."""

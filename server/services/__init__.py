@@ -1,0 +1,1 @@
+"""Services: the logic behind the routes."""

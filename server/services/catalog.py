@@ -1,0 +1,139 @@
+"""The environment catalog: listing by source scan, lookup by name, importing on demand.
+
+Listing never imports. An import is attempted on select, run and inference; its failure is
+remembered (per file version) and shown in the listing as `importable: false` with the error.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+import threading
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+
+from environments._loader import load_env_class
+from environments.base import BaseEnv
+from server.errors import Conflict, InvalidValue, NotFound
+from server.services import discovery
+
+NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$")
+
+
+@dataclass(frozen=True)
+class EnvEntry:
+    name: str
+    class_name: str | None
+    file_path: str
+    description: str
+    importable: bool | None
+    error: str | None
+    path: Path
+
+
+class Catalog:
+    def __init__(self, dirs: list[Path], root: Path) -> None:
+        self._dirs = dirs
+        self._root = root
+        self._lock = threading.Lock()
+        # (path, class name) -> (file mtime, class or error text) of the last import attempt.
+        self._imports: dict[tuple[Path, str], tuple[float, type[BaseEnv] | str]] = {}
+
+    def list(self) -> list[EnvEntry]:
+        return [self._entry(found) for found in discovery.scan(self._dirs)]
+
+    def names(self) -> list[str]:
+        return [e.name for e in self.list()]
+
+    def get(self, name: str) -> EnvEntry:
+        check_name(name)
+        entries = self.list()
+        for entry in entries:
+            if entry.name == name:
+                return entry
+        close = difflib.get_close_matches(name, [e.name for e in entries], n=3, cutoff=0.5)
+        hint = f" Did you mean {', '.join(close)}?" if close else ""
+        known = ", ".join(e.name for e in entries) or "none"
+        raise NotFound(
+            f"Unknown environment '{name}'.{hint} Known environments: {known} "
+            "(GET /environments lists them).",
+            close_matches=close,
+        )
+
+    def load(self, name: str) -> tuple[EnvEntry, type[BaseEnv]]:
+        """Import the environment's class; an import failure becomes a 409 naming the error."""
+        entry = self.get(name)
+        if entry.class_name is None:
+            raise Conflict(
+                f"Environment '{name}' cannot be imported: {entry.error}. Fix {entry.file_path}.",
+                importable=False,
+                error=entry.error,
+            )
+        key = (entry.path, entry.class_name)
+        with self._lock:
+            mtime = _mtime(entry.path)
+            hit = self._imports.get(key)
+            if hit is None or hit[0] != mtime:
+                try:
+                    result: type[BaseEnv] | str = load_env_class(entry.path, entry.class_name)
+                except (Exception, SystemExit) as exc:  # user code may fail in any way
+                    result = _describe(exc)
+                self._imports[key] = hit = (mtime, result)
+        if isinstance(hit[1], str):
+            raise Conflict(
+                f"Environment '{name}' cannot be imported: {hit[1]}. Fix {entry.file_path}.",
+                importable=False,
+                error=hit[1],
+            )
+        return self._entry_for(entry), hit[1]
+
+    def _entry(self, found: discovery.FoundEnv) -> EnvEntry:
+        importable: bool | None = None
+        error = found.syntax_error
+        if error is not None:
+            importable = False
+        elif found.class_name is not None:
+            hit = self._imports.get((found.path, found.class_name))
+            if hit is not None and hit[0] == _mtime(found.path):
+                importable = not isinstance(hit[1], str)
+                error = hit[1] if isinstance(hit[1], str) else None
+        return EnvEntry(
+            name=found.name,
+            class_name=found.class_name,
+            file_path=self._relative(found.path),
+            description=found.description,
+            importable=importable,
+            error=error,
+            path=found.path,
+        )
+
+    def _entry_for(self, entry: EnvEntry) -> EnvEntry:
+        return EnvEntry(**{**entry.__dict__, "importable": True, "error": None})
+
+    def _relative(self, path: Path) -> str:
+        try:
+            return str(path.resolve().relative_to(self._root))
+        except ValueError:
+            return str(path)
+
+
+def check_name(name: str) -> None:
+    if not NAME_PATTERN.match(name) or ".." in name:
+        raise InvalidValue(
+            f"name: '{name[:80]}' is not a valid environment name; use letters, digits, "
+            "'_', '-' or '.' (no path characters), as listed by GET /environments."
+        )
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return -1.0
+
+
+def _describe(exc: BaseException) -> str:
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = f" ({Path(frames[-1].filename).name}:{frames[-1].lineno})" if frames else ""
+    return f"{type(exc).__name__}: {exc}{where}"

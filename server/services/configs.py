@@ -1,0 +1,181 @@
+"""Per-environment config: defaults from the class, edits stored and versioned, validation.
+
+Only the fields a user edited are stored, so a later change of a class default still applies
+to fields nobody touched. Edits are validated strictly (JSON types, no coercion from strings).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from pydantic import ValidationError
+from sqlalchemy.engine import Engine
+from sqlmodel import Session, col, select
+
+from environments.base import EnvConfig
+from server.db import read_session, write_session
+from server.errors import BadRequest, InvalidValue
+from server.models import EnvironmentConfig, Selection, iso, utcnow
+from server.services.catalog import Catalog, EnvEntry
+
+
+class ConfigService:
+    def __init__(self, engine: Engine, catalog: Catalog) -> None:
+        self._engine = engine
+        self._catalog = catalog
+
+    # Selection -------------------------------------------------------------------------
+
+    def select(self, name: str) -> dict[str, Any]:
+        entry, cls = self._catalog.load(name)
+        with write_session(self._engine) as session:
+            row = session.get(Selection, 1)
+            if row is None:
+                session.add(Selection(id=1, environment=entry.name))
+            else:
+                row.environment, row.selected_at = entry.name, utcnow()
+                session.add(row)
+        view = self.view(entry.name)
+        return {
+            "selected": entry.name,
+            "file_path": entry.file_path,
+            "class_name": entry.class_name,
+            "description": entry.description,
+            "config": view["configurable_fields"],
+        }
+
+    def selected(self) -> str:
+        with read_session(self._engine) as session:
+            row = session.get(Selection, 1)
+        if row is None:
+            raise BadRequest(
+                "No environment is selected: select one first with "
+                "POST /environments/{name}/select (GET /environments lists them)."
+            )
+        return row.environment
+
+    # Reading ---------------------------------------------------------------------------
+
+    def view(self, name: str) -> dict[str, Any]:
+        entry, config_cls = self._config_class(name)
+        with read_session(self._engine) as session:
+            stored, version, updated_at = _stored(session, entry.name)
+        config = _build(config_cls, stored)
+        values = config.model_dump(mode="json")
+        locked = config_cls.locked_fields()
+        schema = config_cls.model_json_schema()
+        for field in locked:
+            schema.get("properties", {}).pop(field, None)
+        return {
+            "environment": entry.name,
+            "configurable_fields": {k: v for k, v in values.items() if k not in locked},
+            "locked_fields": {k: v for k, v in values.items() if k in locked},
+            "schema": schema,
+            "version": version,
+            "updated_at": iso(updated_at),
+        }
+
+    def resolve(
+        self, name: str, overrides: dict[str, Any] | None = None
+    ) -> tuple[EnvEntry, EnvConfig]:
+        """Defaults + stored edits + overrides, validated as a whole (for starting a run)."""
+        entry, config_cls = self._config_class(name)
+        overrides = overrides or {}
+        _check_fields(config_cls, overrides, InvalidValue)
+        with read_session(self._engine) as session:
+            stored, _, _ = _stored(session, entry.name)
+        return entry, _validate(config_cls, {**_known(config_cls, stored), **overrides})
+
+    # Editing ---------------------------------------------------------------------------
+
+    def set_fields(self, name: str, changes: dict[str, Any]) -> dict[str, Any]:
+        """Validate `changes` against the whole config and store them as a new version."""
+        entry, config_cls = self._config_class(name)
+        if not changes:
+            raise InvalidValue("values: give at least one field to change.")
+        _check_fields(config_cls, changes, BadRequest)
+        with write_session(self._engine) as session:
+            stored, version, _ = _stored(session, entry.name)
+            merged = {**_known(config_cls, stored), **changes}
+            _validate(config_cls, merged)
+            session.add(
+                EnvironmentConfig(
+                    environment=entry.name, version=version + 1, values_json=json.dumps(merged)
+                )
+            )
+        return self.view(entry.name)
+
+    def _config_class(self, name: str) -> tuple[EnvEntry, type[EnvConfig]]:
+        entry, cls = self._catalog.load(name)
+        return entry, cls.Config
+
+
+def _stored(session: Session, env: str) -> tuple[dict[str, Any], int, Any]:
+    row = session.exec(
+        select(EnvironmentConfig)
+        .where(EnvironmentConfig.environment == env)
+        .order_by(col(EnvironmentConfig.version).desc())
+        .limit(1)
+    ).first()
+    if row is None:
+        return {}, 0, None
+    return json.loads(row.values_json), row.version, row.updated_at
+
+
+def _known(config_cls: type[EnvConfig], stored: dict[str, Any]) -> dict[str, Any]:
+    # A field removed from the class since it was stored is ignored rather than fatal.
+    return {k: v for k, v in stored.items() if k in config_cls.model_fields}
+
+
+def _build(config_cls: type[EnvConfig], stored: dict[str, Any]) -> EnvConfig:
+    try:
+        return config_cls.model_validate(_known(config_cls, stored), strict=True)
+    except ValidationError:
+        # Stored edits no longer valid under a changed class: show the defaults' view plus
+        # whatever still validates field by field.
+        good = {}
+        for key, value in _known(config_cls, stored).items():
+            try:
+                config_cls.model_validate({key: value}, strict=True)
+                good[key] = value
+            except ValidationError:
+                pass
+        return config_cls.model_validate(good, strict=True)
+
+
+def _check_fields(
+    config_cls: type[EnvConfig], changes: dict[str, Any], error: type[BadRequest | InvalidValue]
+) -> None:
+    fields = config_cls.model_fields
+    locked = config_cls.locked_fields()
+    editable = sorted(f for f in fields if f not in locked)
+    for key in changes:
+        if key in locked:
+            raise error(
+                f"field '{key}' is locked: the server derives it (it follows model_name); "
+                "it cannot be edited."
+            )
+        if key not in fields:
+            raise error(
+                f"field '{key}' does not exist for this environment. Editable fields: "
+                f"{', '.join(editable)}."
+            )
+
+
+def _validate(config_cls: type[EnvConfig], values: dict[str, Any]) -> EnvConfig:
+    try:
+        return config_cls.model_validate(values, strict=True)
+    except ValidationError as exc:
+        raise InvalidValue(describe_validation(exc, values)) from None
+
+
+def describe_validation(exc: ValidationError, values: dict[str, Any] | None = None) -> str:
+    parts = []
+    for err in exc.errors(include_url=False):
+        loc = ".".join(str(p) for p in err["loc"]) or "config"
+        got = f" (got {json.dumps(err['input'], default=str)[:60]})" if "input" in err else ""
+        if not err["loc"]:
+            got = ""
+        parts.append(f"field '{loc}': {err['msg']}{got}")
+    return "; ".join(parts) + "."

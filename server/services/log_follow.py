@@ -1,0 +1,66 @@
+"""Follow a run's log: the last lines, then new lines as they come, then one final event."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+from server.models import FINISHED, RunStatus
+from server.services.runs import RunService, tail_lines
+
+
+async def follow(
+    runs: RunService, run_id: str, tail: int, poll_s: float = 0.25
+) -> AsyncIterator[tuple[str, Any]]:
+    """Yield ("line", text) events, then ("end", {status, ...}) once the run has finished."""
+    path: Path = await asyncio.to_thread(runs.log_path, run_id)
+    offset = _size(path)
+    for line in await asyncio.to_thread(tail_lines, path, tail):
+        yield "line", line
+    pending = b""
+    while True:
+        run = await asyncio.to_thread(runs.row, run_id)
+        finished = RunStatus(run.status) in FINISHED
+        chunk, offset = await asyncio.to_thread(_read_from, path, offset)
+        pending += chunk
+        *complete, pending = pending.split(b"\n")
+        for raw in complete:
+            yield "line", raw.decode("utf-8", errors="replace")
+        if finished:
+            if pending:
+                yield "line", pending.decode("utf-8", errors="replace")
+            yield (
+                "end",
+                {
+                    "run_id": run.id,
+                    "status": run.status.value,
+                    "exit_code": run.exit_code,
+                    "failure_kind": run.failure_kind,
+                    "details": run.details,
+                },
+            )
+            return
+        await asyncio.sleep(poll_s)
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def _read_from(path: Path, offset: int, limit: int = 1 << 20) -> tuple[bytes, int]:
+    try:
+        with path.open("rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            if fh.tell() < offset:  # truncated or replaced: start again from the top
+                offset = 0
+            fh.seek(offset)
+            data = fh.read(limit)
+    except OSError:
+        return b"", offset
+    return data, offset + len(data)

@@ -1,0 +1,76 @@
+"""Process facts and signals by pid, checked against the kernel start time.
+
+A pid alone can be reused after a process dies; pid + start time names one process, so a
+restarted server never adopts or signals a stranger. Signals go to process groups, never names.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+
+def process_start_time(pid: int) -> float | None:
+    """The process's start time in clock ticks since boot (Linux /proc), or None if unknown."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # Field 2 (comm) may contain spaces and parentheses; the fields after the last ')' are fixed.
+    fields = raw.rsplit(")", 1)[-1].split()
+    try:
+        return float(fields[19])  # field 22 overall: starttime
+    except (IndexError, ValueError):
+        return None
+
+
+def is_zombie(pid: int) -> bool:
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return raw.rsplit(")", 1)[-1].split()[0] == "Z"
+
+
+def same_process_alive(pid: int, start: float | None) -> bool:
+    """True when `pid` runs and (where the kernel tells) started at `start`."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # exists, owned by someone else: the start time check below decides
+    if is_zombie(pid):
+        return False
+    now_start = process_start_time(pid)
+    return start is None or now_start is None or now_start == start
+
+
+def group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def signal_group(pgid: int, sig: signal.Signals) -> bool:
+    """Send `sig` to the process group; False when no process of it is left."""
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def describe_exit(returncode: int) -> str:
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
+        return f"killed by {name} ({-returncode})"
+    return f"exit code {returncode}"

@@ -1,0 +1,93 @@
+"""How a run looks in answers: summaries for lists, details with progress, stall and metrics."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from server.models import Run, RunStatus, iso, utcnow
+from server.services.metrics import MetricsService
+from server.settings import Settings
+
+
+class RunViews:
+    def __init__(self, settings: Settings, metrics: MetricsService) -> None:
+        self._settings = settings
+        self._metrics = metrics
+
+    def summary(self, run: Run) -> dict[str, Any]:
+        return {
+            "run_id": run.id,
+            "environment": run.environment,
+            "status": run.status.value,
+            "step": run.step,
+            "total_steps": run.total_steps,
+            "attempt": run.attempt,
+            "failure_kind": run.failure_kind,
+            "created_at": iso(run.created_at),
+            "started_at": iso(run.started_at),
+            "finished_at": iso(run.finished_at),
+        }
+
+    def detail(self, run: Run, queue: tuple[int, int] | None = None) -> dict[str, Any]:
+        status = RunStatus(run.status)
+        latest = self._metrics.latest(run)
+        progress = self.progress(run)
+        stalled, stall_details = self.stall(run, progress["time_per_step_s"])
+        details = run.details
+        if queue is not None:
+            position, active = queue
+            details = (
+                f"waiting for a slot: {active} of {self._settings.max_concurrent_runs} runs "
+                f"active (RLCS_MAX_CONCURRENT_RUNS); position {position} in the queue"
+            )
+        return {
+            **self.summary(run),
+            "metrics": latest.metrics,
+            "metrics_source": latest.source,
+            "metrics_note": latest.note,
+            "wandb_url": run.wandb_url,
+            "wandb_path": run.wandb_path,
+            "weights_path": run.weights_path,
+            "error": run.details if status == RunStatus.failed else None,
+            "details": details,
+            "exit_code": run.exit_code,
+            "pid": run.pid,
+            "config_hash": run.config_hash,
+            "stalled": stalled,
+            "stall_details": stall_details,
+            "progress": progress,
+            "last_step_at": iso(run.last_step_at),
+        }
+
+    def progress(self, run: Run) -> dict[str, Any]:
+        per_step = None
+        eta = None
+        if run.started_at and run.last_step_at and run.step > 0:
+            per_step = (run.last_step_at - run.started_at).total_seconds() / run.step
+            if run.status == RunStatus.running:
+                eta = max(0.0, per_step * (run.total_steps - run.step))
+        fraction = run.step / run.total_steps if run.total_steps else 0.0
+        return {
+            "fraction": round(min(1.0, fraction), 4),
+            "time_per_step_s": round(per_step, 3) if per_step is not None else None,
+            "eta_s": round(eta, 1) if eta is not None else None,
+        }
+
+    def stall(self, run: Run, per_step: float | None) -> tuple[bool, str | None]:
+        """Stalled: running, and no step for far longer than its usual step time."""
+        if run.status != RunStatus.running:
+            return False, None
+        since = run.last_step_at or run.started_at
+        if since is None:
+            return False, None
+        quiet = (utcnow() - since).total_seconds()
+        limit = self._settings.stall_min_s
+        if per_step is not None:
+            limit = max(limit, self._settings.stall_factor * per_step)
+        if quiet <= limit:
+            return False, None
+        usual = f"usual step time {per_step:.1f} s" if per_step else "no step finished yet"
+        return True, (
+            f"no step for {quiet:.0f} s ({usual}; flagged after {limit:.0f} s). The process is "
+            "alive; see GET /runs/{id}/logs, or stop it."
+        )

@@ -1,0 +1,234 @@
+"""Run lifecycle as the API sees it: create (frozen config), list, inspect, stop, logs."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import secrets
+import shutil
+import signal
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import func
+from sqlalchemy.engine import Engine
+from sqlalchemy.exc import IntegrityError
+from sqlmodel import Session, col, select
+
+from server import lifecycle
+from server.db import read_session, write_session
+from server.errors import InvalidValue, NotFound
+from server.models import ACTIVE, FINISHED, Run, RunStatus
+from server.services import procs
+from server.services.configs import ConfigService
+from server.services.run_views import RunViews
+from server.settings import Settings
+
+RUN_ID = re.compile(r"^r-[0-9a-f]{8}$")
+CONFIG_FILE = "config.json"
+LOG_FILE = "train.log"
+
+
+class RunService:
+    def __init__(
+        self,
+        settings: Settings,
+        engine: Engine,
+        configs: ConfigService,
+        views: RunViews,
+        wake_supervisor: Callable[[], None],
+    ) -> None:
+        self._settings = settings
+        self._engine = engine
+        self._configs = configs
+        self._views = views
+        self._wake = wake_supervisor
+
+    # Creating ----------------------------------------------------------------------------
+
+    def create(
+        self,
+        environment: str | None,
+        overrides: dict[str, Any],
+        idempotency_key: str | None = None,
+    ) -> dict[str, Any]:
+        """Resolve and freeze the config, write the run folder and row, queue it."""
+        if idempotency_key is not None:
+            existing = self._by_idempotency_key(idempotency_key)
+            if existing is not None:
+                return {"run_id": existing.id, "status": existing.status.value}
+        name = environment or self._configs.selected()
+        entry, config = self._configs.resolve(name, overrides)
+        values = config.model_dump(mode="json")
+        config_hash = hash_config(values)
+        run_id = self._new_id()
+        run_dir = self._settings.runs_dir / run_id
+        frozen = {
+            "run_id": run_id,
+            "environment": entry.name,
+            "env_file": str(entry.path),
+            "env_class": entry.class_name,
+            "config_hash": config_hash,
+            "config": values,
+        }
+        # The folder and its frozen config exist before the row, and the row before any process.
+        run_dir.mkdir(parents=True, exist_ok=False)
+        write_json_atomic(run_dir / CONFIG_FILE, frozen)
+        (run_dir / LOG_FILE).touch()
+        run = Run(
+            id=run_id,
+            environment=entry.name,
+            status=RunStatus.queued,
+            config_json=json.dumps(values, sort_keys=True),
+            config_hash=config_hash,
+            total_steps=config.total_steps,
+            run_dir=str(run_dir),
+            idempotency_key=idempotency_key,
+        )
+        try:
+            with write_session(self._engine) as session:
+                session.add(run)
+        except IntegrityError:
+            shutil.rmtree(run_dir, ignore_errors=True)
+            existing = self._by_idempotency_key(idempotency_key) if idempotency_key else None
+            if existing is None:
+                raise
+            return {"run_id": existing.id, "status": existing.status.value}
+        self._wake()
+        return {"run_id": run_id, "status": RunStatus.queued.value}
+
+    def _by_idempotency_key(self, key: str) -> Run | None:
+        if not key or len(key) > 200:
+            raise InvalidValue("Idempotency-Key: give 1 to 200 characters.")
+        with read_session(self._engine) as session:
+            return session.exec(select(Run).where(Run.idempotency_key == key)).first()
+
+    def _new_id(self) -> str:
+        while True:
+            run_id = f"r-{secrets.token_hex(4)}"
+            if not (self._settings.runs_dir / run_id).exists():
+                return run_id
+
+    # Reading -----------------------------------------------------------------------------
+
+    def get(self, run_id: str) -> dict[str, Any]:
+        run = self.row(run_id)
+        return self._views.detail(run, self._queue_position(run))
+
+    def list(
+        self,
+        status: RunStatus | None = None,
+        environment: str | None = None,
+        limit: int = 100,
+        offset: int = 0,
+    ) -> list[dict[str, Any]]:
+        query = select(Run)
+        if status is not None:
+            query = query.where(Run.status == status)
+        if environment is not None:
+            query = query.where(Run.environment == environment)
+        query = query.order_by(col(Run.created_at).desc(), col(Run.id).desc())
+        with read_session(self._engine) as session:
+            runs = session.exec(query.offset(offset).limit(limit)).all()
+        return [self._views.summary(run) for run in runs]
+
+    def row(self, run_id: str) -> Run:
+        check_run_id(run_id)
+        with read_session(self._engine) as session:
+            run = session.get(Run, run_id)
+        if run is None:
+            raise NotFound(f"No run '{run_id}'. GET /runs lists the runs.")
+        return run
+
+    def count_active(self) -> int:
+        with read_session(self._engine) as session:
+            return _count(session, ACTIVE)
+
+    def _queue_position(self, run: Run) -> tuple[int, int] | None:
+        if run.status != RunStatus.queued:
+            return None
+        with read_session(self._engine) as session:
+            ahead = session.exec(
+                select(func.count())
+                .select_from(Run)
+                .where(Run.status == RunStatus.queued, col(Run.created_at) < run.created_at)
+            ).one()
+            active = _count(session, ACTIVE)
+        return ahead + 1, active
+
+    # Stopping ----------------------------------------------------------------------------
+
+    def stop(self, run_id: str) -> dict[str, Any]:
+        """Ask a run to stop: cancel it if queued, else SIGTERM its group; idempotent."""
+        check_run_id(run_id)
+        with write_session(self._engine) as session:
+            run = session.get(Run, run_id)
+            if run is None:
+                raise NotFound(f"No run '{run_id}'. GET /runs lists the runs.")
+            status = RunStatus(run.status)
+            if status in FINISHED or status == RunStatus.stopping:
+                return {"run_id": run_id, "status": status.value}
+            if status == RunStatus.queued:
+                lifecycle.transition(
+                    session, run, RunStatus.stopped, details="cancelled before it started"
+                )
+                return {"run_id": run_id, "status": RunStatus.stopped.value}
+            lifecycle.transition(session, run, RunStatus.stopping)
+            pid, start = run.pid, run.process_start
+        # The supervisor sends SIGKILL when the grace period passes; SIGTERM goes out now.
+        if pid is not None and procs.same_process_alive(pid, start):
+            procs.signal_group(pid, signal.SIGTERM)
+        self._wake()
+        return {"run_id": run_id, "status": RunStatus.stopping.value}
+
+    # Logs --------------------------------------------------------------------------------
+
+    def log_path(self, run_id: str) -> Path:
+        return Path(self.row(run_id).run_dir) / LOG_FILE
+
+    def logs(self, run_id: str, tail: int) -> dict[str, Any]:
+        run = self.row(run_id)
+        lines = tail_lines(Path(run.run_dir) / LOG_FILE, tail)
+        return {"run_id": run_id, "status": run.status.value, "lines": lines}
+
+
+def _count(session: Session, statuses: frozenset[RunStatus]) -> int:
+    return session.exec(
+        select(func.count()).select_from(Run).where(col(Run.status).in_(list(statuses)))
+    ).one()
+
+
+def check_run_id(run_id: str) -> None:
+    if not RUN_ID.match(run_id):
+        raise InvalidValue(
+            f"run_id: '{run_id[:40]}' is not a run id; run ids look like r-3f9c2a1b "
+            "(GET /runs lists them)."
+        )
+
+
+def hash_config(values: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(values, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=True))
+    os.replace(tmp, path)
+
+
+def tail_lines(path: Path, count: int, max_bytes: int = 1 << 20) -> list[str]:
+    """The last `count` lines of a file, reading at most `max_bytes` from its end."""
+    if count <= 0:
+        return []
+    try:
+        with path.open("rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            size = fh.tell()
+            fh.seek(max(0, size - max_bytes))
+            data = fh.read()
+    except FileNotFoundError:
+        return []
+    return data.decode("utf-8", errors="replace").splitlines()[-count:]

@@ -1,0 +1,284 @@
+"""The supervisor: starts queued runs, watches their processes, enforces stop grace, and
+after a restart adopts runs that are still alive (DESIGN §1, §4, §10).
+
+It runs as one asyncio task in the server's lifespan; each tick does its blocking work in
+a thread. Runs are spawned in their own session so a stop signals the whole process group
+and the server dying never kills them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import subprocess
+import threading
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+
+from sqlalchemy.engine import Engine
+from sqlmodel import col, select
+
+from server import lifecycle
+from server.db import read_session, write_session
+from server.models import ACTIVE, FINISHED, Run, RunStatus, utcnow
+from server.services import procs
+from server.services.runs import LOG_FILE, tail_lines
+from server.settings import PROJECT_ROOT, Settings
+
+log = logging.getLogger(__name__)
+LOG_TAIL_LINES = 20
+
+
+@dataclass
+class _Watched:
+    pid: int
+    start: float | None
+    proc: subprocess.Popen[bytes] | None  # None for runs adopted after a restart
+    term_sent: bool = False
+
+
+class Supervisor:
+    def __init__(self, settings: Settings, engine: Engine) -> None:
+        self._settings = settings
+        self._engine = engine
+        self._watched: dict[str, _Watched] = {}
+        self._lock = threading.Lock()
+        self._event: asyncio.Event | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._closing = False
+
+    # Running in the lifespan ---------------------------------------------------------------
+
+    async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._event = asyncio.Event()
+        await asyncio.to_thread(self.reconcile)
+        self._task = asyncio.create_task(self._run(), name="rlcs-supervisor")
+
+    async def stop(self) -> None:
+        """Stop supervising; the runs themselves keep going and are adopted on the next start."""
+        self._closing = True
+        if self._task is not None:
+            self.wake()
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+
+    def wake(self) -> None:
+        """Ask for a tick now (thread-safe); used when a run is queued or stopped."""
+        if self._loop is not None and self._event is not None and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self._event.set)
+
+    async def _run(self) -> None:
+        assert self._event is not None
+        while not self._closing:
+            try:
+                await asyncio.to_thread(self.tick)
+            except Exception:  # a bad tick must not end supervision
+                log.exception("supervisor tick failed")
+            try:
+                await asyncio.wait_for(self._event.wait(), self._settings.supervisor_interval_s)
+            except TimeoutError:
+                pass
+            self._event.clear()
+
+    # One pass ------------------------------------------------------------------------------
+
+    def tick(self) -> None:
+        with self._lock:
+            self._watch()
+            self._start_queued()
+
+    def reconcile(self) -> None:
+        """After a (re)start: adopt unfinished runs whose process lives, settle the others."""
+        with self._lock:
+            for run in self._active_runs():
+                if run.pid is not None and procs.same_process_alive(run.pid, run.process_start):
+                    self._watched[run.id] = _Watched(run.pid, run.process_start, None)
+                    log.info("adopted run %s (pid %s)", run.id, run.pid)
+                else:
+                    self._settle_lost(run.id, "the server restarted and found its process gone")
+
+    def _active_runs(self) -> list[Run]:
+        with read_session(self._engine) as session:
+            return list(session.exec(select(Run).where(col(Run.status).in_(list(ACTIVE)))).all())
+
+    def _watch(self) -> None:
+        active = {run.id: run for run in self._active_runs()}
+        for run_id, watched in list(self._watched.items()):
+            run = active.get(run_id)
+            if watched.proc is not None:
+                returncode = self._exited_child(watched)
+                if returncode is not None:
+                    del self._watched[run_id]
+                    self._settle_exit(run_id, returncode)
+                    continue
+            elif not procs.same_process_alive(watched.pid, watched.start):
+                del self._watched[run_id]
+                self._settle_lost(run_id, "its process ended while this server was not its parent")
+                continue
+            if run is not None and run.status == RunStatus.stopping:
+                self._enforce_stop(run, watched)
+        # Active in the database but not watched: another server instance's, or lost.
+        for run_id, run in active.items():
+            if run_id not in self._watched and run.status != RunStatus.starting:
+                if run.pid is not None and procs.same_process_alive(run.pid, run.process_start):
+                    self._watched[run_id] = _Watched(run.pid, run.process_start, None)
+                else:
+                    self._settle_lost(run_id, "no process is running it")
+
+    def _exited_child(self, watched: _Watched) -> int | None:
+        """The child's return code once it exited, after killing what is left of its group."""
+        assert watched.proc is not None
+        try:
+            # WNOWAIT leaves the child a zombie, so its pid (= the group id) cannot be reused
+            # while we clear out the rest of the group.
+            info = os.waitid(os.P_PID, watched.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            info = None
+        if info is None:
+            return watched.proc.poll()
+        procs.signal_group(watched.pid, signal.SIGKILL)
+        return watched.proc.wait()
+
+    def _enforce_stop(self, run: Run, watched: _Watched) -> None:
+        if not watched.term_sent:
+            procs.signal_group(watched.pid, signal.SIGTERM)
+            watched.term_sent = True
+        requested = run.stop_requested_at or utcnow()
+        if utcnow() - requested > timedelta(seconds=self._settings.stop_grace_s):
+            if watched.proc is not None or procs.same_process_alive(watched.pid, watched.start):
+                log.warning(
+                    "run %s ignored SIGTERM for %ss: SIGKILL", run.id, self._settings.stop_grace_s
+                )
+                procs.signal_group(watched.pid, signal.SIGKILL)
+
+    def _start_queued(self) -> None:
+        with read_session(self._engine) as session:
+            active = len(self._active_runs())
+            free = self._settings.max_concurrent_runs - active
+            if free <= 0:
+                return
+            queued = session.exec(
+                select(Run)
+                .where(Run.status == RunStatus.queued)
+                .order_by(col(Run.created_at), col(Run.id))
+                .limit(free)
+            ).all()
+        for run in queued:
+            self._spawn(run.id)
+
+    def _spawn(self, run_id: str) -> None:
+        with write_session(self._engine) as session:
+            run = session.get(Run, run_id)
+            if run is None or not lifecycle.transition(session, run, RunStatus.starting):
+                return
+            run_dir = Path(run.run_dir)
+        argv = [
+            self._settings.python_executable,
+            "-m",
+            self._settings.runner_module,
+            "--run-dir",
+            str(run_dir),
+        ]
+        try:
+            with (run_dir / LOG_FILE).open("ab") as logfile:
+                proc = subprocess.Popen(
+                    argv,
+                    cwd=PROJECT_ROOT,
+                    stdin=subprocess.DEVNULL,
+                    stdout=logfile,
+                    stderr=subprocess.STDOUT,
+                    env=self._settings.child_environment(),
+                    start_new_session=True,
+                    close_fds=True,
+                )
+        except OSError as exc:
+            lifecycle.set_status(
+                self._engine,
+                run_id,
+                RunStatus.failed,
+                failure_kind="spawn",
+                details=f"could not start the runner ({' '.join(argv[:3])}): {exc}",
+            )
+            return
+        start = procs.process_start_time(proc.pid)
+        self._watched[run_id] = _Watched(proc.pid, start, proc)
+        with write_session(self._engine) as session:
+            run = session.get(Run, run_id)
+            if run is not None:
+                # Same status, new facts; the runner records `running` itself once it is up.
+                lifecycle.transition(
+                    session, run, RunStatus(run.status), pid=proc.pid, process_start=start
+                )
+        log.info("started run %s (pid %s)", run_id, proc.pid)
+
+    # Settling ends -------------------------------------------------------------------------
+
+    def _settle_exit(self, run_id: str, returncode: int) -> None:
+        """Record how a child ended, unless the runner already recorded its own end."""
+        with write_session(self._engine) as session:
+            run = session.get(Run, run_id)
+            if run is None:
+                return
+            status = RunStatus(run.status)
+            if status in FINISHED:
+                lifecycle.transition(session, run, status, exit_code=returncode)
+                return
+            how = procs.describe_exit(returncode)
+            if status == RunStatus.stopping:
+                lifecycle.transition(
+                    session,
+                    run,
+                    RunStatus.stopped,
+                    exit_code=returncode,
+                    details=f"stopped on request ({how}); no checkpoint was recorded at the stop"
+                    if returncode != 0
+                    else "stopped on request",
+                )
+                return
+            kind = "killed" if returncode < 0 else ("no_end" if returncode == 0 else "crash")
+            summary = {
+                "killed": f"the runner was {how}",
+                "crash": f"the runner crashed ({how})",
+                "no_end": "the runner exited 0 without recording an end",
+            }[kind]
+            lifecycle.transition(
+                session,
+                run,
+                RunStatus.failed,
+                exit_code=returncode,
+                failure_kind=kind,
+                details=_with_log_tail(summary, run.run_dir),
+            )
+
+    def _settle_lost(self, run_id: str, why: str) -> None:
+        with write_session(self._engine) as session:
+            run = session.get(Run, run_id)
+            if run is None or RunStatus(run.status) in FINISHED:
+                return
+            if run.status == RunStatus.stopping:
+                lifecycle.transition(
+                    session, run, RunStatus.stopped, details=f"stopped on request; {why}"
+                )
+                return
+            lifecycle.transition(
+                session,
+                run,
+                RunStatus.failed,
+                failure_kind="lost",
+                details=_with_log_tail(f"lost: {why}, and the runner recorded no end", run.run_dir),
+            )
+
+
+def _with_log_tail(summary: str, run_dir: str) -> str:
+    lines = tail_lines(Path(run_dir) / LOG_FILE, LOG_TAIL_LINES)
+    if not lines:
+        return f"{summary}. The log is empty."
+    return f"{summary}. Last lines of train.log:\n" + "\n".join(lines)[-4000:]

@@ -1,0 +1,155 @@
+"""All settings in one object (environment variables prefixed RLCS_, plus the service keys).
+
+Nothing else in the project reads os.environ; the runner builds the same class.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import sys
+from functools import cached_property
+from pathlib import Path
+from typing import Literal
+
+from pydantic import AliasChoices, Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="RLCS_", extra="ignore", populate_by_name=True)
+
+    # Where things live.
+    var_dir: Path = Field(PROJECT_ROOT / "var", description="Database, run folders, model cache")
+    database_url: str | None = Field(None, description="Default: sqlite file under var_dir")
+    env_dirs: list[Path] = Field(default_factory=list, description="Extra environment folders")
+
+    # Network.
+    host: str = "127.0.0.1"
+    port: int = Field(8080, ge=1, le=65535)
+    api_token: SecretStr | None = None
+
+    # Runs.
+    max_concurrent_runs: int = Field(2, ge=1, le=256)
+    stop_grace_s: float = Field(10.0, ge=0.0)
+    supervisor_interval_s: float = Field(0.5, gt=0.0)
+    stall_factor: float = Field(10.0, gt=1.0, description="Stalled: no step for N x step time")
+    stall_min_s: float = Field(120.0, ge=0.0, description="Never stalled before this long")
+    runner_module: str = Field("runners.train", description="python -m <this> --run-dir DIR")
+    python_executable: str = Field(sys.executable)
+
+    # Local backend.
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+
+    # Inference worker.
+    inference_timeout_s: float = Field(120.0, gt=0)
+    inference_max_prompts: int = Field(64, ge=1)
+
+    # Metrics from W&B.
+    wandb_cache_s: float = Field(5.0, ge=0.0)
+    wandb_timeout_s: float = Field(3.0, gt=0.0)
+
+    # Service keys (no prefix): they reach a runner only through its environment.
+    tinker_api_key: SecretStr | None = Field(
+        None, validation_alias=AliasChoices("TINKER_API_KEY", "RLCS_TINKER_API_KEY")
+    )
+    tinker_base_url: str | None = Field(
+        None, validation_alias=AliasChoices("TINKER_BASE_URL", "RLCS_TINKER_BASE_URL")
+    )
+    wandb_api_key: SecretStr | None = Field(
+        None, validation_alias=AliasChoices("WANDB_API_KEY", "RLCS_WANDB_API_KEY")
+    )
+    wandb_base_url: str | None = Field(
+        None, validation_alias=AliasChoices("WANDB_BASE_URL", "RLCS_WANDB_BASE_URL")
+    )
+    wandb_entity: str | None = Field(
+        None, validation_alias=AliasChoices("WANDB_ENTITY", "RLCS_WANDB_ENTITY")
+    )
+    openreward_api_key: SecretStr | None = Field(
+        None, validation_alias=AliasChoices("OPENREWARD_API_KEY", "RLCS_OPENREWARD_API_KEY")
+    )
+
+    @cached_property
+    def db_url(self) -> str:
+        return self.database_url or f"sqlite:///{self.var_dir / 'rlcs.db'}"
+
+    @property
+    def runs_dir(self) -> Path:
+        return self.var_dir / "runs"
+
+    @property
+    def models_dir(self) -> Path:
+        return self.var_dir / "models"
+
+    @property
+    def environment_dirs(self) -> list[Path]:
+        return [PROJECT_ROOT / "environments", *self.env_dirs]
+
+    @property
+    def default_backend(self) -> Literal["local", "tinker"]:
+        return "tinker" if self.tinker_api_key else "local"
+
+    def check_bind(self) -> None:
+        """Refuse to listen beyond loopback without a token (DESIGN §10)."""
+        if not is_loopback(self.host) and self.api_token is None:
+            raise SystemExit(
+                f"Refusing to listen on {self.host} without a token: set RLCS_API_TOKEN, "
+                "or bind RLCS_HOST=127.0.0.1."
+            )
+
+    def child_environment(self) -> dict[str, str]:
+        """The environment of a runner or worker: ours, these settings, the keys (no others)."""
+        env = {k: v for k, v in os.environ.items() if k not in _SECRET_NAMES}
+        env.update(
+            {
+                "RLCS_VAR_DIR": str(self.var_dir),
+                "RLCS_DATABASE_URL": self.db_url,
+                "RLCS_DEVICE": self.device,
+                "RLCS_DTYPE": self.dtype,
+                "PYTHONUNBUFFERED": "1",
+                "TINKER_TELEMETRY": os.environ.get("TINKER_TELEMETRY", "0"),
+                "OPENREWARD_DISABLE_UPDATE_CHECK": "1",
+            }
+        )
+        if self.tinker_base_url:
+            env["TINKER_BASE_URL"] = self.tinker_base_url
+        if self.wandb_base_url:
+            env["WANDB_BASE_URL"] = self.wandb_base_url
+        if self.wandb_entity:
+            env["WANDB_ENTITY"] = self.wandb_entity
+        env.update(self.secret_env())
+        return env
+
+    def secret_env(self) -> dict[str, str]:
+        """The service keys, as environment variables for a child process (never persisted)."""
+        pairs = {
+            "TINKER_API_KEY": self.tinker_api_key,
+            "WANDB_API_KEY": self.wandb_api_key,
+            "OPENREWARD_API_KEY": self.openreward_api_key,
+        }
+        return {k: v.get_secret_value() for k, v in pairs.items() if v is not None}
+
+
+_SECRET_NAMES = frozenset(
+    {
+        "TINKER_API_KEY",
+        "WANDB_API_KEY",
+        "OPENREWARD_API_KEY",
+        "RLCS_API_TOKEN",
+        "RLCS_TINKER_API_KEY",
+        "RLCS_WANDB_API_KEY",
+        "RLCS_OPENREWARD_API_KEY",
+    }
+)
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

@@ -1,0 +1,44 @@
+"""Shared fixtures: settings with a file database under tmp_path, and a live TestClient."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from server.app import create_app
+from server.settings import Settings
+
+# Tests never talk to hosted services; the runner and worker inherit these.
+os.environ.setdefault("WANDB_MODE", "offline")
+os.environ.setdefault("TINKER_TELEMETRY", "0")
+os.environ.setdefault("OPENREWARD_DISABLE_UPDATE_CHECK", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def make_settings(tmp_path: Path, **overrides: object) -> Settings:
+    values: dict[str, object] = {
+        "var_dir": tmp_path / "var",
+        "tinker_api_key": None,
+        "wandb_api_key": None,
+        "openreward_api_key": None,
+        "api_token": None,
+        "supervisor_interval_s": 0.1,
+        "stop_grace_s": 3.0,
+    }
+    values.update(overrides)
+    return Settings(**values)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def settings(tmp_path: Path) -> Settings:
+    return make_settings(tmp_path)
+
+
+@pytest.fixture
+def client(settings: Settings) -> Iterator[TestClient]:
+    with TestClient(create_app(settings)) as test_client:
+        yield test_client

@@ -1,0 +1,351 @@
+"""Runs as supervised subprocesses: lifecycle, stop, crashes, restarts, load (real processes)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+
+from server.app import create_app
+from server.db import make_engine, read_session
+from server.models import ACTIVE, Run
+from tests.conftest import make_settings
+from tests.helpers import pid_alive, wait_for
+from tests.live_server import LiveServer
+
+FAKE = "tests.fake_runners.runner"
+FINAL = {"succeeded", "failed", "stopped"}
+
+
+@pytest.fixture
+def fake_env(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("FAKE_RUNNER_STEP_S", "0.05")
+    monkeypatch.delenv("FAKE_RUNNER_MODE", raising=False)
+    return monkeypatch
+
+
+@pytest.fixture
+def rclient(tmp_path: Path, fake_env):
+    settings = make_settings(tmp_path, runner_module=FAKE, stop_grace_s=1.5)
+    with TestClient(create_app(settings)) as c:
+        c.post("/environments/arithmetic/select")
+        yield c
+
+
+def final(client, run_id: str, timeout: float = 20.0) -> dict:
+    return wait_for(
+        lambda: (r := client.get(f"/runs/{run_id}").json())["status"] in FINAL and r, timeout
+    )
+
+
+def start(client, **body) -> str:
+    resp = client.post("/runs", json=body)
+    assert resp.status_code == 200, resp.text
+    assert resp.json()["status"] == "queued"
+    return resp.json()["run_id"]
+
+
+def test_run_succeeds_with_frozen_config(rclient: TestClient, tmp_path: Path) -> None:
+    run_id = start(rclient, total_steps=5, lora_rank=8, wandb_project="p", learning_rate=1e-4)
+    run = final(rclient, run_id)
+    assert run["status"] == "succeeded", run
+    assert run["step"] == 5 and run["total_steps"] == 5
+    assert run["metrics"]["reward_mean"] == 0.5 and run["metrics_source"] == "local"
+    assert run["error"] is None
+    # The runner records its end just before it exits; the supervisor then adds the exit code.
+    assert wait_for(lambda: rclient.get(f"/runs/{run_id}").json()["exit_code"] == 0)
+    assert run["started_at"] and run["finished_at"]
+    frozen = json.loads((tmp_path / "var" / "runs" / run_id / "config.json").read_text())
+    assert frozen["config"]["lora_rank"] == 8 and frozen["config_hash"] == run["config_hash"]
+    # Editing the config later changes nothing about the run that exists.
+    rclient.post("/config", json={"field": "lora_rank", "value": 4})
+    again = json.loads((tmp_path / "var" / "runs" / run_id / "config.json").read_text())
+    assert again == frozen
+    listed = rclient.get("/runs").json()
+    assert listed[0]["run_id"] == run_id
+    logs = rclient.get(f"/runs/{run_id}/logs", params={"tail": 2}).json()
+    assert logs["lines"] == ["step 5", "done"]
+
+
+def test_list_is_newest_first_and_filters(rclient: TestClient) -> None:
+    ids = [start(rclient, total_steps=1) for _ in range(3)]
+    for run_id in ids:
+        final(rclient, run_id)
+    listed = [r["run_id"] for r in rclient.get("/runs").json()]
+    assert listed == list(reversed(ids))
+    assert rclient.get("/runs", params={"status": "succeeded"}).json()
+    assert rclient.get("/runs", params={"status": "failed"}).json() == []
+    assert rclient.get("/runs", params={"environment": "guess_number"}).json() == []
+    assert rclient.get("/runs", params={"status": "bogus"}).status_code == 422
+
+
+@pytest.mark.parametrize(
+    ("body", "needle"),
+    [
+        ({"lora_rank": 0}, "lora_rank"),
+        ({"lora_rank": "big"}, "lora_rank"),
+        ({"no_such": 1}, "no_such"),
+        ({"tokenizer_name": "x"}, "tokenizer_name"),
+        ({"environment": "nope"}, "nope"),
+    ],
+)
+def test_invalid_overrides_leave_nothing(
+    rclient: TestClient, tmp_path: Path, body: dict, needle: str
+) -> None:
+    resp = rclient.post("/runs", json=body)
+    assert 400 <= resp.status_code < 500 and needle in resp.json()["detail"], resp.text
+    assert rclient.get("/runs").json() == []
+    runs_dir = tmp_path / "var" / "runs"
+    assert not runs_dir.exists() or list(runs_dir.iterdir()) == []
+
+
+def test_no_environment_selected_is_400(tmp_path: Path, fake_env) -> None:
+    with TestClient(create_app(make_settings(tmp_path, runner_module=FAKE))) as c:
+        resp = c.post("/runs", json={})
+        assert resp.status_code == 400 and "select" in resp.json()["detail"]
+        assert (
+            c.post("/runs", json={"environment": "arithmetic", "total_steps": 1}).status_code == 200
+        )
+
+
+def test_reference_client_body_and_empty_body(rclient: TestClient) -> None:
+    run_id = start(rclient, wandb_project="rl-training", lora_rank=32, learning_rate=4e-5)
+    assert rclient.post("/runs").status_code == 200  # no body at all
+    rclient.post(f"/runs/{run_id}/stop")
+
+
+def test_idempotency_key_returns_the_same_run(rclient: TestClient) -> None:
+    headers = {"Idempotency-Key": "abc-123"}
+    first = rclient.post("/runs", json={"total_steps": 1}, headers=headers).json()
+    second = rclient.post("/runs", json={"total_steps": 1}, headers=headers).json()
+    assert first["run_id"] == second["run_id"]
+    assert len(rclient.get("/runs").json()) == 1
+
+
+@pytest.mark.parametrize(
+    ("run_id", "status"),
+    [("r-00000000", 404), ("nonsense", 422), ("r-..%2F..%2Fx", 404), ("R-ABCDEF12", 422)],
+)
+def test_unknown_or_malformed_run_ids(rclient: TestClient, run_id: str, status: int) -> None:
+    assert rclient.get(f"/runs/{run_id}").status_code == status
+    assert rclient.post(f"/runs/{run_id}/stop").status_code == status
+    assert rclient.get(f"/runs/{run_id}/logs").status_code == status
+
+
+def test_stop_leaves_no_process_of_the_group(rclient: TestClient, tmp_path: Path, fake_env) -> None:
+    fake_env.setenv("FAKE_RUNNER_STEP_S", "0.5")
+    run_id = start(rclient, total_steps=100)
+    running = wait_for(lambda: (r := rclient.get(f"/runs/{run_id}").json())["step"] >= 1 and r)
+    grandchild = int((tmp_path / "var" / "runs" / run_id / "grandchild.pid").read_text())
+    resp = rclient.post(f"/runs/{run_id}/stop")
+    assert resp.json()["status"] == "stopping"
+    run = final(rclient, run_id)
+    assert run["status"] == "stopped" and run["details"].startswith("stopped at step")
+    wait_for(lambda: rclient.get(f"/runs/{run_id}").json()["exit_code"] == 0, 5)
+    assert not pid_alive(running["pid"]) and not pid_alive(grandchild)
+    # Idempotent: stopping a finished run answers its final status.
+    again = rclient.post(f"/runs/{run_id}/stop")
+    assert again.status_code == 200 and again.json()["status"] == "stopped"
+
+
+def test_stop_escalates_to_sigkill_after_grace(
+    rclient: TestClient, tmp_path: Path, fake_env
+) -> None:
+    fake_env.setenv("FAKE_RUNNER_MODE", "ignore_term")
+    fake_env.setenv("FAKE_RUNNER_STEP_S", "0.5")
+    run_id = start(rclient, total_steps=100)
+    running = wait_for(lambda: (r := rclient.get(f"/runs/{run_id}").json())["step"] >= 1 and r)
+    grandchild = int((tmp_path / "var" / "runs" / run_id / "grandchild.pid").read_text())
+    began = time.monotonic()
+    rclient.post(f"/runs/{run_id}/stop")
+    run = final(rclient, run_id)
+    assert time.monotonic() - began >= 1.4  # the grace period was honoured
+    assert run["status"] == "stopped" and "SIGKILL" in run["details"]
+    assert not pid_alive(running["pid"]) and not pid_alive(grandchild)
+
+
+def test_stop_of_queued_run_cancels_it(tmp_path: Path, fake_env) -> None:
+    fake_env.setenv("FAKE_RUNNER_STEP_S", "0.5")
+    settings = make_settings(tmp_path, runner_module=FAKE, max_concurrent_runs=1)
+    with TestClient(create_app(settings)) as c:
+        c.post("/environments/arithmetic/select")
+        busy = start(c, total_steps=100)
+        waiting = start(c, total_steps=1)
+        wait_for(lambda: c.get(f"/runs/{busy}").json()["status"] == "running")
+        info = c.get(f"/runs/{waiting}").json()
+        assert info["status"] == "queued" and "waiting for a slot" in info["details"]
+        assert c.post(f"/runs/{waiting}/stop").json()["status"] == "stopped"
+        assert c.get(f"/runs/{waiting}").json()["pid"] is None
+        c.post(f"/runs/{busy}/stop")
+        final(c, busy)
+
+
+def test_kill_9_of_runner_is_reported_with_the_signal(rclient: TestClient, fake_env) -> None:
+    fake_env.setenv("FAKE_RUNNER_STEP_S", "0.5")
+    run_id = start(rclient, total_steps=100)
+    running = wait_for(lambda: (r := rclient.get(f"/runs/{run_id}").json())["step"] >= 1 and r)
+    killed_at = time.monotonic()
+    os.kill(running["pid"], signal.SIGKILL)
+    run = final(rclient, run_id, timeout=5)
+    assert time.monotonic() - killed_at < 5
+    assert run["status"] == "failed" and run["failure_kind"] == "killed"
+    assert "SIGKILL" in run["error"] and "step 1" in run["error"]  # the log tail
+
+
+def test_crash_is_failed_with_log_tail(rclient: TestClient, fake_env) -> None:
+    fake_env.setenv("FAKE_RUNNER_MODE", "crash")
+    run = final(rclient, start(rclient, total_steps=3))
+    assert run["status"] == "failed" and run["failure_kind"] == "crash"
+    assert run["exit_code"] == 3 and "fails on purpose" not in run["error"][:0]
+    assert "crashes on purpose" in run["error"]
+
+
+def test_exit_zero_without_an_end_is_not_success(rclient: TestClient, fake_env) -> None:
+    fake_env.setenv("FAKE_RUNNER_MODE", "no_end")
+    run = final(rclient, start(rclient, total_steps=2))
+    assert run["status"] == "failed" and run["failure_kind"] == "no_end"
+
+
+def test_default_runner_command_is_the_training_runner(tmp_path: Path) -> None:
+    settings = make_settings(tmp_path)
+    assert settings.runner_module == "runners.train"
+
+
+def test_logs_follow_streams_and_ends_with_status(rclient: TestClient, fake_env) -> None:
+    fake_env.setenv("FAKE_RUNNER_STEP_S", "0.1")
+    run_id = start(rclient, total_steps=5)
+    events = []
+    with rclient.stream("GET", f"/runs/{run_id}/logs", params={"follow": True, "tail": 0}) as r:
+        assert r.headers["content-type"].startswith("text/event-stream")
+        kind = None
+        for line in r.iter_lines():
+            if line.startswith("event: "):
+                kind = line[7:]
+            elif line.startswith("data: "):
+                events.append((kind, line[6:]))
+    lines = [data for kind, data in events if kind == "line"]
+    assert "step 5" in lines and "done" in lines
+    assert events[-1][0] == "end" and json.loads(events[-1][1])["status"] == "succeeded"
+
+
+def test_stall_is_flagged(tmp_path: Path, fake_env) -> None:
+    fake_env.setenv("FAKE_RUNNER_STEP_S", "2.5")
+    settings = make_settings(tmp_path, runner_module=FAKE, stall_min_s=0.5, stall_factor=2.0)
+    with TestClient(create_app(settings)) as c:
+        c.post("/environments/arithmetic/select")
+        run_id = start(c, total_steps=100)
+        run = wait_for(lambda: (r := c.get(f"/runs/{run_id}").json())["stalled"] and r, 10)
+        assert run["status"] == "running" and "no step for" in run["stall_details"]
+        c.post(f"/runs/{run_id}/stop")
+        final(c, run_id)
+
+
+def test_server_kill_9_then_restart_adopts_the_run(tmp_path: Path, fake_env) -> None:
+    var = tmp_path / "var"
+    env = {"RLCS_RUNNER_MODULE": FAKE, "FAKE_RUNNER_STEP_S": "0.3"}
+    server = LiveServer(var, **env).start()
+    try:
+        httpx.post(f"{server.url}/environments/arithmetic/select")
+        adopted = httpx.post(f"{server.url}/runs", json={"total_steps": 12}).json()["run_id"]
+        doomed = httpx.post(f"{server.url}/runs", json={"total_steps": 100}).json()["run_id"]
+        pids = {}
+        for run_id in (adopted, doomed):
+            pids[run_id] = wait_for(
+                lambda rid=run_id: (
+                    httpx.get(f"{server.url}/runs/{rid}").json()["step"] >= 1
+                    and httpx.get(f"{server.url}/runs/{rid}").json()["pid"]
+                )
+            )
+        server.kill(signal.SIGKILL)
+        assert pid_alive(pids[adopted])  # the server's death did not kill the runs
+        os.kill(pids[doomed], signal.SIGKILL)  # this one dies while nobody watches
+        time.sleep(0.3)
+        server = LiveServer(var, **env).start()
+        done = wait_for(
+            lambda: (
+                (r := httpx.get(f"{server.url}/runs/{adopted}").json())["status"] in FINAL and r
+            ),
+            20,
+        )
+        assert done["status"] == "succeeded" and done["step"] == 12
+        lost = httpx.get(f"{server.url}/runs/{doomed}").json()
+        assert lost["status"] == "failed" and lost["failure_kind"] == "lost"
+    finally:
+        server.kill(signal.SIGTERM)
+
+
+def test_adopted_run_that_dies_is_settled(tmp_path: Path, fake_env) -> None:
+    var = tmp_path / "var"
+    env = {"RLCS_RUNNER_MODULE": FAKE, "FAKE_RUNNER_STEP_S": "0.3"}
+    server = LiveServer(var, **env).start()
+    try:
+        httpx.post(f"{server.url}/environments/arithmetic/select")
+        run_id = httpx.post(f"{server.url}/runs", json={"total_steps": 100}).json()["run_id"]
+        pid = wait_for(lambda: httpx.get(f"{server.url}/runs/{run_id}").json()["pid"])
+        wait_for(lambda: httpx.get(f"{server.url}/runs/{run_id}").json()["status"] == "running")
+        server.kill(signal.SIGKILL)
+        server = LiveServer(var, **env).start()
+        assert httpx.get(f"{server.url}/runs/{run_id}").json()["status"] == "running"
+        os.kill(pid, signal.SIGKILL)
+        run = wait_for(
+            lambda: (r := httpx.get(f"{server.url}/runs/{run_id}").json())["status"] in FINAL and r,
+            10,
+        )
+        assert run["status"] == "failed" and run["failure_kind"] == "lost"
+    finally:
+        server.kill(signal.SIGTERM)
+
+
+def test_fifty_concurrent_starts_with_limit_two(tmp_path: Path, fake_env) -> None:
+    var = tmp_path / "var"
+    env = {
+        "RLCS_RUNNER_MODULE": FAKE,
+        "FAKE_RUNNER_STEP_S": "0.02",
+        "RLCS_MAX_CONCURRENT_RUNS": "2",
+    }
+    with LiveServer(var, **env) as server:
+        httpx.post(f"{server.url}/environments/arithmetic/select")
+        engine = make_engine(f"sqlite:///{var / 'rlcs.db'}")
+        most = {"active": 0}
+        done = threading.Event()
+
+        def watch() -> None:
+            while not done.is_set():
+                with read_session(engine) as session:
+                    rows = session.exec(Run.__table__.select()).all()  # type: ignore[attr-defined]
+                active = sum(1 for row in rows if row.status in {s.value for s in ACTIVE})
+                most["active"] = max(most["active"], active)
+                time.sleep(0.01)
+
+        watcher = threading.Thread(target=watch)
+        watcher.start()
+        with httpx.Client(base_url=server.url, timeout=30) as http, ThreadPoolExecutor(50) as ex:
+            answers = list(ex.map(lambda _: http.post("/runs", json={"total_steps": 3}), range(50)))
+        assert all(a.status_code == 200 for a in answers), [a.text for a in answers][:3]
+        ids = {a.json()["run_id"] for a in answers}
+        assert len(ids) == 50
+        runs = wait_for(
+            lambda: (
+                (rs := httpx.get(f"{server.url}/runs", params={"limit": 1000}).json())
+                and all(r["status"] in FINAL for r in rs)
+                and rs
+            ),
+            120,
+        )
+        done.set()
+        watcher.join()
+        assert {r["run_id"] for r in runs} == ids
+        assert all(r["status"] == "succeeded" for r in runs), [r["status"] for r in runs]
+        assert most["active"] == 2
+        logs = (var / "server.log").read_text()
+        assert "database is locked" not in logs
+        for run_id in ids:
+            assert "database is locked" not in (var / "runs" / run_id / "train.log").read_text()
