@@ -36,9 +36,13 @@ class EnvConfig(BaseModel):
     )
     # Run length, evaluation and checkpoints.
     total_steps: int = Field(20, ge=1, le=1_000_000, description="Training steps")
-    steps_per_eval: int = Field(10, ge=0, description="Steps between evaluations (0 = never)")
+    steps_per_eval: int = Field(
+        10, ge=0, le=1_000_000, description="Steps between evaluations (0 = never)"
+    )
     eval_num_tasks: int = Field(16, ge=1, le=4096, description="Held-out tasks per evaluation")
-    save_every: int = Field(5, ge=0, description="Steps between checkpoints (0 = only at the end)")
+    save_every: int = Field(
+        5, ge=0, le=1_000_000, description="Steps between checkpoints (0 = only at the end)"
+    )
     # Logging.
     use_wandb: bool = Field(True, description="Log to Weights & Biases (offline without a key)")
     wandb_project: str = Field("rl-training", min_length=1, max_length=128)
@@ -63,7 +67,7 @@ class EnvConfig(BaseModel):
     gamma: float = Field(0.9, ge=0.0, le=1.0, description="Discount for rebn returns")
     temperature: float = Field(1.0, ge=0.0, le=5.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
-    top_k: int = Field(-1, ge=-1)
+    top_k: int = Field(-1, ge=-1, le=1_000_000)
     seed: int = Field(0, ge=0, le=2**31 - 1)
     resume_from: str | None = Field(None, description="A state checkpoint path to start from")
 

@@ -4,13 +4,22 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter, Depends, Path
 
 from server.deps import Services, services
 from server.schemas import ConfigEditIn, ConfigOut, ConfigPutIn, EnvironmentOut, SelectOut
+from server.services.catalog import NAME_MAX, NAME_PATTERN
 
 router = APIRouter(tags=["environments"])
 Svc = Annotated[Services, Depends(services)]
+EnvName = Annotated[
+    str,
+    Path(
+        pattern=NAME_PATTERN.pattern,
+        max_length=NAME_MAX,
+        description="An environment name from GET /environments",
+    ),
+]
 
 
 @router.get("/environments", response_model=list[EnvironmentOut])
@@ -19,17 +28,17 @@ def list_environments(svc: Svc) -> list[dict[str, Any]]:
 
 
 @router.post("/environments/{name}/select", response_model=SelectOut)
-def select_environment(name: str, svc: Svc) -> dict[str, Any]:
+def select_environment(name: EnvName, svc: Svc) -> dict[str, Any]:
     return svc.configs.select(name)
 
 
 @router.get("/environments/{name}/config", response_model=ConfigOut)
-def get_environment_config(name: str, svc: Svc) -> dict[str, Any]:
+def get_environment_config(name: EnvName, svc: Svc) -> dict[str, Any]:
     return svc.configs.view(name)
 
 
 @router.put("/environments/{name}/config", response_model=ConfigOut)
-def put_environment_config(name: str, body: ConfigPutIn, svc: Svc) -> dict[str, Any]:
+def put_environment_config(name: EnvName, body: ConfigPutIn, svc: Svc) -> dict[str, Any]:
     return svc.configs.set_fields(name, body.values)
 
 

@@ -6,16 +6,18 @@ import json
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Header, Query
+from fastapi import APIRouter, Depends, Header, Path, Query
 from fastapi.responses import StreamingResponse
 
 from server.deps import Services, services
 from server.models import RunStatus
 from server.schemas import RunCreatedOut, RunCreateIn, RunDetailOut, RunLogsOut, RunSummaryOut
 from server.services.log_follow import follow
+from server.services.runs import RUN_ID
 
 router = APIRouter(tags=["runs"])
 Svc = Annotated[Services, Depends(services)]
+RunId = Annotated[str, Path(pattern=RUN_ID.pattern, description="A run id such as r-3f9c2a1b")]
 
 
 @router.post("/runs", response_model=RunCreatedOut)
@@ -34,18 +36,18 @@ def list_runs(
     status: RunStatus | None = None,
     environment: Annotated[str | None, Query(max_length=128)] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Annotated[int, Query(ge=0, le=1_000_000)] = 0,
 ) -> list[dict[str, Any]]:
     return svc.runs.list(status, environment, limit, offset)
 
 
 @router.get("/runs/{run_id}", response_model=RunDetailOut)
-def get_run(run_id: str, svc: Svc) -> dict[str, Any]:
+def get_run(run_id: RunId, svc: Svc) -> dict[str, Any]:
     return svc.runs.get(run_id)
 
 
 @router.post("/runs/{run_id}/stop", response_model=RunCreatedOut)
-def stop_run(run_id: str, svc: Svc) -> dict[str, Any]:
+def stop_run(run_id: RunId, svc: Svc) -> dict[str, Any]:
     return svc.runs.stop(run_id)
 
 
@@ -55,7 +57,7 @@ def stop_run(run_id: str, svc: Svc) -> dict[str, Any]:
     responses={200: {"content": {"text/event-stream": {}}}},
 )
 def run_logs(
-    run_id: str,
+    run_id: RunId,
     svc: Svc,
     tail: Annotated[int, Query(ge=0, le=10_000)] = 100,
     follow_: Annotated[bool, Query(alias="follow")] = False,

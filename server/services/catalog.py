@@ -18,7 +18,9 @@ from environments.base import BaseEnv
 from server.errors import Conflict, InvalidValue, NotFound
 from server.services import discovery
 
-NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$")
+# Letters, digits, '_', '-' and single dots between them: nothing that walks a path.
+NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_\-]*(?:\.[A-Za-z0-9_\-]+)*$")
+NAME_MAX = 128
 
 
 @dataclass(frozen=True)
@@ -119,7 +121,7 @@ class Catalog:
 
 
 def check_name(name: str) -> None:
-    if not NAME_PATTERN.match(name) or ".." in name:
+    if len(name) > NAME_MAX or not NAME_PATTERN.match(name):
         raise InvalidValue(
             f"name: '{name[:80]}' is not a valid environment name; use letters, digits, "
             "'_', '-' or '.' (no path characters), as listed by GET /environments."
