@@ -1,0 +1,1 @@
+"""Runner-side code: the training entrypoint, backends, model resolution, inference worker."""

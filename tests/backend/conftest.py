@@ -1,0 +1,24 @@
+"""Fixtures for the local backend tests: a CPU service in tmp folders, a tiny-random trainer."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from runners.backends.local import LocalServiceClient, LocalTrainingClient
+
+
+@pytest.fixture
+def service(tmp_path: Path) -> Iterator[LocalServiceClient]:
+    svc = LocalServiceClient(
+        checkpoint_dir=tmp_path / "checkpoints", models_dir=tmp_path / "models", device="cpu"
+    )
+    yield svc
+    svc.close()
+
+
+@pytest.fixture
+def trainer(service: LocalServiceClient) -> LocalTrainingClient:
+    return service.create_lora_training_client("tiny-random", rank=8, seed=0).result(timeout=120)
