@@ -1,0 +1,1 @@
+"""Loopback stand-ins for hosted services, speaking their real wire formats (tests only)."""

@@ -1,0 +1,1 @@
+"""Tests of the Tinker backend: the real tinker SDK against the loopback stand-in."""
