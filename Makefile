@@ -34,3 +34,6 @@ format: $(STAMP)
 
 clean:
 	rm -rf $(VENV) var
+
+demo: $(STAMP)
+	$(BIN)/python scripts/demo.py

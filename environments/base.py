@@ -17,6 +17,17 @@ Split = Literal["train", "eval"]
 DEFAULT_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
 
+class MixEntry(BaseModel):
+    """One environment of a multi-environment run: its share of the batch and group size."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    weight: float = Field(1.0, gt=0.0, le=1000.0, description="Share of each batch's groups")
+    num_rollouts: int | None = Field(
+        None, ge=1, le=256, description="Episodes per task for this environment (group size)"
+    )
+
+
 class EnvConfig(BaseModel):
     """Fields every environment has: episode shape, run length, logging and training."""
 
@@ -68,8 +79,18 @@ class EnvConfig(BaseModel):
     temperature: float = Field(1.0, ge=0.0, le=5.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     top_k: int = Field(-1, ge=-1, le=1_000_000)
+    prompt_template: Literal["chat", "plain"] = Field(
+        "chat", description="chat: the tokenizer's chat template; plain: the observation as is"
+    )
+    system_prompt: str | None = Field(None, max_length=4000)
     seed: int = Field(0, ge=0, le=2**31 - 1)
     resume_from: str | None = Field(None, description="A state checkpoint path to start from")
+    environments: dict[str, MixEntry] = Field(
+        default_factory=dict,
+        description="Multi-environment runs: other environments to mix into each batch, by "
+        "name, with weights (this environment is in the mix with weight 1 unless listed); "
+        "each uses its own stored config",
+    )
 
     @model_validator(mode="after")
     def _derive_locked(self) -> EnvConfig:

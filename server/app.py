@@ -19,13 +19,16 @@ from server import __version__
 from server.db import init_db, make_engine
 from server.deps import Services, require_token
 from server.errors import DomainError, status_for
-from server.routes import environments, health, runs
+from server.routes import environments, health, inference, runs
 from server.services.catalog import Catalog
 from server.services.configs import ConfigService
+from server.services.inference import InferenceService
+from server.services.inference_worker import InferenceWorker
 from server.services.metrics import MetricsService
 from server.services.run_views import RunViews
 from server.services.runs import RunService
 from server.services.supervisor import Supervisor
+from server.services.wandb_reader import WandbReader
 from server.settings import PROJECT_ROOT, Settings
 
 log = logging.getLogger("server")
@@ -38,12 +41,16 @@ def build_services(settings: Settings) -> Services:
     init_db(engine)
     catalog = Catalog(settings.environment_dirs, PROJECT_ROOT)
     configs = ConfigService(engine, catalog)
-    metrics = MetricsService(engine)
+    metrics = MetricsService(engine, WandbReader.from_settings(settings))
     supervisor = Supervisor(settings, engine)
     runs_service = RunService(
         settings, engine, configs, RunViews(settings, metrics), supervisor.wake
     )
-    return Services(settings, engine, catalog, configs, metrics, runs_service, supervisor)
+    worker = InferenceWorker(settings)
+    inference = InferenceService(settings, engine, configs, runs_service, worker)
+    return Services(
+        settings, engine, catalog, configs, metrics, runs_service, supervisor, inference
+    )
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -54,10 +61,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         svc = build_services(settings)
         app.state.services = svc
         await svc.supervisor.start()
+        svc.metrics.start()
         try:
             yield
         finally:
             await svc.supervisor.stop()
+            svc.inference.worker.stop()
+            svc.metrics.close()
             svc.engine.dispose()
 
     app = FastAPI(
@@ -73,6 +83,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     protected = [Depends(require_token)]
     app.include_router(environments.router, dependencies=protected)
     app.include_router(runs.router, dependencies=protected)
+    app.include_router(inference.router, dependencies=protected)
     _document_errors(app)
     return app
 

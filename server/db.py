@@ -54,6 +54,10 @@ def init_db(engine: Engine) -> None:
     from server import models  # noqa: F401  (registers the tables)
 
     SQLModel.metadata.create_all(engine)
+    # create_all skips tables that exist, and with them indexes added since: add those.
+    for table in SQLModel.metadata.sorted_tables:
+        for index in table.indexes:
+            index.create(engine, checkfirst=True)
 
 
 @contextmanager

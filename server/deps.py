@@ -11,6 +11,7 @@ from sqlalchemy.engine import Engine
 from server.errors import Unauthorized
 from server.services.catalog import Catalog
 from server.services.configs import ConfigService
+from server.services.inference import InferenceService
 from server.services.metrics import MetricsService
 from server.services.runs import RunService
 from server.services.supervisor import Supervisor
@@ -26,6 +27,7 @@ class Services:
     metrics: MetricsService
     runs: RunService
     supervisor: Supervisor
+    inference: InferenceService
 
 
 def services(request: Request) -> Services:

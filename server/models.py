@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from enum import StrEnum
 
+from sqlalchemy import Index
 from sqlmodel import Field, SQLModel
 
 
@@ -67,6 +68,9 @@ class Run(SQLModel, table=True):
 
 
 class Metric(SQLModel, table=True):
+    # Latest values and history read a run's rows by step: this index serves both orders.
+    __table_args__ = (Index("ix_metric_run_step", "run_id", "step", "id"),)
+
     id: int | None = Field(default=None, primary_key=True)
     run_id: str = Field(foreign_key="run.id", index=True)
     step: int

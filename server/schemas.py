@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 
 class Request(BaseModel):
@@ -116,3 +116,108 @@ class RunLogsOut(BaseModel):
     run_id: str
     status: str
     lines: list[str]
+
+
+class RunResumeIn(BaseModel):
+    """`force` plus config overrides (e.g. a larger total_steps) for the new attempt."""
+
+    model_config = ConfigDict(extra="allow")
+
+    force: bool = Field(False, description="Resume even if the overrides change the config hash")
+
+    def overrides(self) -> dict[str, Any]:
+        return dict(self.model_extra or {})
+
+
+class RunResumedOut(BaseModel):
+    run_id: str
+    status: str
+    attempt: int
+    resume_step: int
+    resume_from: str
+
+
+MAX_PROMPTS = 64
+Prompt = Annotated[str, StringConstraints(min_length=1, max_length=16_000)]
+
+
+class InferenceIn(Request):
+    """Free `prompts`, or `num_items` tasks drawn from the environment (held-out split)."""
+
+    prompts: list[Prompt] | None = Field(None, min_length=1, max_length=MAX_PROMPTS)
+    max_tokens: int = Field(256, ge=1, le=4096)
+    temperature: float = Field(1.0, ge=0.0, le=2.0)
+    environment: str | None = Field(
+        None, min_length=1, max_length=128, description="Default: the selected environment"
+    )
+    model: str | None = Field(
+        None, min_length=1, max_length=256, description="Default: the environment's model_name"
+    )
+    run_id: str | None = Field(
+        None, pattern=r"^r-[0-9a-f]{8}$", description="Sample from this run's trained adapter"
+    )
+    checkpoint_step: int | None = Field(
+        None, ge=0, le=1_000_000, description="Which of the run's checkpoints (default: last)"
+    )
+    num_items: int | None = Field(None, ge=1, le=MAX_PROMPTS)
+    seed: int | None = Field(None, ge=0, le=2**31 - 1)
+
+    @model_validator(mode="after")
+    def _one_source(self) -> InferenceIn:
+        if (self.prompts is None) == (self.num_items is None):
+            raise ValueError("give either prompts (a list of strings) or num_items, not both")
+        if self.model is not None and self.run_id is not None:
+            raise ValueError("give model or run_id, not both (a run fixes its model)")
+        if self.checkpoint_step is not None and self.run_id is None:
+            raise ValueError("checkpoint_step needs run_id")
+        return self
+
+
+class InferenceResult(BaseModel):
+    prompt: str | None
+    response: str
+    score: float | None
+    correct: bool | None
+    reason: str | None = None
+    tokens: int
+    turns: list[dict[str, Any]] | None = None
+
+
+class InferenceOut(BaseModel):
+    environment: str
+    model: str
+    adapter: str | None
+    backend: str
+    results: list[InferenceResult]
+    summary: dict[str, Any]
+
+
+class CheckpointOut(BaseModel):
+    step: int
+    kind: str
+    name: str
+    path: str
+    created_at: str | None
+
+
+class RunResultsOut(BaseModel):
+    run_id: str
+    environment: str
+    status: str
+    step: int
+    total_steps: int
+    final: bool
+    metrics: dict[str, Any]
+    metrics_source: str
+    metrics_note: str | None
+    latest: dict[str, Any]
+    history: list[dict[str, Any]]
+    wandb_url: str | None
+    weights_path: str | None
+    checkpoints: list[CheckpointOut]
+
+
+class RunHistoryOut(BaseModel):
+    run_id: str
+    keys: list[str] | None
+    rows: list[dict[str, Any]]

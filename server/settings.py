@@ -25,6 +25,11 @@ class Settings(BaseSettings):
     var_dir: Path = Field(PROJECT_ROOT / "var", description="Database, run folders, model cache")
     database_url: str | None = Field(None, description="Default: sqlite file under var_dir")
     env_dirs: list[Path] = Field(default_factory=list, description="Extra environment folders")
+    models_path: Path | None = Field(
+        None,
+        validation_alias=AliasChoices("RLCS_MODELS_DIR", "models_path"),
+        description="Converted model cache (default: var_dir/models)",
+    )
 
     # Network.
     host: str = "127.0.0.1"
@@ -82,7 +87,7 @@ class Settings(BaseSettings):
 
     @property
     def models_dir(self) -> Path:
-        return self.var_dir / "models"
+        return self.models_path or self.var_dir / "models"
 
     @property
     def environment_dirs(self) -> list[Path]:
@@ -109,6 +114,7 @@ class Settings(BaseSettings):
                 "RLCS_DATABASE_URL": self.db_url,
                 "RLCS_DEVICE": self.device,
                 "RLCS_DTYPE": self.dtype,
+                "RLCS_MODELS_DIR": str(self.models_dir),
                 "PYTHONUNBUFFERED": "1",
                 "TINKER_TELEMETRY": os.environ.get("TINKER_TELEMETRY", "0"),
                 "OPENREWARD_DISABLE_UPDATE_CHECK": "1",

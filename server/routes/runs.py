@@ -11,7 +11,18 @@ from fastapi.responses import StreamingResponse
 
 from server.deps import Services, services
 from server.models import RunStatus
-from server.schemas import RunCreatedOut, RunCreateIn, RunDetailOut, RunLogsOut, RunSummaryOut
+from server.schemas import (
+    CheckpointOut,
+    RunCreatedOut,
+    RunCreateIn,
+    RunDetailOut,
+    RunHistoryOut,
+    RunLogsOut,
+    RunResultsOut,
+    RunResumedOut,
+    RunResumeIn,
+    RunSummaryOut,
+)
 from server.services.log_follow import follow
 from server.services.runs import RUN_ID
 
@@ -49,6 +60,36 @@ def get_run(run_id: RunId, svc: Svc) -> dict[str, Any]:
 @router.post("/runs/{run_id}/stop", response_model=RunCreatedOut)
 def stop_run(run_id: RunId, svc: Svc) -> dict[str, Any]:
     return svc.runs.stop(run_id)
+
+
+@router.get("/runs/{run_id}/metrics", response_model=RunResultsOut)
+def run_metrics(run_id: RunId, svc: Svc) -> dict[str, Any]:
+    """Final (or latest) metrics, the last rows of history, checkpoints and weights path."""
+    return svc.runs.results(run_id)
+
+
+@router.get("/runs/{run_id}/history", response_model=RunHistoryOut)
+def run_history(
+    run_id: RunId,
+    svc: Svc,
+    keys: Annotated[
+        str | None, Query(max_length=2000, description="Comma-separated metric keys")
+    ] = None,
+    limit: Annotated[int, Query(ge=1, le=100_000)] = 1000,
+) -> dict[str, Any]:
+    wanted = [k.strip() for k in keys.split(",") if k.strip()] if keys else None
+    return svc.runs.history(run_id, wanted, limit)
+
+
+@router.get("/runs/{run_id}/checkpoints", response_model=list[CheckpointOut])
+def run_checkpoints(run_id: RunId, svc: Svc) -> list[dict[str, Any]]:
+    return svc.runs.checkpoints(run_id)
+
+
+@router.post("/runs/{run_id}/resume", response_model=RunResumedOut)
+def resume_run(run_id: RunId, svc: Svc, body: RunResumeIn | None = None) -> dict[str, Any]:
+    body = body or RunResumeIn()
+    return svc.runs.resume(run_id, body.overrides(), body.force)
 
 
 @router.get(

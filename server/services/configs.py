@@ -15,7 +15,7 @@ from sqlmodel import Session, col, select
 
 from environments.base import EnvConfig
 from server.db import read_session, write_session
-from server.errors import BadRequest, InvalidValue
+from server.errors import BadRequest, DomainError, InvalidValue
 from server.models import EnvironmentConfig, Selection, iso, utcnow
 from server.services.catalog import Catalog, EnvEntry
 
@@ -81,11 +81,48 @@ class ConfigService:
     ) -> tuple[EnvEntry, EnvConfig]:
         """Defaults + stored edits + overrides, validated as a whole (for starting a run)."""
         entry, config_cls = self._config_class(name)
-        overrides = overrides or {}
-        _check_fields(config_cls, overrides, InvalidValue)
         with read_session(self._engine) as session:
             stored, _, _ = _stored(session, entry.name)
-        return entry, _validate(config_cls, {**_known(config_cls, stored), **overrides})
+        return self.revalidate(entry.name, _known(config_cls, stored), overrides or {})
+
+    def revalidate(
+        self, name: str, base: dict[str, Any], overrides: dict[str, Any]
+    ) -> tuple[EnvEntry, EnvConfig]:
+        """`base` (e.g. a run's frozen config) with `overrides`, validated as a whole."""
+        entry, config_cls = self._config_class(name)
+        _check_fields(config_cls, overrides, InvalidValue)
+        config = _validate(config_cls, {**base, **overrides})
+        self.check_mix(config)
+        return entry, config
+
+    def check_mix(self, config: EnvConfig) -> None:
+        """Every environment named in a multi-environment mix must exist and import."""
+        for name in config.environments:
+            try:
+                self._catalog.load(name)
+            except DomainError as exc:
+                raise InvalidValue(f"field 'environments': {exc.detail}") from None
+
+    def mix(self, name: str, config: EnvConfig) -> dict[str, dict[str, Any]]:
+        """The frozen sources of a run: each environment's class, file, config and share."""
+        entries = {name: {"weight": 1.0, "num_rollouts": None}}
+        entries.update({k: v.model_dump() for k, v in config.environments.items()})
+        sources: dict[str, dict[str, Any]] = {}
+        for env_name, share in entries.items():
+            if env_name == name:
+                entry, env_config = self._catalog.load(name)[0], config
+            else:
+                entry, env_config = self.resolve(env_name)
+            values = env_config.model_dump(mode="json")
+            if share["num_rollouts"]:
+                values["group_size"] = share["num_rollouts"]
+            sources[entry.name] = {
+                "env_file": str(entry.path),
+                "env_class": entry.class_name,
+                "weight": share["weight"],
+                "config": values,
+            }
+        return sources
 
     # Editing ---------------------------------------------------------------------------
 
@@ -98,7 +135,7 @@ class ConfigService:
         with write_session(self._engine) as session:
             stored, version, _ = _stored(session, entry.name)
             merged = {**_known(config_cls, stored), **changes}
-            _validate(config_cls, merged)
+            self.check_mix(_validate(config_cls, merged))
             session.add(
                 EnvironmentConfig(
                     environment=entry.name, version=version + 1, values_json=json.dumps(merged)

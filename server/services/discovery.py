@@ -65,12 +65,14 @@ def _env_class_names(parsed: dict[Path, list[_ParsedClass] | str]) -> set[str]:
             for cls in classes:
                 bases_of.setdefault(cls.name, set()).update(cls.bases)
     envs: set[str] = set()
+    known = set(ROOT_CLASSES)  # roots plus every env class found so far
     changed = True
     while changed:
         changed = False
         for name, bases in bases_of.items():
-            if name not in envs and name not in ROOT_CLASSES and bases & (ROOT_CLASSES | envs):
+            if name not in known and not bases.isdisjoint(known):
                 envs.add(name)
+                known.add(name)
                 changed = True
     return envs
 

@@ -1,4 +1,8 @@
-"""A run's metrics: the latest values and history from the database (W&B comes later)."""
+"""A run's metrics: from W&B when the run logs there and W&B answers, else the database.
+
+Answers say which (`metrics_source`) and, when W&B was not used, why (`metrics_note`).
+History and checkpoints always come from the database, which holds every step.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +14,8 @@ from sqlalchemy.engine import Engine
 from sqlmodel import col, select
 
 from server.db import read_session
-from server.models import Metric, Run
+from server.models import Checkpoint, Metric, Run, iso
+from server.services.wandb_reader import WandbReader
 
 # Names in answers (the reference client's) -> metric keys the runner logs (DESIGN §7).
 SUMMARY_KEYS = {
@@ -29,12 +34,29 @@ class Latest:
 
 
 class MetricsService:
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, wandb: WandbReader | None = None) -> None:
         self._engine = engine
+        self._wandb = wandb
+
+    def start(self) -> None:
+        """Warm the W&B client in the background when a key is set (import, log in)."""
+        if self._wandb is not None and self._wandb.configured:
+            self._wandb.warm_up()
+
+    def close(self) -> None:
+        if self._wandb is not None:
+            self._wandb.close()
 
     def latest(self, run: Run) -> Latest:
+        note = None
+        if run.wandb_path and self._wandb is not None:
+            result = self._wandb.read(run.id, run.wandb_path)
+            if result.ok and result.summary is not None:
+                step = int(result.summary.get("_step", run.step) or 0)
+                return Latest(summarize(result.summary, step), "wandb", result.note)
+            note = f"{result.note}; showing the local record" if result.note else None
         values = self.latest_values(run.id)
-        return Latest(metrics=summarize(values, run.step), source="local")
+        return Latest(metrics=summarize(values, run.step), source="local", note=note)
 
     def latest_values(self, run_id: str, scan_rows: int = 200) -> dict[str, Any]:
         """The most recent value of every key, from the last `scan_rows` metric rows."""
@@ -50,6 +72,45 @@ class MetricsService:
             for key, value in json.loads(row.values_json).items():
                 latest.setdefault(key, value)
         return latest
+
+    def history(
+        self, run_id: str, keys: list[str] | None = None, limit: int = 1000
+    ) -> list[dict[str, Any]]:
+        """Metric rows in step order (the last `limit`), keeping only `keys` when given."""
+        with read_session(self._engine) as session:
+            rows = session.exec(
+                select(Metric)
+                .where(Metric.run_id == run_id)
+                .order_by(col(Metric.step).desc(), col(Metric.id).desc())
+                .limit(limit)
+            ).all()
+        out = []
+        for row in reversed(rows):
+            values = json.loads(row.values_json)
+            if keys is not None:
+                values = {k: v for k, v in values.items() if k in keys}
+                if not values:
+                    continue
+            out.append({"step": row.step, **values})
+        return out
+
+    def checkpoints(self, run_id: str) -> list[dict[str, Any]]:
+        with read_session(self._engine) as session:
+            rows = session.exec(
+                select(Checkpoint)
+                .where(Checkpoint.run_id == run_id)
+                .order_by(col(Checkpoint.step), col(Checkpoint.id))
+            ).all()
+        return [
+            {
+                "step": r.step,
+                "kind": r.kind,
+                "name": r.name,
+                "path": r.path,
+                "created_at": iso(r.created_at),
+            }
+            for r in rows
+        ]
 
 
 def summarize(values: dict[str, Any], step: int) -> dict[str, Any]:

@@ -11,39 +11,40 @@ import signal
 from pathlib import Path
 
 
-def process_start_time(pid: int) -> float | None:
-    """The process's start time in clock ticks since boot (Linux /proc), or None if unknown."""
+def _stat_fields(pid: int) -> list[str] | None:
+    """/proc/<pid>/stat from field 3 on (state, ...), or None when there is no such process."""
     try:
         raw = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
     # Field 2 (comm) may contain spaces and parentheses; the fields after the last ')' are fixed.
-    fields = raw.rsplit(")", 1)[-1].split()
+    return raw.rsplit(")", 1)[-1].split()
+
+
+def process_start_time(pid: int) -> float | None:
+    """The process's start time in clock ticks since boot (Linux /proc), or None if unknown."""
+    return _start_of(_stat_fields(pid))
+
+
+def _start_of(fields: list[str] | None) -> float | None:
     try:
-        return float(fields[19])  # field 22 overall: starttime
+        return float(fields[19]) if fields else None  # field 22 overall: starttime
     except (IndexError, ValueError):
         return None
 
 
-def is_zombie(pid: int) -> bool:
-    try:
-        raw = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return raw.rsplit(")", 1)[-1].split()[0] == "Z"
-
-
 def same_process_alive(pid: int, start: float | None) -> bool:
-    """True when `pid` runs and (where the kernel tells) started at `start`."""
+    """True when `pid` runs (not a zombie) and, where the kernel tells, started at `start`."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         pass  # exists, owned by someone else: the start time check below decides
-    if is_zombie(pid):
+    fields = _stat_fields(pid)
+    if fields is not None and fields[0] == "Z":
         return False
-    now_start = process_start_time(pid)
+    now_start = _start_of(fields)
     return start is None or now_start is None or now_start == start
 
 

@@ -12,13 +12,14 @@ from server.settings import Settings
 class RunViews:
     def __init__(self, settings: Settings, metrics: MetricsService) -> None:
         self._settings = settings
-        self._metrics = metrics
+        self.metrics = metrics
 
-    def summary(self, run: Run) -> dict[str, Any]:
+    def summary(self, run: Any) -> dict[str, Any]:
+        """From a Run, or a row holding the columns the summary needs."""
         return {
             "run_id": run.id,
             "environment": run.environment,
-            "status": run.status.value,
+            "status": RunStatus(run.status).value,
             "step": run.step,
             "total_steps": run.total_steps,
             "attempt": run.attempt,
@@ -30,7 +31,7 @@ class RunViews:
 
     def detail(self, run: Run, queue: tuple[int, int] | None = None) -> dict[str, Any]:
         status = RunStatus(run.status)
-        latest = self._metrics.latest(run)
+        latest = self.metrics.latest(run)
         progress = self.progress(run)
         stalled, stall_details = self.stall(run, progress["time_per_step_s"])
         details = run.details

@@ -13,15 +13,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import func
+from sqlalchemy import delete, func
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
 from server import lifecycle
 from server.db import read_session, write_session
-from server.errors import InvalidValue, NotFound
-from server.models import ACTIVE, FINISHED, Run, RunStatus
+from server.errors import Conflict, InvalidValue, NotFound
+from server.models import ACTIVE, FINISHED, Checkpoint, Metric, Run, RunStatus
 from server.services import procs
 from server.services.configs import ConfigService
 from server.services.run_views import RunViews
@@ -30,6 +30,19 @@ from server.settings import Settings
 RUN_ID = re.compile(r"^r-[0-9a-f]{8}$")
 CONFIG_FILE = "config.json"
 LOG_FILE = "train.log"
+SUMMARY_COLUMNS = (
+    "id",
+    "environment",
+    "status",
+    "step",
+    "total_steps",
+    "attempt",
+    "failure_kind",
+    "created_at",
+    "started_at",
+    "finished_at",
+)
+RESUME_FILE = "resume.json"  # read by the runner: {"state_path", "step"}
 
 
 class RunService:
@@ -74,6 +87,8 @@ class RunService:
             "config_hash": config_hash,
             "config": values,
         }
+        if config.environments:
+            frozen["mix"] = self._configs.mix(entry.name, config)
         # The folder and its frozen config exist before the row, and the row before any process.
         run_dir.mkdir(parents=True, exist_ok=False)
         write_json_atomic(run_dir / CONFIG_FILE, frozen)
@@ -125,15 +140,16 @@ class RunService:
         limit: int = 100,
         offset: int = 0,
     ) -> list[dict[str, Any]]:
-        query = select(Run)
+        # Only the summary's columns: building whole rows (frozen config JSON) costs more.
+        query = select(*(getattr(Run, name) for name in SUMMARY_COLUMNS))
         if status is not None:
             query = query.where(Run.status == status)
         if environment is not None:
             query = query.where(Run.environment == environment)
         query = query.order_by(col(Run.created_at).desc(), col(Run.id).desc())
         with read_session(self._engine) as session:
-            runs = session.exec(query.offset(offset).limit(limit)).all()
-        return [self._views.summary(run) for run in runs]
+            rows = session.exec(query.offset(offset).limit(limit)).all()
+        return [self._views.summary(row) for row in rows]
 
     def row(self, run_id: str) -> Run:
         check_run_id(run_id)
@@ -159,6 +175,38 @@ class RunService:
             active = _count(session, ACTIVE)
         return ahead + 1, active
 
+    # Results ----------------------------------------------------------------------------
+
+    def results(self, run_id: str, history_rows: int = 20) -> dict[str, Any]:
+        """Final (or latest) metrics, recent history, checkpoints and where the weights are."""
+        run = self.row(run_id)
+        metrics = self._views.metrics
+        latest = metrics.latest(run)
+        return {
+            "run_id": run.id,
+            "environment": run.environment,
+            "status": run.status.value,
+            "step": run.step,
+            "total_steps": run.total_steps,
+            "final": RunStatus(run.status) in FINISHED,
+            "metrics": latest.metrics,
+            "metrics_source": latest.source,
+            "metrics_note": latest.note,
+            "latest": metrics.latest_values(run.id),
+            "history": metrics.history(run.id, limit=history_rows),
+            "wandb_url": run.wandb_url,
+            "weights_path": run.weights_path,
+            "checkpoints": metrics.checkpoints(run.id),
+        }
+
+    def history(self, run_id: str, keys: list[str] | None, limit: int) -> dict[str, Any]:
+        run = self.row(run_id)
+        rows = self._views.metrics.history(run.id, keys, limit)
+        return {"run_id": run.id, "keys": keys, "rows": rows}
+
+    def checkpoints(self, run_id: str) -> list[dict[str, Any]]:
+        return self._views.metrics.checkpoints(self.row(run_id).id)
+
     # Stopping ----------------------------------------------------------------------------
 
     def stop(self, run_id: str) -> dict[str, Any]:
@@ -183,6 +231,76 @@ class RunService:
             procs.signal_group(pid, signal.SIGTERM)
         self._wake()
         return {"run_id": run_id, "status": RunStatus.stopping.value}
+
+    # Resuming ---------------------------------------------------------------------------
+
+    def resume(self, run_id: str, overrides: dict[str, Any], force: bool) -> dict[str, Any]:
+        """A new attempt of a finished run from its last state checkpoint, same step count.
+
+        The frozen config carries over; overrides (say a larger total_steps) change its hash,
+        which is refused unless `force`, since the checkpoint was trained under the old one.
+        """
+        run = self.row(run_id)
+        status = RunStatus(run.status)
+        if status not in FINISHED:
+            raise Conflict(
+                f"Run {run_id} is {status.value}; only a finished run can be resumed "
+                f"(stop it first with POST /runs/{run_id}/stop)."
+            )
+        checkpoint = self._last_state(run_id)
+        if checkpoint is None:
+            raise Conflict(
+                f"Run {run_id} has no state checkpoint to resume from; start a new run instead."
+            )
+        frozen = json.loads((Path(run.run_dir) / CONFIG_FILE).read_text())
+        _, config = self._configs.revalidate(run.environment, frozen["config"], overrides)
+        values = config.model_dump(mode="json")
+        new_hash = hash_config(values)
+        if new_hash != run.config_hash and not force:
+            changed = sorted(k for k in values if values[k] != frozen["config"].get(k))
+            raise Conflict(
+                f"The config would change ({', '.join(changed) or 'environment defaults'}): "
+                f"its hash {new_hash} differs from the run's {run.config_hash}. Resume with "
+                '"force": true to continue the checkpoint under the new config.',
+                changed_fields=changed,
+            )
+        run_dir = Path(run.run_dir)
+        write_json_atomic(
+            run_dir / CONFIG_FILE, {**frozen, "config": values, "config_hash": new_hash}
+        )
+        write_json_atomic(
+            run_dir / RESUME_FILE, {"state_path": checkpoint.path, "step": checkpoint.step}
+        )
+        with write_session(self._engine) as session:
+            row = session.get(Run, run_id)
+            if row is None or not lifecycle.reopen(session, row):
+                raise Conflict(f"Run {run_id} changed state meanwhile; try again.")
+            row.step = checkpoint.step
+            row.total_steps = config.total_steps
+            row.config_json = json.dumps(values, sort_keys=True)
+            row.config_hash = new_hash
+            session.add(row)
+            # Metrics logged after the checkpoint belong to steps that will be redone.
+            session.exec(
+                delete(Metric).where(Metric.run_id == run_id, col(Metric.step) > checkpoint.step)
+            )
+            attempt = row.attempt
+        self._wake()
+        return {
+            "run_id": run_id,
+            "status": RunStatus.queued.value,
+            "attempt": attempt,
+            "resume_step": checkpoint.step,
+            "resume_from": checkpoint.path,
+        }
+
+    def _last_state(self, run_id: str) -> Checkpoint | None:
+        with read_session(self._engine) as session:
+            return session.exec(
+                select(Checkpoint)
+                .where(Checkpoint.run_id == run_id, Checkpoint.kind == "state")
+                .order_by(col(Checkpoint.step).desc(), col(Checkpoint.id).desc())
+            ).first()
 
     # Logs --------------------------------------------------------------------------------
 

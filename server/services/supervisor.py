@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
+from sqlalchemy import func
 from sqlalchemy.engine import Engine
 from sqlmodel import col, select
 
@@ -161,7 +162,9 @@ class Supervisor:
 
     def _start_queued(self) -> None:
         with read_session(self._engine) as session:
-            active = len(self._active_runs())
+            active = session.exec(
+                select(func.count()).select_from(Run).where(col(Run.status).in_(list(ACTIVE)))
+            ).one()
             free = self._settings.max_concurrent_runs - active
             if free <= 0:
                 return

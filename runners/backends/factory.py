@@ -1,0 +1,34 @@
+"""Choose and build the training backend for a run: tinker (hosted) or local (torch)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from server.settings import Settings
+
+
+def resolve_backend(requested: str, settings: Settings) -> Literal["local", "tinker"]:
+    """`auto` means tinker when a key is set, else local."""
+    if requested == "auto":
+        return settings.default_backend
+    if requested not in ("local", "tinker"):
+        raise ValueError(f"backend must be auto, local or tinker, not {requested!r}")
+    return requested  # type: ignore[return-value]
+
+
+def create_service(backend: str, settings: Settings, checkpoint_dir: Path) -> Any:
+    """A tinker-shaped service client; heavy imports happen only for the backend chosen."""
+    if backend == "tinker":
+        from runners.backends.tinker_backend import create_tinker_service
+
+        key = settings.tinker_api_key.get_secret_value() if settings.tinker_api_key else None
+        return create_tinker_service(key, settings.tinker_base_url)
+    from runners.backends.local import LocalServiceClient
+
+    return LocalServiceClient(
+        checkpoint_dir=checkpoint_dir,
+        models_dir=settings.models_dir,
+        device=settings.device,
+        dtype=settings.dtype,
+    )

@@ -1,0 +1,209 @@
+"""The inference worker: `python -m runners.infer`, started by the server on first use.
+
+It keeps models and adapters loaded between requests. Protocol: one JSON request per line on
+stdin, one JSON answer per line on stdout; it exits when stdin closes (the server is gone).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from environments._loader import load_env_class
+from environments.base import BaseEnv, EnvConfig, SingleTurnEnv, Unscorable
+from runners.backends.factory import create_service, resolve_backend
+from runners.policy import SamplerPolicy
+from runners.render import Renderer
+from runners.rollouts import EpisodeSpec, run_episode
+from server.settings import Settings
+
+log = logging.getLogger("infer")
+MAX_CACHED_SAMPLERS = 4
+
+
+class Worker:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self._services: dict[str, Any] = {}
+        self._samplers: dict[tuple[str, str, str | None], Any] = {}
+        self._renderers: dict[str, Renderer] = {}
+
+    async def handle(self, request: dict[str, Any]) -> dict[str, Any]:
+        started = time.monotonic()
+        env_cls = load_env_class(Path(request["env_file"]), request["env_class"])
+        config = env_cls.Config.model_validate(request["config"])
+        model = request["model"]
+        backend = resolve_backend(config.backend, self.settings)
+        sampler = await self._sampler(backend, model, request.get("adapter"))
+        renderer = self._renderer(model, config)
+        policy = SamplerPolicy(
+            sampler,
+            max_tokens=request["max_tokens"],
+            temperature=request["temperature"],
+            top_p=config.top_p,
+            top_k=config.top_k,
+            stop=renderer.stop_token_ids(),
+            seed=request.get("seed"),
+        )
+        items = self._items(env_cls, config, request)
+        results = await asyncio.gather(
+            *(self._one(env_cls, config, renderer, policy, item) for item in items)
+        )
+        return {
+            "ok": True,
+            "model": model,
+            "backend": backend,
+            "results": results,
+            "latency_s": round(time.monotonic() - started, 3),
+        }
+
+    def _items(
+        self, env_cls: type[BaseEnv], config: EnvConfig, request: dict[str, Any]
+    ) -> list[dict[str, Any]]:
+        prompts = request.get("prompts")
+        if prompts:
+            return [{"prompt": p, "seed": i} for i, p in enumerate(prompts)]
+        base = int(request.get("seed") or 0)
+        return [{"prompt": None, "seed": base + i} for i in range(int(request["num_items"]))]
+
+    async def _one(
+        self,
+        env_cls: type[BaseEnv],
+        config: EnvConfig,
+        renderer: Renderer,
+        policy: SamplerPolicy,
+        item: dict[str, Any],
+    ) -> dict[str, Any]:
+        if issubclass(env_cls, SingleTurnEnv):
+            return await self._single_turn(env_cls(config), renderer, policy, item)
+        return await self._episode(env_cls, config, renderer, policy, item)
+
+    async def _single_turn(
+        self, env: SingleTurnEnv, renderer: Renderer, policy: SamplerPolicy, item: dict[str, Any]
+    ) -> dict[str, Any]:
+        task = None
+        prompt = item["prompt"]
+        if prompt is None:
+            task = env.get_task(item["seed"], "eval")
+            prompt = task.prompt
+        tokens, _ = await policy.sample(renderer.prompt_tokens(prompt))
+        response = renderer.decode(tokens)
+        result: dict[str, Any] = {"prompt": prompt, "response": response, "tokens": len(tokens)}
+        try:
+            score = float(env.score(prompt, response, task))
+            result.update(score=score, correct=score >= 1.0 - 1e-9, reason=None)
+        except Unscorable as exc:
+            result.update(score=None, correct=None, reason=f"cannot score this prompt: {exc}")
+        except Exception as exc:  # a verifier bug is reported per prompt, not as a failure
+            result.update(
+                score=None, correct=None, reason=f"the verifier failed: {type(exc).__name__}: {exc}"
+            )
+        return result
+
+    async def _episode(
+        self,
+        env_cls: type[BaseEnv],
+        config: EnvConfig,
+        renderer: Renderer,
+        policy: SamplerPolicy,
+        item: dict[str, Any],
+    ) -> dict[str, Any]:
+        """A multi-turn environment plays a whole episode; a free prompt steers it as the
+        system prompt."""
+        steering = Renderer(
+            renderer.tokenizer, renderer.template, item["prompt"] or renderer.system_prompt
+        )
+        spec = EpisodeSpec(group=0, seed=item["seed"], make_env=lambda: env_cls(config))
+        episode = await run_episode(
+            spec, policy, steering.prompt_tokens, steering.decode, split="eval"
+        )
+        turns = []
+        observation = None
+        for t in episode.transitions:
+            turns.append({"action": steering.decode(t.action_tokens), "reward": t.reward})
+        if episode.transitions:
+            observation = steering.decode(episode.transitions[0].prompt_tokens)
+        return {
+            "prompt": item["prompt"] or observation,
+            "response": turns[-1]["action"] if turns else "",
+            "score": episode.total_reward,
+            "correct": episode.correct,
+            "reason": None,
+            "tokens": sum(len(t.action_tokens) for t in episode.transitions),
+            "turns": turns,
+        }
+
+    async def _sampler(self, backend: str, model: str, adapter: str | None) -> Any:
+        key = (backend, model, adapter)
+        if key not in self._samplers:
+            service = self._service(backend)
+            if adapter:
+                sampler = await service.create_sampling_client(model_path=adapter)
+            else:
+                sampler = await service.create_sampling_client(base_model=model)
+            if len(self._samplers) >= MAX_CACHED_SAMPLERS:
+                self._samplers.pop(next(iter(self._samplers)))
+            self._samplers[key] = sampler
+        return self._samplers[key]
+
+    def _service(self, backend: str) -> Any:
+        if backend not in self._services:
+            self._services[backend] = create_service(
+                backend, self.settings, self.settings.var_dir / "inference"
+            )
+        return self._services[backend]
+
+    def _renderer(self, model: str, config: EnvConfig) -> Renderer:
+        from runners.models import load_tokenizer
+
+        if model not in self._renderers:
+            self._renderers[model] = Renderer(load_tokenizer(model, self.settings.models_dir))
+        base = self._renderers[model]
+        return Renderer(base.tokenizer, config.prompt_template, config.system_prompt)
+
+
+def error_answer(exc: BaseException) -> dict[str, Any]:
+    kind = {
+        "ModelNotAvailable": "model",
+        "TinkerUnavailable": "backend",
+        "TinkerUnreachable": "backend",
+    }.get(type(exc).__name__, "error")
+    return {"ok": False, "kind": kind, "error": f"{type(exc).__name__}: {exc}"}
+
+
+async def serve(worker: Worker) -> None:
+    loop = asyncio.get_running_loop()
+    while True:
+        line = await loop.run_in_executor(None, sys.stdin.readline)
+        if not line:
+            return  # the server closed our stdin: it is gone or done with us
+        request: Any = None
+        try:
+            request = json.loads(line)
+            answer = await worker.handle(request)
+        except Exception as exc:
+            log.error("request failed:\n%s", traceback.format_exc())
+            answer = error_answer(exc)
+        answer["id"] = request.get("id") if isinstance(request, dict) else None
+        sys.stdout.write(json.dumps(answer) + "\n")
+        sys.stdout.flush()
+
+
+def main() -> int:
+    logging.basicConfig(
+        level=logging.INFO,
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    asyncio.run(serve(Worker(Settings())))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,47 @@
+"""The policy the episodes sample from: a sampling client plus the run's sampling settings."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+from tinker import types
+
+
+class SamplerPolicy:
+    """One completion per call; each call gets its own seed so a group's samples differ."""
+
+    def __init__(
+        self,
+        client: Any,
+        *,
+        max_tokens: int,
+        temperature: float,
+        top_p: float,
+        top_k: int,
+        stop: list[int],
+        seed: int | None,
+        timeout_s: float | None = None,
+    ) -> None:
+        self._client = client
+        self._params = dict(
+            max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, stop=stop
+        )
+        self._seeds = itertools.count(seed) if seed is not None else None
+        self._timeout_s = timeout_s
+        self.calls = 0
+
+    async def sample(self, prompt_tokens: list[int]) -> tuple[list[int], list[float]]:
+        self.calls += 1
+        params = types.SamplingParams(
+            **self._params, seed=next(self._seeds) if self._seeds is not None else None
+        )
+        response = await self._client.sample(
+            prompt=types.ModelInput.from_ints(prompt_tokens),
+            num_samples=1,
+            sampling_params=params,
+        )
+        sequence = response.sequences[0]
+        tokens = list(sequence.tokens)
+        logprobs = list(sequence.logprobs) if sequence.logprobs is not None else [0.0] * len(tokens)
+        return tokens, logprobs

@@ -1,0 +1,150 @@
+"""What a run reports: progress, metrics and checkpoints to the database, W&B and its log."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy.engine import Engine
+
+from server import lifecycle
+from server.settings import Settings
+
+log = logging.getLogger(__name__)
+CHECKPOINTS_FILE = "checkpoints.jsonl"
+
+
+def wandb_id_for(run_id: str) -> str:
+    """A stable W&B run id, so every attempt of a run (resume) logs to the same W&B run."""
+    return "rlcs-" + run_id.removeprefix("r-")
+
+
+class Reporter:
+    def __init__(
+        self, engine: Engine, settings: Settings, run_id: str, run_dir: Path, config: Any
+    ) -> None:
+        self._engine = engine
+        self._settings = settings
+        self.run_id = run_id
+        self.run_dir = run_dir
+        self._config = config
+        self._wandb: Any = None
+
+    # W&B ---------------------------------------------------------------------------------
+
+    def start_wandb(self) -> None:
+        """Online with a key, offline otherwise; a W&B failure never stops training."""
+        if not self._config.use_wandb:
+            return
+        online = self._settings.wandb_api_key is not None
+        try:
+            import wandb
+
+            name = self._config.wandb_name or f"{self._config.model_name.split('/')[-1]}"
+            self._wandb = wandb.init(
+                project=self._config.wandb_project,
+                entity=self._settings.wandb_entity,
+                name=f"{name}-{self.run_id}",
+                id=wandb_id_for(self.run_id),
+                resume="allow",
+                dir=str(self.run_dir),
+                config=self._config.model_dump(mode="json"),
+                mode="online" if online else "offline",
+            )
+        except Exception as exc:  # W&B is a mirror of the database, never a dependency
+            log.warning("W&B logging disabled: %s", exc)
+            self._wandb = None
+            return
+        run = self._wandb
+        if online:
+            path = f"{run.entity}/{run.project}/{run.id}"
+            lifecycle.record_fields(self._engine, self.run_id, wandb_path=path, wandb_url=run.url)
+        log.info("W&B run %s (%s)", run.id, "online" if online else "offline, in the run folder")
+
+    def finish_wandb(self, exit_code: int = 0) -> None:
+        if self._wandb is not None:
+            try:
+                self._wandb.finish(exit_code=exit_code)
+            except Exception as exc:
+                log.warning("W&B finish failed: %s", exc)
+            self._wandb = None
+
+    # Records -----------------------------------------------------------------------------
+
+    def step(self, step: int, total: int, metrics: dict[str, float]) -> None:
+        lifecycle.record_step(self._engine, self.run_id, step, metrics)
+        self._log_wandb(step, metrics)
+        print(
+            f"step {step}/{total} reward={_fmt(metrics.get('reward/mean'))} "
+            f"correct={_pct(metrics.get('env/percent_correct'))} "
+            f"loss={_fmt(metrics.get('train/loss'))} time={metrics.get('time/step', 0):.1f}s",
+            flush=True,
+        )
+
+    def eval(self, step: int, metrics: dict[str, float]) -> None:
+        lifecycle.record_metrics(self._engine, self.run_id, step, metrics)
+        self._log_wandb(step, metrics)
+        print(
+            f"eval at step {step}: reward={_fmt(metrics.get('eval/reward_mean'))} "
+            f"correct={_pct(metrics.get('eval/percent_correct'))}",
+            flush=True,
+        )
+
+    def checkpoint(
+        self,
+        step: int,
+        name: str,
+        state_path: str | None,
+        sampler_path: str | None,
+        final: bool = False,
+    ) -> None:
+        if state_path:
+            lifecycle.record_checkpoint(self._engine, self.run_id, step, "state", name, state_path)
+        if sampler_path:
+            lifecycle.record_checkpoint(
+                self._engine, self.run_id, step, "sampler", name, sampler_path
+            )
+        record = {
+            "name": name,
+            "step": step,
+            "state_path": state_path,
+            "sampler_path": sampler_path,
+            "final": final,
+        }
+        with (self.run_dir / CHECKPOINTS_FILE).open("a") as fh:
+            fh.write(json.dumps(record) + "\n")
+        print(f"checkpoint {name}: state={state_path} sampler={sampler_path}", flush=True)
+
+    def _log_wandb(self, step: int, metrics: dict[str, float]) -> None:
+        if self._wandb is None:
+            return
+        try:
+            self._wandb.log(lifecycle.clean(metrics), step=step)
+        except Exception as exc:
+            log.warning("W&B log failed at step %s: %s", step, exc)
+
+
+def last_state_checkpoint(run_dir: Path) -> dict[str, Any] | None:
+    """The newest line of checkpoints.jsonl that has a state path (what a resume starts from)."""
+    path = run_dir / CHECKPOINTS_FILE
+    if not path.exists():
+        return None
+    last = None
+    for line in path.read_text().splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a line cut short by a crash
+        if record.get("state_path"):
+            last = record
+    return last
+
+
+def _fmt(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.4f}"
+
+
+def _pct(value: float | None) -> str:
+    return "n/a" if value is None else f"{100 * value:.1f}%"

@@ -1,0 +1,118 @@
+"""The inference worker process as the server sees it: started on first use, kept warm,
+restarted if it dies, one request at a time, each with a deadline."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import queue
+import signal
+import subprocess
+import threading
+from pathlib import Path
+from typing import Any
+
+from server.errors import Unavailable
+from server.services import procs
+from server.services.runs import tail_lines
+from server.settings import PROJECT_ROOT, Settings
+
+log = logging.getLogger(__name__)
+WORKER_MODULE = "runners.infer"
+
+
+class InferenceWorker:
+    def __init__(self, settings: Settings) -> None:
+        self._settings = settings
+        self._lock = threading.Lock()
+        self._proc: subprocess.Popen[str] | None = None
+        self._answers: queue.Queue[str | None] = queue.Queue()
+        self._ids = itertools.count(1)
+        self.starts = 0
+        self.log_path: Path = settings.var_dir / "inference.log"
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None and self._proc.poll() is None else None
+
+    def request(self, payload: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+        """Send one request and wait for its answer; a missed deadline restarts the worker."""
+        with self._lock:
+            proc = self._ensure_started()
+            request_id = next(self._ids)
+            assert proc.stdin is not None
+            try:
+                proc.stdin.write(json.dumps({**payload, "id": request_id}) + "\n")
+                proc.stdin.flush()
+            except (BrokenPipeError, OSError):
+                self._stop_locked()
+                raise Unavailable(self._died("it exited before taking the request")) from None
+            while True:
+                try:
+                    line = self._answers.get(timeout=timeout_s)
+                except queue.Empty:
+                    # A stuck model must not hold the next request hostage.
+                    self._stop_locked()
+                    raise Unavailable(
+                        f"inference did not finish within {timeout_s:.0f} s (the worker was "
+                        "restarted); send fewer prompts or a smaller max_tokens, or raise "
+                        "RLCS_INFERENCE_TIMEOUT_S."
+                    ) from None
+                if line is None:
+                    self._stop_locked()
+                    raise Unavailable(self._died("it exited while answering"))
+                answer = json.loads(line)
+                if answer.get("id") == request_id:
+                    return answer
+
+    def stop(self) -> None:
+        with self._lock:
+            self._stop_locked()
+
+    def _ensure_started(self) -> subprocess.Popen[str]:
+        if self._proc is not None and self._proc.poll() is None:
+            return self._proc
+        if self._proc is not None:
+            log.warning("inference worker exited (%s); starting a new one", self._proc.returncode)
+        self._answers = queue.Queue()
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.log_path.open("a") as log_file:
+            self._proc = subprocess.Popen(
+                [self._settings.python_executable, "-m", WORKER_MODULE],
+                cwd=PROJECT_ROOT,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=log_file,
+                text=True,
+                env=self._settings.child_environment(),
+                start_new_session=True,
+            )
+        self.starts += 1
+        threading.Thread(
+            target=self._read, args=(self._proc, self._answers), daemon=True, name="infer-read"
+        ).start()
+        return self._proc
+
+    @staticmethod
+    def _read(proc: subprocess.Popen[str], answers: queue.Queue[str | None]) -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            answers.put(line)
+        answers.put(None)  # end of output: the worker is gone
+
+    def _stop_locked(self) -> None:
+        proc, self._proc = self._proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        try:
+            assert proc.stdin is not None
+            proc.stdin.close()  # the worker exits on end of input
+            proc.wait(timeout=5)
+        except (OSError, subprocess.TimeoutExpired):
+            procs.signal_group(proc.pid, signal.SIGKILL)  # the worker and anything it started
+            proc.wait(timeout=5)
+
+    def _died(self, when: str) -> str:
+        tail = "\n".join(tail_lines(self.log_path, 10))
+        return f"the inference worker failed: {when}. Last lines of its log:\n{tail}"

@@ -1,0 +1,135 @@
+"""Advantages and datums against hand-worked numbers; collection concurrency and failures."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+
+import pytest
+
+from environments.base import BaseEnv, StepResult
+from runners.rollouts import (
+    Episode,
+    EpisodeSpec,
+    Transition,
+    Weighted,
+    collect,
+    discounted_returns,
+    grpo_advantages,
+    make_datum,
+    rebn_advantages,
+)
+
+
+def ep(group: int, rewards: list[float]) -> Episode:
+    return Episode(
+        group,
+        0,
+        [Transition([1, 2], [3], [-0.5], r, i == len(rewards) - 1) for i, r in enumerate(rewards)],
+    )
+
+
+def test_grpo_centres_each_group_and_drops_flat_groups() -> None:
+    episodes = [ep(0, [1.0]), ep(0, [0.0]), ep(0, [0.5]), ep(0, [0.5]), ep(1, [0.2]), ep(1, [0.2])]
+    weighted, dropped = grpo_advantages(episodes)
+    # Group 0: mean 0.5 -> advantages 0.5, -0.5, 0, 0. Group 1 is flat: dropped.
+    assert dropped == 1
+    assert [w.advantage for w in weighted] == pytest.approx([0.5, -0.5, 0.0, 0.0])
+
+
+def test_grpo_std_scaling_and_multi_turn_returns() -> None:
+    episodes = [ep(0, [0.0, 1.0]), ep(0, [0.0, 0.0])]  # returns 1 and 0
+    weighted, _ = grpo_advantages(episodes, scale_by_std=True)
+    # mean 0.5, population std 0.5: advantages +-1 (to 1e-6), on every turn of each episode.
+    assert [round(w.advantage, 4) for w in weighted] == [1.0, 1.0, -1.0, -1.0]
+
+
+def test_discounted_returns_match_the_reference() -> None:
+    assert discounted_returns([0, 0, 0, 1], 0.9) == pytest.approx([0.729, 0.81, 0.9, 1.0])
+
+
+def test_rebn_normalises_returns_across_the_batch() -> None:
+    episodes = [ep(0, [0.0, 1.0]), ep(1, [0.0])]
+    weighted = rebn_advantages(episodes, gamma=0.5)
+    # Returns: 0.5, 1.0, 0.0; mean 0.5; sample std 0.5 -> z = 0, 1, -1.
+    assert [w.advantage for w in weighted] == pytest.approx([0.0, 1.0, -1.0], abs=1e-6)
+    assert rebn_advantages([ep(0, [1.0]), ep(1, [1.0])], gamma=0.9) == []
+
+
+def test_rebn_subsamples_to_the_batch_size() -> None:
+    episodes = [ep(i, [float(i)]) for i in range(10)]
+    assert len(rebn_advantages(episodes, gamma=0.9, limit=4)) == 4
+
+
+def test_datum_puts_advantage_on_action_tokens_only() -> None:
+    t = Transition([10, 11, 12], [20, 21], [-0.1, -0.2], 1.0, True)
+    datum = make_datum(Weighted(t, 0.7))
+    assert datum is not None
+    assert datum.model_input.to_ints() == [10, 11, 12, 20]
+    inputs = datum.loss_fn_inputs
+    assert inputs["target_tokens"].tolist() == [11, 12, 20, 21]
+    assert inputs["logprobs"].tolist() == pytest.approx([0.0, 0.0, -0.1, -0.2])
+    assert inputs["advantages"].tolist() == pytest.approx([0.0, 0.0, 0.7, 0.7])
+    assert make_datum(Weighted(Transition([1], [], [], 0.0, True), 1.0)) is None
+
+
+class CountingEnv(BaseEnv):
+    """Episodes of `seed % 3 + 1` turns; the env with seed 13 raises."""
+
+    active = 0
+    most = 0
+
+    async def reset(self, seed: int, split: str = "train") -> str:
+        if seed == 13:
+            raise RuntimeError("env exploded")
+        self.turns_left = seed % 3 + 1
+        return "go"
+
+    async def step(self, action: str) -> StepResult:
+        self.turns_left -= 1
+        return StepResult("go", 1.0 if action == "x" else 0.0, self.turns_left == 0)
+
+
+class SlowPolicy:
+    def __init__(self) -> None:
+        self.in_flight = 0
+        self.most = 0
+
+    async def sample(self, prompt_tokens: list[int]) -> tuple[list[int], list[float]]:
+        self.in_flight += 1
+        self.most = max(self.most, self.in_flight)
+        await asyncio.sleep(0.01)
+        self.in_flight -= 1
+        return [1], [math.log(0.5)]
+
+
+def test_collect_bounds_concurrency_and_drops_failed_episodes() -> None:
+    policy = SlowPolicy()
+    specs = iter([EpisodeSpec(g, seed, CountingEnv) for g, seed in enumerate(range(10, 20))])
+    got = asyncio.run(collect(specs, policy, lambda o: [1, 2], lambda t: "x", concurrency=3))
+    assert policy.most == 3
+    assert got.failed == 1 and "env exploded" in got.errors[0]
+    assert len(got.episodes) == 9
+    assert sorted(len(e.transitions) for e in got.episodes) == sorted(
+        s % 3 + 1 for s in range(10, 20) if s != 13
+    )
+
+
+def test_collect_stops_when_enough() -> None:
+    def forever():
+        g = 0
+        while True:
+            yield EpisodeSpec(g, 1, CountingEnv)
+            g += 1
+
+    got = asyncio.run(
+        collect(
+            forever(),
+            SlowPolicy(),
+            lambda o: [1],
+            lambda t: "x",
+            concurrency=4,
+            enough=lambda c: c.transitions >= 10,
+        )
+    )
+    assert 10 <= got.transitions < 10 + 4 * 2

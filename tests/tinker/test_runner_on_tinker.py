@@ -1,0 +1,123 @@
+"""The real runner on the tinker backend: the unmodified SDK against the loopback stand-in.
+
+Checks what the loop sends (loss inputs, their alignment and values, the order of calls),
+not only that the run ends well.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from environments.repeat_word import WORDS
+from runners.tiny_model import build_tiny_tokenizer
+from server.app import create_app
+from tests.conftest import make_settings
+from tests.helpers import wait_for
+from tests.standins.tinker_standin import TinkerStandin, token_logprob
+from tests.tinker.conftest import TEST_KEY
+
+TOKENIZER = build_tiny_tokenizer()
+
+
+def word_sampler(prompt: list[int], index: int, params) -> list[int]:
+    """Answers one of three words (seeded by the request), so rewards vary within a group."""
+    word = random.Random(params.get("seed")).choice(WORDS[:3])
+    return TOKENIZER.encode(word, add_special_tokens=False) + [TOKENIZER.eos_token_id]
+
+
+@pytest.fixture
+def standin_words():
+    with TinkerStandin(expected_api_key=TEST_KEY, sample_fn=word_sampler) as server:
+        yield server
+
+
+def test_runner_drives_tinker_with_the_right_data(tmp_path: Path, standin_words) -> None:
+    settings = make_settings(tmp_path, tinker_api_key=TEST_KEY, tinker_base_url=standin_words.url)
+    with TestClient(create_app(settings)) as client:
+        assert client.get("/health").json()["backend"] == "tinker"
+        body = {
+            "environment": "repeat_word",
+            "model_name": "tiny-random",
+            "num_words": 3,
+            "total_steps": 2,
+            "group_size": 4,
+            "batch_size": 3,
+            "lora_rank": 16,
+            "learning_rate": 1e-4,
+            "loss_fn": "ppo",
+            "loss_fn_config": {"clip_low_threshold": 0.9, "clip_high_threshold": 1.1},
+            "max_token_length": 16,
+            "save_every": 0,
+            "steps_per_eval": 0,
+            "use_wandb": False,
+        }
+        run_id = client.post("/runs", json=body).json()["run_id"]
+        run = wait_for(
+            lambda: (
+                (r := client.get(f"/runs/{run_id}").json())["status"]
+                in {"succeeded", "failed", "stopped"}
+                and r
+            ),
+            120,
+            every=0.25,
+        )
+        logs = "\n".join(client.get(f"/runs/{run_id}/logs", params={"tail": 100}).json()["lines"])
+        assert run["status"] == "succeeded", logs
+        assert run["weights_path"].startswith("tinker://")
+        assert run["weights_path"].endswith("/sampler_weights/step-000002")
+        assert TEST_KEY not in logs
+
+    created = standin_words.bodies("create_model")
+    assert created[0]["base_model"] == "tiny-random"
+    assert created[0]["lora_config"]["rank"] == 16
+
+    calls = [
+        c
+        for c in standin_words.calls()
+        if c
+        in {
+            "create_model",
+            "forward_backward",
+            "optim_step",
+            "save_weights",
+            "save_weights_for_sampler",
+            "asample",
+        }
+    ]
+    assert calls[0] == "create_model"
+    # Each step: a sampler snapshot, samples, then forward_backward and optim_step in order.
+    fb_at = [i for i, c in enumerate(calls) if c == "forward_backward"]
+    assert len(fb_at) == 2
+    for i in fb_at:
+        assert calls[i + 1] == "optim_step"
+        assert "asample" in calls[:i]
+    assert calls[-2:] == ["save_weights", "save_weights_for_sampler"]
+
+    adam = standin_words.bodies("optim_step")[0]["adam_params"]
+    assert adam["learning_rate"] == pytest.approx(1e-4)
+    for request in standin_words.bodies("forward_backward"):
+        assert request["loss_fn"] == "ppo"
+        assert request["loss_fn_config"] == {"clip_low_threshold": 0.9, "clip_high_threshold": 1.1}
+        assert request["data"], "groups with varying rewards must produce datums"
+        for datum in request["data"]:
+            tokens = datum["model_input"]
+            inputs = datum["loss_fn_inputs"]
+            assert set(inputs) == {"target_tokens", "logprobs", "advantages"}
+            targets = inputs["target_tokens"]["values"]
+            advantages = inputs["advantages"]["values"]
+            logprobs = inputs["logprobs"]["values"]
+            assert inputs["target_tokens"]["dtype"] == "int64"
+            assert len(tokens) == len(targets) == len(advantages) == len(logprobs)
+            assert targets[:-1] == tokens[1:]  # targets are the inputs shifted by one
+            action = [i for i, a in enumerate(advantages) if a != 0.0]
+            assert action and action == list(range(action[0], len(advantages)))
+            assert len(set(advantages[action[0] :])) == 1
+            # Prompt positions carry zeros; action positions the sampler's own logprobs.
+            assert all(lp == 0.0 for lp in logprobs[: action[0]])
+            assert logprobs[action[0] :] == pytest.approx(
+                [token_logprob(t) for t in targets[action[0] :]]
+            )

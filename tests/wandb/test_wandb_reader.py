@@ -1,0 +1,328 @@
+"""The W&B reader against the loopback stand-in, driven through the real wandb 0.31 client."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+
+from server.services.wandb_reader import WandbReader, WandbResult
+from tests.standins.wandb_standin import WandbStandin
+from tests.wandb.conftest import (
+    ENTITY,
+    HISTORY,
+    KEY,
+    PATH,
+    PROJECT,
+    RUN_ID,
+    SUMMARY,
+    MakeReader,
+)
+
+OTHER_PATH = f"{ENTITY}/{PROJECT}/rlcs-other1"
+
+
+def clean(result: WandbResult) -> WandbResult:
+    """Every answer in these tests goes through here: the key must never show."""
+    assert KEY not in repr(result)
+    return result
+
+
+def settle(standin: WandbStandin, timeout_s: float = 10.0) -> None:
+    """Wait until every request the stand-in received has been answered."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if all(r.status is not None for r in list(standin.requests)):
+            time.sleep(0.05)  # the reader records the answer right after the client returns
+            return
+        time.sleep(0.02)
+    raise AssertionError("the stand-in still has requests in flight")
+
+
+def warm(reader: WandbReader, standin: WandbStandin) -> None:
+    """A first read: starts wandb-core and logs in, so later fetches are one call each."""
+    assert clean(reader.read("r-abc123", PATH)).ok
+    standin.reset_log()
+
+
+# Reading ---------------------------------------------------------------------------------
+
+
+def test_reads_summary_metrics_by_recorded_path(
+    standin: WandbStandin, make_reader: MakeReader
+) -> None:
+    reader = make_reader()
+    result = clean(reader.read("r-abc123", PATH))
+    assert result.ok and result.source == "wandb" and result.note is None
+    assert result.age_s is not None and result.age_s < 1
+    assert result.summary is not None
+    for key in ("reward/mean", "train/loss", "env/percent_correct", "eval/percent_correct"):
+        assert result.summary[key] == SUMMARY[key]
+    assert result.summary["_step"] == 9
+    assert result.state == "running"
+    assert result.url is not None and result.url.endswith(f"/{ENTITY}/{PROJECT}/runs/{RUN_ID}")
+    # Login once, then one Run query; the run is asked for by its id, not its display name.
+    assert standin.operations() == ["Viewer", "Run"]
+    run_query = standin.requests[-1]
+    assert run_query.variables == {"entity": ENTITY, "project": PROJECT, "name": RUN_ID}
+    assert all(r.authorized for r in standin.requests)
+    assert KEY not in repr(reader)
+
+
+def test_second_read_within_cache_window_makes_no_request(
+    standin: WandbStandin, make_reader: MakeReader
+) -> None:
+    reader = make_reader(cache_s=30.0)
+    first = clean(reader.read("r-abc123", PATH))
+    count = standin.request_count
+    time.sleep(0.1)
+    second = clean(reader.read("r-abc123", PATH))
+    assert standin.request_count == count
+    assert second.ok and second.summary == first.summary
+    assert second.age_s is not None and second.age_s >= 0.1
+
+
+def test_read_after_cache_window_sees_new_values(
+    standin: WandbStandin, make_reader: MakeReader
+) -> None:
+    reader = make_reader(cache_s=0.3)
+    warm(reader, standin)
+    standin.log(ENTITY, PROJECT, RUN_ID, {"_step": 10, "reward/mean": 0.75})
+    standin.update_run(ENTITY, PROJECT, RUN_ID, state="finished")
+    time.sleep(0.35)
+    result = clean(reader.read("r-abc123", PATH))
+    assert result.ok and result.summary is not None
+    assert result.summary["reward/mean"] == 0.75 and result.summary["_step"] == 10
+    assert result.state == "finished"
+    assert standin.operations() == ["Run"]
+
+
+def test_history_returns_the_requested_keys(standin: WandbStandin, make_reader: MakeReader) -> None:
+    reader = make_reader()
+    warm(reader, standin)
+    result = clean(reader.history("r-abc123", PATH, ["reward/mean", "env/percent_correct"]))
+    assert result.ok and result.history is not None
+    assert [row["_step"] for row in result.history] == list(range(10))
+    for row, logged in zip(result.history, HISTORY, strict=True):
+        assert set(row) == {"_step", "reward/mean", "env/percent_correct"}
+        assert row["reward/mean"] == logged["reward/mean"]
+    # Rows holding every key asked for: eval is logged every fifth step only.
+    evals = clean(reader.history("r-abc123", PATH, ["eval/percent_correct"]))
+    assert evals.history == [
+        {"_step": 4, "eval/percent_correct": 0.4},
+        {"_step": 9, "eval/percent_correct": 0.9},
+    ]
+    sampled = clean(reader.history("r-abc123", PATH, ["train/loss"], samples=3))
+    assert sampled.history is not None and len(sampled.history) == 3
+    assert standin.operations() == ["RunSampledHistory"] * 3
+    # The same series again within the cache window: no request.
+    clean(reader.history("r-abc123", PATH, ["reward/mean", "env/percent_correct"]))
+    assert standin.request_count == 3
+
+
+def test_warm_up_logs_in_ahead_of_the_first_read(
+    standin: WandbStandin, make_reader: MakeReader
+) -> None:
+    reader = make_reader(wait_s=1.0)
+    reader.warm_up()
+    assert standin.wait_for_requests(1, timeout_s=15)
+    settle(standin)
+    started = time.monotonic()
+    result = clean(reader.read("r-abc123", PATH))
+    assert result.ok and time.monotonic() - started < 1.0
+    assert standin.operations() == ["Viewer", "Run"]
+
+
+# Slow W&B ----------------------------------------------------------------------------------
+
+
+def test_slow_wandb_never_blocks_the_caller(standin: WandbStandin, make_reader: MakeReader) -> None:
+    reader = make_reader(wait_s=0.5, timeout_s=8.0, cache_s=30.0)
+    warm(reader, standin)
+    standin.add_run(ENTITY, PROJECT, "rlcs-other1", {"reward/mean": 0.25, "_step": 2}, [])
+    standin.delay_s = 5.0
+
+    started = time.monotonic()
+    first = clean(reader.read("r-other1", OTHER_PATH))
+    elapsed = time.monotonic() - started
+    assert elapsed < 0.5 + 0.4
+    assert not first.ok and first.source == "none"
+    assert first.note is not None and "did not answer within 0.5 s" in first.note
+
+    # More readers while W&B is slow: each answered within wait_s, still one fetch in flight.
+    answers: list[tuple[float, WandbResult]] = []
+
+    def ask() -> None:
+        t = time.monotonic()
+        answer = reader.read("r-other1", OTHER_PATH)
+        answers.append((time.monotonic() - t, answer))
+
+    threads = [threading.Thread(target=ask) for _ in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert all(took < 0.5 + 0.4 and not answer.ok for took, answer in answers)
+    assert standin.request_count == 1
+    workers = [t for t in threading.enumerate() if t.name.startswith("wandb-read-")]
+    assert len(workers) <= 1
+
+    settle(standin)
+    assert time.monotonic() - started >= 5.0
+    standin.delay_s = 0.0
+    cached = clean(reader.read("r-other1", OTHER_PATH))
+    assert cached.ok and cached.summary == {"reward/mean": 0.25, "_step": 2}
+    assert cached.note is None
+    assert standin.request_count == 1  # served from the cache the slow fetch filled
+
+
+def test_fetch_gives_up_after_timeout_s_and_backs_off(
+    standin: WandbStandin, make_reader: MakeReader
+) -> None:
+    reader = make_reader(timeout_s=1.0, wait_s=3.0)
+    warm(reader, standin)
+    standin.add_run(ENTITY, PROJECT, "rlcs-other1", {"_step": 0}, [])
+    standin.delay_s = 4.0
+
+    started = time.monotonic()
+    result = clean(reader.read("r-other1", OTHER_PATH))
+    took = time.monotonic() - started
+    assert 0.9 <= took < 2.5
+    assert not result.ok
+    assert result.note is not None
+    assert result.note.startswith("W&B timed out after 1 s — retrying after 5 s")
+    # wandb cancelled the call inside wandb-core: no retry of it reaches W&B afterwards.
+    time.sleep(2.5)
+    assert standin.request_count == 1
+    again = clean(reader.read("r-other1", OTHER_PATH))
+    assert again.note is not None and "retrying after" in again.note
+    assert standin.request_count == 1
+
+
+# Rate limits and server errors -------------------------------------------------------------
+
+
+def test_429_backs_off_every_run_and_serves_the_cache(
+    standin: WandbStandin, make_reader: MakeReader
+) -> None:
+    reader = make_reader(cache_s=0.2)
+    warm(reader, standin)
+    standin.fail_next(2, 429)  # wandb-core retries once by itself, so fail both attempts
+    time.sleep(0.25)
+
+    result = clean(reader.read("r-abc123", PATH))
+    assert [(r.operation, r.status) for r in standin.requests] == [("Run", 429), ("Run", 429)]
+    # The cached values, with their age and why they are not fresh.
+    assert result.ok and result.summary is not None and result.summary["_step"] == 9
+    assert result.age_s is not None and result.age_s > 0.2
+    assert result.note is not None
+    assert result.note.startswith("W&B rate-limited (429) — retrying after 5 s")
+    assert "showing W&B values from" in result.note
+
+    count = standin.request_count
+    for run_key, path in (("r-abc123", PATH), ("r-other1", OTHER_PATH)):
+        during = clean(reader.read(run_key, path))
+        assert during.note is not None and "rate-limited (429) — retrying after" in during.note
+    assert not clean(reader.read("r-other1", OTHER_PATH)).ok  # nothing cached for that one
+    assert standin.request_count == count
+
+
+def test_repeated_429_doubles_the_backoff(standin: WandbStandin, make_reader: MakeReader) -> None:
+    reader = make_reader(cache_s=0.0, backoff_start_s=0.6)
+    warm(reader, standin)
+    standin.fail_next(2, 429)
+    first = clean(reader.read("r-abc123", PATH))
+    assert first.note is not None and "retrying after 1 s" in first.note  # 0.6 s, rounded up
+    time.sleep(0.7)
+    standin.fail_next(2, 429)
+    second = clean(reader.read("r-abc123", PATH))
+    assert second.note is not None and "retrying after 2 s" in second.note  # 1.2 s
+    time.sleep(1.3)
+    recovered = clean(reader.read("r-abc123", PATH))
+    assert recovered.ok and recovered.note is None and recovered.age_s is not None
+    assert recovered.age_s < 1
+
+
+def test_retry_after_is_waited_out_inside_wandb_core(
+    standin: WandbStandin, make_reader: MakeReader
+) -> None:
+    # Measured fact: wandb-core honours Retry-After before its one retry, and does not pass the
+    # header on; the reader then backs off on its own schedule.
+    reader = make_reader(cache_s=0.0, timeout_s=5.0)
+    warm(reader, standin)
+    standin.fail_next(2, 429, retry_after_s=2)
+    result = clean(reader.read("r-abc123", PATH))
+    first, second = standin.requests
+    assert (first.status, second.status) == (429, 429)
+    assert second.at - first.at >= 1.9
+    assert result.note is not None and "rate-limited (429) — retrying after 5 s" in result.note
+
+
+def test_503_backs_off_that_run_only(standin: WandbStandin, make_reader: MakeReader) -> None:
+    reader = make_reader(cache_s=0.0)
+    warm(reader, standin)
+    standin.fail_next(2, 503)
+    result = clean(reader.read("r-abc123", PATH))
+    assert result.ok  # the cached values
+    assert result.note is not None and result.note.startswith("W&B error 503 — retrying after 5 s")
+    count = standin.request_count
+    during = clean(reader.read("r-abc123", PATH))
+    assert during.note is not None and "W&B error 503 — retrying after" in during.note
+    assert standin.request_count == count
+    standin.add_run(ENTITY, PROJECT, "rlcs-other1", {"_step": 1}, [])
+    other = clean(reader.read("r-other1", OTHER_PATH))
+    assert other.ok and other.note is None and standin.request_count == count + 1
+
+
+# Refusals ------------------------------------------------------------------------------------
+
+
+def test_run_not_found(standin: WandbStandin, make_reader: MakeReader) -> None:
+    reader = make_reader()
+    warm(reader, standin)
+    result = clean(reader.read("r-gone", f"{ENTITY}/{PROJECT}/rlcs-gone00"))
+    assert not result.ok and result.source == "none"
+    assert result.note == f"W&B has no run {ENTITY}/{PROJECT}/rlcs-gone00 (run not found)"
+    count = standin.request_count
+    clean(reader.read("r-gone", f"{ENTITY}/{PROJECT}/rlcs-gone00"))
+    assert standin.request_count == count  # not asked again within the cache window
+
+
+def test_no_api_key_makes_no_request(standin: WandbStandin, make_reader: MakeReader) -> None:
+    reader = make_reader(api_key=None)
+    result = clean(reader.read("r-abc123", PATH))
+    assert not result.ok and result.source == "none"
+    assert result.note is not None and "no WANDB_API_KEY" in result.note
+    assert not clean(reader.history("r-abc123", PATH, ["reward/mean"])).ok
+    assert standin.request_count == 0
+
+
+def test_path_that_is_not_entity_project_id_makes_no_request(
+    standin: WandbStandin, make_reader: MakeReader
+) -> None:
+    reader = make_reader()
+    for path in ("SmolLM2-135M-r-abc123", f"{PROJECT}/{RUN_ID}", f"{ENTITY}//{RUN_ID}"):
+        result = clean(reader.read("r-abc123", path))
+        assert not result.ok and result.note is not None and "entity/project/run_id" in result.note
+    assert standin.request_count == 0
+
+
+def test_rejected_key_is_named_but_never_shown(
+    standin: WandbStandin, make_reader: MakeReader
+) -> None:
+    wrong = "wrongkey" + "fedcba9876543210" * 2
+    reader = make_reader(api_key=wrong)
+    result = reader.read("r-abc123", PATH)
+    assert not result.ok
+    assert result.note is not None and result.note.startswith("W&B rejected the API key (HTTP 401)")
+    assert wrong not in repr(result) and wrong not in repr(reader)
+
+
+def test_server_module_does_not_import_wandb() -> None:
+    code = (
+        "import sys, server.services.wandb_reader as m; "
+        "m.WandbReader(None, None, 5, 3).read('r', 'a/b/c'); "
+        "sys.exit('wandb' in sys.modules)"
+    )
+    assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0
