@@ -1,0 +1,1 @@
+"""Tests of the environment adapters (GEM, reasoning-gym, OpenReward)."""
