@@ -225,3 +225,10 @@ def test_health(client: TestClient) -> None:
     body = client.get("/health").json()
     assert body["status"] == "ok" and body["backend"] == "local"
     assert body["environments"] >= 2 and body["active_runs"] == 0
+
+
+def test_dashboard_is_served_and_holds_no_data(tmp_path: Path) -> None:
+    with TestClient(create_app(make_settings(tmp_path, api_token="t0k"))) as c:
+        page = c.get("/")
+        assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+        assert "fetch(" in page.text and "t0k" not in page.text

@@ -1,10 +1,13 @@
-"""GET /health: liveness and a few counts (open without a token)."""
+"""GET /health (liveness and a few counts) and the dashboard at /: both open without a token;
+the dashboard is a static page that calls the API with the token the user types in."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated
 
 from fastapi import APIRouter, Depends
+from fastapi.responses import HTMLResponse
 
 from server import __version__
 from server.deps import Services, services
@@ -22,3 +25,11 @@ def health(svc: Annotated[Services, Depends(services)]) -> HealthOut:
         environments=len(svc.catalog.list()),
         active_runs=svc.runs.count_active(),
     )
+
+
+DASHBOARD = Path(__file__).resolve().parent.parent / "static" / "dashboard.html"
+
+
+@router.get("/", response_class=HTMLResponse, include_in_schema=False)
+def dashboard() -> HTMLResponse:
+    return HTMLResponse(DASHBOARD.read_text(encoding="utf-8"))
