@@ -144,21 +144,9 @@ async def collect(
             if enough(out):
                 done.set()
 
-    tasks = [asyncio.create_task(worker()) for _ in range(max(1, concurrency))]
-    waiter = asyncio.create_task(done.wait())
-    pending = set(tasks)
-    while pending and not done.is_set():
-        finished, pending = await asyncio.wait(
-            pending | {waiter}, return_when=asyncio.FIRST_COMPLETED
-        )
-        pending.discard(waiter)
-        for task in finished:
-            if task is not waiter and task.exception() is not None:
-                raise task.exception()  # type: ignore[misc]
-    for task in pending:
-        task.cancel()
-    await asyncio.gather(*pending, return_exceptions=True)
-    waiter.cancel()
+    # Once `enough`, workers start nothing new but finish the episodes they have: cancelling
+    # them would drop mostly long episodes and bias the batch towards short ones.
+    await asyncio.gather(*(worker() for _ in range(max(1, concurrency))))
     return out
 
 

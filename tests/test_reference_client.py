@@ -12,8 +12,10 @@ from tests.live_server import LiveServer
 
 
 def test_reference_client_calls_return_useful_json(tmp_path: Path) -> None:
-    with LiveServer(tmp_path / "var") as server, httpx.Client(base_url=server.url,
-                                                              timeout=120) as http:
+    with (
+        LiveServer(tmp_path / "var") as server,
+        httpx.Client(base_url=server.url, timeout=120) as http,
+    ):
         health = http.get("/health")
         assert health.status_code == 200 and health.json()["status"] == "ok"
 
@@ -25,41 +27,77 @@ def test_reference_client_calls_return_useful_json(tmp_path: Path) -> None:
         assert selected.status_code == 200 and selected.json()["selected"] == "arithmetic"
 
         config = http.get("/config").json()
-        for field in ("group_size", "max_token_length", "total_steps", "steps_per_eval",
-                      "use_wandb", "wandb_name", "max_num_workers"):
+        for field in (
+            "group_size",
+            "max_token_length",
+            "total_steps",
+            "steps_per_eval",
+            "use_wandb",
+            "wandb_name",
+            "max_num_workers",
+        ):
             assert field in config["configurable_fields"]
-        for field, value in [("model_name", "tiny-random"), ("total_steps", 6),
-                             ("max_token_length", 8), ("group_size", 2), ("batch_size", 2),
-                             ("steps_per_eval", 3), ("eval_num_tasks", 2), ("use_wandb", False),
-                             ("save_every", 2)]:
+        for field, value in [
+            ("model_name", "tiny-random"),
+            ("total_steps", 6),
+            ("max_token_length", 8),
+            ("group_size", 2),
+            ("batch_size", 2),
+            ("steps_per_eval", 3),
+            ("eval_num_tasks", 2),
+            ("use_wandb", False),
+            ("save_every", 2),
+        ]:
             edited = http.post("/config", json={"field": field, "value": value})
             assert edited.status_code == 200, edited.text
 
         # rl_test_inference before training.
-        inference = http.post("/test/inference", json={
-            "prompts": ["What is 2 + 2?"], "max_tokens": 16, "temperature": 1.0,
-        })
+        inference = http.post(
+            "/test/inference",
+            json={
+                "prompts": ["What is 2 + 2?"],
+                "max_tokens": 16,
+                "temperature": 1.0,
+            },
+        )
         assert inference.status_code == 200, inference.text
         assert inference.json()["results"][0]["score"] in (0.0, 1.0)
 
         # rl_start_training's body.
-        started = http.post("/runs", json={
-            "wandb_project": "rl-training", "lora_rank": 32, "learning_rate": 4e-5,
-        })
+        started = http.post(
+            "/runs",
+            json={
+                "wandb_project": "rl-training",
+                "lora_rank": 32,
+                "learning_rate": 4e-5,
+            },
+        )
         assert started.status_code == 200, started.text
         run_id = started.json()["run_id"]
 
         listed = http.get("/runs").json()
         assert listed[0]["run_id"] == run_id
 
-        status = wait_for(lambda: (r := http.get(f"/runs/{run_id}").json())["step"] >= 1 and r,
-                          90, every=0.5)
+        status = wait_for(
+            lambda: (r := http.get(f"/runs/{run_id}").json())["step"] >= 1 and r, 90, every=0.5
+        )
         assert status["status"] in ("running", "succeeded")
-        assert set(status["metrics"]) >= {"reward_mean", "loss", "percent_correct",
-                                          "eval_percent_correct"}
+        assert set(status["metrics"]) >= {
+            "reward_mean",
+            "loss",
+            "percent_correct",
+            "eval_percent_correct",
+        }
 
-        done = wait_for(lambda: (r := http.get(f"/runs/{run_id}").json())["status"]
-                        in ("succeeded", "failed", "stopped") and r, 120, every=0.5)
+        done = wait_for(
+            lambda: (
+                (r := http.get(f"/runs/{run_id}").json())["status"]
+                in ("succeeded", "failed", "stopped")
+                and r
+            ),
+            120,
+            every=0.5,
+        )
         assert done["status"] == "succeeded", done
 
         results = http.get(f"/runs/{run_id}/metrics").json()

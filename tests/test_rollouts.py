@@ -132,4 +132,5 @@ def test_collect_stops_when_enough() -> None:
             enough=lambda c: c.transitions >= 10,
         )
     )
-    assert 10 <= got.transitions < 10 + 4 * 2
+    # Episodes in flight when the batch filled up still finish (up to 3 turns each).
+    assert 10 <= got.transitions <= 10 + 3 * 3

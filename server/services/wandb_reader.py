@@ -198,6 +198,10 @@ class WandbReader:
             if entry.failure is not None and recent_failure:
                 # A fresh "run not found" is as good as a cached value: don't ask again yet.
                 return self._answer(entry, item, now, entry.failure.text)
+            if item in state.pending and entry.fetched_at is not None:
+                # Someone already waits on this fetch; later callers get the last values now
+                # rather than each holding a worker thread for `wait_s`.
+                return self._answer(entry, item, now, "W&B is refreshing these values")
             if item not in state.pending:
                 state.pending.append(item)
                 entry.done = threading.Event()

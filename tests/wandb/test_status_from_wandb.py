@@ -22,26 +22,48 @@ def make_run(client: TestClient, wandb_path: str | None) -> str:
     engine = client.app.state.services.engine
     run_id = "r-0000abcd"
     with write_session(engine) as session:
-        session.add(Run(id=run_id, environment="arithmetic", status=RunStatus.running,
-                        config_json="{}", config_hash="h", total_steps=20,
-                        run_dir=str(Path(client.app.state.settings.runs_dir) / run_id),
-                        wandb_path=wandb_path, wandb_url=f"https://wandb.ai/{wandb_path}"))
+        session.add(
+            Run(
+                id=run_id,
+                environment="arithmetic",
+                status=RunStatus.running,
+                config_json="{}",
+                config_hash="h",
+                total_steps=20,
+                run_dir=str(Path(client.app.state.settings.runs_dir) / run_id),
+                wandb_path=wandb_path,
+                wandb_url=f"https://wandb.ai/{wandb_path}",
+            )
+        )
     lifecycle.record_step(engine, run_id, 3, {"reward/mean": 0.1, "train/loss": 2.0})
     return run_id
 
 
 def settings_for(tmp_path: Path, standin, **extra):
-    return make_settings(tmp_path, wandb_api_key=KEY, wandb_base_url=standin.url,
-                         wandb_cache_s=30.0, wandb_timeout_s=3.0, **extra)
+    return make_settings(
+        tmp_path,
+        wandb_api_key=KEY,
+        wandb_base_url=standin.url,
+        wandb_cache_s=30.0,
+        wandb_timeout_s=3.0,
+        **extra,
+    )
 
 
 def test_status_maps_wandb_summary_and_caches(tmp_path: Path, standin) -> None:
     with TestClient(create_app(settings_for(tmp_path, standin))) as client:
         run_id = make_run(client, PATH)
-        body = wait_for(lambda: (r := client.get(f"/runs/{run_id}").json())
-                        ["metrics_source"] == "wandb" and r, 20)
-        assert body["metrics"] == {"step": 9, "reward_mean": 0.625, "loss": 0.183,
-                                   "percent_correct": 0.55, "eval_percent_correct": 0.5}
+        body = wait_for(
+            lambda: (r := client.get(f"/runs/{run_id}").json())["metrics_source"] == "wandb" and r,
+            20,
+        )
+        assert body["metrics"] == {
+            "step": 9,
+            "reward_mean": 0.625,
+            "loss": 0.183,
+            "percent_correct": 0.55,
+            "eval_percent_correct": 0.5,
+        }
         count = standin.request_count
         for _ in range(5):
             assert client.get(f"/runs/{run_id}").json()["metrics_source"] == "wandb"
@@ -65,8 +87,14 @@ def test_rate_limited_wandb_backs_off_to_local(tmp_path: Path, standin) -> None:
     with TestClient(create_app(settings_for(tmp_path, standin))) as client:
         run_id = make_run(client, PATH)
         standin.fail_next(10, 429)
-        body = wait_for(lambda: (r := client.get(f"/runs/{run_id}").json())
-                        ["metrics_note"] and "429" in r["metrics_note"] and r, 20)
+        body = wait_for(
+            lambda: (
+                (r := client.get(f"/runs/{run_id}").json())["metrics_note"]
+                and "429" in r["metrics_note"]
+                and r
+            ),
+            20,
+        )
         assert body["metrics_source"] == "local" and body["metrics"]["loss"] == 2.0
         count = standin.request_count
         client.get(f"/runs/{run_id}")

@@ -1,0 +1,1 @@
+"""Tests of the `rlctl` command-line client."""
