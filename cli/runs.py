@@ -1,0 +1,193 @@
+"""`runs ...`: start, list, inspect, stop and resume runs; logs, metrics, history, checkpoints.
+
+`runs watch` and `runs logs --follow` live in cli/watch.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from cli.client import Client, seg
+from cli.exits import OK, UsageError
+from cli.output import duration, fmt, pairs, print_json, say, table
+from cli.watch import follow_logs
+
+
+def _overrides(args: argparse.Namespace) -> dict[str, Any]:
+    return dict(args.set or [])
+
+
+def start(client: Client, args: argparse.Namespace) -> int:
+    body = _overrides(args)
+    if args.env:
+        if body.get("environment", args.env) != args.env:
+            raise UsageError("--env and --set environment=... disagree; give one")
+        body["environment"] = args.env
+    headers = {"Idempotency-Key": args.idempotency_key} if args.idempotency_key else None
+    answer = client.post("/runs", body, headers=headers)
+    if args.json:
+        print_json(answer)
+        return OK
+    say(f"{answer['run_id']}  {answer['status']}")
+    say(f"  follow it: rlctl runs watch {answer['run_id']}")
+    return OK
+
+
+def list_(client: Client, args: argparse.Namespace) -> int:
+    params = {"status": args.status, "environment": args.env, "limit": args.limit}
+    runs = client.get("/runs", params)
+    if args.json:
+        print_json(runs)
+        return OK
+    if not runs:
+        say("no runs")
+        return OK
+    rows = [
+        [
+            r["run_id"],
+            r["environment"],
+            r["status"] + (f" ({r['failure_kind']})" if r.get("failure_kind") else ""),
+            f"{r['step']}/{r['total_steps']}",
+            r.get("attempt"),
+            r.get("created_at"),
+            r.get("finished_at"),
+        ]
+        for r in runs
+    ]
+    say(table(["RUN", "ENVIRONMENT", "STATUS", "STEP", "ATTEMPT", "CREATED", "FINISHED"], rows))
+    return OK
+
+
+def status(client: Client, args: argparse.Namespace) -> int:
+    run = client.get(f"/runs/{seg(args.run)}")
+    if args.json:
+        print_json(run)
+        return OK
+    progress = run.get("progress") or {}
+    fraction = progress.get("fraction") or 0.0
+    per_step = progress.get("time_per_step_s")
+    items: list[tuple[str, Any]] = [
+        ("run", run["run_id"]),
+        ("environment", run["environment"]),
+        ("status", f"{run['status']} (attempt {run.get('attempt')})"),
+        ("step", f"{run['step']}/{run['total_steps']} ({fraction:.0%})"),
+        ("eta", f"{duration(progress.get('eta_s'))} ({fmt(per_step)} s/step)"),
+    ]
+    metrics = {k: v for k, v in (run.get("metrics") or {}).items() if k != "step"}
+    items += [(k, v) for k, v in metrics.items()]
+    items += [
+        ("metrics from", run.get("metrics_source")),
+        ("wandb", run.get("wandb_url")),
+        ("weights", run.get("weights_path")),
+        ("created", run.get("created_at")),
+        ("started", run.get("started_at")),
+        ("finished", run.get("finished_at")),
+    ]
+    if run.get("stalled"):
+        items.append(("STALLED", run.get("stall_details")))
+    if run.get("failure_kind"):
+        items.append(("failure", run["failure_kind"]))
+    if run.get("exit_code") is not None:
+        items.append(("exit code", run["exit_code"]))
+    say(pairs(items))
+    # Details (a queue position, a crash's log tail) span lines: print them as they are.
+    if run.get("details"):
+        say("details:")
+        say("  " + str(run["details"]).replace("\n", "\n  "))
+    return OK
+
+
+def stop(client: Client, args: argparse.Namespace) -> int:
+    answer = client.post(f"/runs/{seg(args.run)}/stop")
+    if args.json:
+        print_json(answer)
+    else:
+        say(f"{answer['run_id']}  {answer['status']}")
+    return OK
+
+
+def resume(client: Client, args: argparse.Namespace) -> int:
+    body = {**_overrides(args), **({"force": True} if args.force else {})}
+    answer = client.post(f"/runs/{seg(args.run)}/resume", body)
+    if args.json:
+        print_json(answer)
+        return OK
+    say(
+        f"{answer['run_id']}  {answer['status']}  attempt {answer.get('attempt')} "
+        f"from step {answer.get('resume_step')} ({answer.get('resume_from')})"
+    )
+    return OK
+
+
+def logs(client: Client, args: argparse.Namespace) -> int:
+    if args.follow:
+        return follow_logs(client, args)
+    answer = client.get(f"/runs/{seg(args.run)}/logs", {"tail": args.tail})
+    if args.json:
+        print_json(answer)
+        return OK
+    for line in answer.get("lines", []):
+        say(line)
+    return OK
+
+
+def metrics(client: Client, args: argparse.Namespace) -> int:
+    answer = client.get(f"/runs/{seg(args.run)}/metrics")
+    if args.json:
+        print_json(answer)
+        return OK
+    final = "final" if answer.get("final") else "latest"
+    say(
+        f"{answer['run_id']}  {answer['status']}  step {answer['step']}/{answer['total_steps']}"
+        f"  ({final}, from {answer.get('metrics_source')})"
+    )
+    summary = {k: v for k, v in (answer.get("metrics") or {}).items() if k != "step"}
+    say(pairs(summary.items(), indent="  "))
+    if answer.get("latest"):
+        say("latest step:")
+        say(pairs(sorted(answer["latest"].items()), indent="  "))
+    checkpoints = answer.get("checkpoints") or []
+    say(
+        pairs(
+            [
+                ("wandb", answer.get("wandb_url")),
+                ("weights", answer.get("weights_path")),
+                ("checkpoints", len(checkpoints)),
+                ("history rows", len(answer.get("history") or [])),
+            ]
+        )
+    )
+    if answer.get("metrics_note"):
+        say(f"note: {answer['metrics_note']}")
+    return OK
+
+
+def history(client: Client, args: argparse.Namespace) -> int:
+    params = {"keys": args.keys, "limit": args.limit}
+    answer = client.get(f"/runs/{seg(args.run)}/history", params)
+    if args.json:
+        print_json(answer)
+        return OK
+    rows = answer.get("rows") or []
+    if not rows:
+        say("no metrics recorded yet")
+        return OK
+    keys = list(answer.get("keys") or [])
+    if not keys:  # all keys: in the order they first appear, which is the runner's order
+        keys = list(dict.fromkeys(k for row in rows for k in row if k != "step"))
+    say(table(["step", *keys], [[row.get("step"), *(row.get(k) for k in keys)] for row in rows]))
+    return OK
+
+
+def checkpoints(client: Client, args: argparse.Namespace) -> int:
+    answer = client.get(f"/runs/{seg(args.run)}/checkpoints")
+    if args.json:
+        print_json(answer)
+        return OK
+    if not answer:
+        say("no checkpoints")
+        return OK
+    rows = [[c["step"], c["kind"], c["name"], c["path"], c.get("created_at")] for c in answer]
+    say(table(["STEP", "KIND", "NAME", "PATH", "CREATED"], rows))
+    return OK
