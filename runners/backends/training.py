@@ -68,9 +68,7 @@ class LocalTrainingClient:
         loss_fn_config: dict[str, float] | None = None,
     ) -> LocalFuture[types.ForwardBackwardOutput]:
         """Loss and gradients (accumulated until optim_step) for `data`."""
-        config = resolve_config(loss_fn, loss_fn_config)
-        batch = validate_data(data, loss_fn, self._vocab, self._host.max_positions)
-        return submit(self._worker, self._run_forward, batch, loss_fn, config, True)
+        return self._submit_forward(data, loss_fn, loss_fn_config, backward=True)
 
     def forward(
         self,
@@ -79,9 +77,19 @@ class LocalTrainingClient:
         loss_fn_config: dict[str, float] | None = None,
     ) -> LocalFuture[types.ForwardBackwardOutput]:
         """Like forward_backward, without gradients."""
+        return self._submit_forward(data, loss_fn, loss_fn_config, backward=False)
+
+    def _submit_forward(
+        self,
+        data: list[types.Datum],
+        loss_fn: str,
+        loss_fn_config: dict[str, float] | None,
+        backward: bool,
+    ) -> LocalFuture[types.ForwardBackwardOutput]:
+        # Bad input fails here, at the call, as the hosted service refuses it at submission.
         config = resolve_config(loss_fn, loss_fn_config)
         batch = validate_data(data, loss_fn, self._vocab, self._host.max_positions)
-        return submit(self._worker, self._run_forward, batch, loss_fn, config, False)
+        return submit(self._worker, self._run_forward, batch, loss_fn, config, backward)
 
     def optim_step(
         self,

@@ -60,15 +60,8 @@ class MetricsService:
 
     def latest_values(self, run_id: str, scan_rows: int = 200) -> dict[str, Any]:
         """The most recent value of every key, from the last `scan_rows` metric rows."""
-        with read_session(self._engine) as session:
-            rows = session.exec(
-                select(Metric)
-                .where(Metric.run_id == run_id)
-                .order_by(col(Metric.step).desc(), col(Metric.id).desc())
-                .limit(scan_rows)
-            ).all()
         latest: dict[str, Any] = {}
-        for row in rows:
+        for row in self._newest_rows(run_id, scan_rows):
             for key, value in json.loads(row.values_json).items():
                 latest.setdefault(key, value)
         return latest
@@ -77,15 +70,8 @@ class MetricsService:
         self, run_id: str, keys: list[str] | None = None, limit: int = 1000
     ) -> list[dict[str, Any]]:
         """Metric rows in step order (the last `limit`), keeping only `keys` when given."""
-        with read_session(self._engine) as session:
-            rows = session.exec(
-                select(Metric)
-                .where(Metric.run_id == run_id)
-                .order_by(col(Metric.step).desc(), col(Metric.id).desc())
-                .limit(limit)
-            ).all()
         out = []
-        for row in reversed(rows):
+        for row in reversed(self._newest_rows(run_id, limit)):
             values = json.loads(row.values_json)
             if keys is not None:
                 values = {k: v for k, v in values.items() if k in keys}
@@ -93,6 +79,17 @@ class MetricsService:
                     continue
             out.append({"step": row.step, **values})
         return out
+
+    def _newest_rows(self, run_id: str, limit: int) -> list[Metric]:
+        with read_session(self._engine) as session:
+            return list(
+                session.exec(
+                    select(Metric)
+                    .where(Metric.run_id == run_id)
+                    .order_by(col(Metric.step).desc(), col(Metric.id).desc())
+                    .limit(limit)
+                ).all()
+            )
 
     def checkpoints(self, run_id: str) -> list[dict[str, Any]]:
         with read_session(self._engine) as session:
