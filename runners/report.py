@@ -10,10 +10,10 @@ from typing import Any
 from sqlalchemy.engine import Engine
 
 from server import lifecycle
+from server.lifecycle import CHECKPOINTS_FILE
 from server.settings import Settings
 
 log = logging.getLogger(__name__)
-CHECKPOINTS_FILE = "checkpoints.jsonl"
 
 
 def wandb_id_for(run_id: str) -> str:

@@ -34,9 +34,9 @@ from runners.rollouts import (
 from runners.sources import Mixer, load_sources
 from server import lifecycle
 from server.db import make_engine
+from server.lifecycle import RESUME_FILE
 from server.models import RunStatus
 from server.services.procs import process_start_time
-from server.services.runs import RESUME_FILE
 from server.settings import Settings
 
 log = logging.getLogger("runner")

@@ -17,6 +17,12 @@ from sqlmodel import Session
 from server.db import write_session
 from server.models import FINISHED, Checkpoint, Metric, Run, RunStatus, utcnow
 
+# The run folder, as both sides know it: var/runs/<run_id>/...
+CONFIG_FILE = "config.json"  # frozen by the server before the run starts
+LOG_FILE = "train.log"  # the runner's stdout and stderr
+RESUME_FILE = "resume.json"  # written by a resume: {"state_path", "step"} to continue from
+CHECKPOINTS_FILE = "checkpoints.jsonl"  # one line per checkpoint the runner saved
+
 # Which status may follow which; a finished status is final (a resume starts a new attempt).
 ALLOWED: dict[RunStatus, frozenset[RunStatus]] = {
     RunStatus.queued: frozenset({RunStatus.starting, RunStatus.stopped, RunStatus.failed}),

@@ -11,11 +11,12 @@ from sqlmodel import col, select
 
 from server.db import read_session
 from server.errors import Conflict, InvalidValue, NotFound, Unavailable
+from server.lifecycle import CONFIG_FILE
 from server.models import Checkpoint
 from server.schemas import InferenceIn
 from server.services.configs import ConfigService
 from server.services.inference_worker import InferenceWorker
-from server.services.runs import CONFIG_FILE, RunService
+from server.services.runs import RunService
 from server.settings import Settings
 
 

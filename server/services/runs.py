@@ -21,6 +21,7 @@ from sqlmodel import Session, col, select
 from server import lifecycle
 from server.db import read_session, write_session
 from server.errors import Conflict, InvalidValue, NotFound
+from server.lifecycle import CONFIG_FILE, LOG_FILE, RESUME_FILE
 from server.models import ACTIVE, FINISHED, Checkpoint, Metric, Run, RunStatus
 from server.services import procs
 from server.services.configs import ConfigService
@@ -28,8 +29,6 @@ from server.services.run_views import RunViews
 from server.settings import Settings
 
 RUN_ID = re.compile(r"^r-[0-9a-f]{8}$")
-CONFIG_FILE = "config.json"
-LOG_FILE = "train.log"
 SUMMARY_COLUMNS = (
     "id",
     "environment",
@@ -42,7 +41,6 @@ SUMMARY_COLUMNS = (
     "started_at",
     "finished_at",
 )
-RESUME_FILE = "resume.json"  # read by the runner: {"state_path", "step"}
 
 
 class RunService:

@@ -24,9 +24,10 @@ from sqlmodel import col, select
 
 from server import lifecycle
 from server.db import read_session, write_session
+from server.lifecycle import LOG_FILE
 from server.models import ACTIVE, FINISHED, Run, RunStatus, utcnow
 from server.services import procs
-from server.services.runs import LOG_FILE, tail_lines
+from server.services.runs import tail_lines
 from server.settings import PROJECT_ROOT, Settings
 
 log = logging.getLogger(__name__)
