@@ -36,8 +36,9 @@ class EnvEntry:
 
 class Catalog:
     def __init__(self, dirs: list[Path], root: Path) -> None:
-        self._dirs = dirs
-        self._root = root
+        # Resolved once, so every path discovery returns is absolute and needs no resolve().
+        self._dirs = [d.resolve() for d in dirs]
+        self._root = root.resolve()
         self._lock = threading.Lock()
         # (path, class name) -> (file mtime, class or error text) of the last import attempt.
         self._imports: dict[tuple[Path, str], tuple[float, type[BaseEnv] | str]] = {}
@@ -115,7 +116,7 @@ class Catalog:
 
     def _relative(self, path: Path) -> str:
         try:
-            return str(path.resolve().relative_to(self._root))
+            return str(path.relative_to(self._root))
         except ValueError:
             return str(path)
 
