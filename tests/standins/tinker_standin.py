@@ -13,13 +13,14 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from types import TracebackType
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 from urllib.parse import urlsplit
 
 import numpy as np
 from tinker.proto import tinker_public_pb2 as pb
+
+from tests.standins.loopback import LoopbackServer
 
 PROTO_CONTENT_TYPE = "application/x-protobuf"
 JSON_CONTENT_TYPE = "application/json"
@@ -130,7 +131,7 @@ class _UserError(Exception):
     """A request the hosted service accepts but whose future then fails with category user."""
 
 
-class TinkerStandin:
+class TinkerStandin(LoopbackServer):
     """A fake Tinker API on 127.0.0.1. Use as a context manager, or call start() and stop().
 
     Attributes tests may set at any time: `latency_s` (sleep before every answer),
@@ -147,6 +148,7 @@ class TinkerStandin:
         expected_api_key: str | None = None,
         client_config: Mapping[str, Any] | None = None,
     ) -> None:
+        super().__init__()
         self.latency_s = latency_s
         self.endpoint_latency_s: dict[str, float] = {}
         self.pending_polls = pending_polls
@@ -171,52 +173,6 @@ class TinkerStandin:
         self._checkpoints: dict[str, _Model] = {}  # tinker:// path -> model state saved there
         self._samplers: dict[str, tuple[str, str | None]] = {}  # id -> (base_model, model_path)
         self._ids = itertools.count(1)
-        self._server: ThreadingHTTPServer | None = None
-        self._thread: threading.Thread | None = None
-
-    # ---- lifecycle -------------------------------------------------------------------------
-
-    @property
-    def url(self) -> str:
-        if self._server is None:
-            raise RuntimeError("the Tinker stand-in is not started")
-        host, port = self._server.server_address[:2]
-        return f"http://{host}:{port}"
-
-    def start(self) -> TinkerStandin:
-        if self._server is not None:
-            return self
-        server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
-        server.daemon_threads = True
-        server.block_on_close = False
-        server.standin = self  # type: ignore[attr-defined]
-        self._server = server
-        self._thread = threading.Thread(
-            target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
-        )
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        server, self._server = self._server, None
-        if server is None:
-            return
-        server.shutdown()
-        server.server_close()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-            self._thread = None
-
-    def __enter__(self) -> TinkerStandin:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
     # ---- what tests read -------------------------------------------------------------------
 
@@ -797,3 +753,7 @@ def _forward_backward_output(body: Mapping[str, Any]) -> pb.ForwardBackwardOutpu
     field_.offsets = np.cumsum([0] + [a.nbytes for a in per_datum], dtype=np.int64).tobytes()
     out.metrics["loss:sum"] = loss
     return out
+
+
+TinkerStandin.handler_class = _Handler
+TinkerStandin.thread_name = "Tinker stand-in"

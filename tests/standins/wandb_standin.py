@@ -14,9 +14,10 @@ import re
 import threading
 import time
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from types import TracebackType
+from http.server import BaseHTTPRequestHandler
 from typing import Any
+
+from tests.standins.loopback import LoopbackServer
 
 GRAPHQL_PATH = "/graphql"
 # wandb-core posts its own OpenTelemetry metrics to the same base URL; they are accepted and
@@ -119,7 +120,7 @@ class _StandinError(Exception):
         self.message = message
 
 
-class WandbStandin:
+class WandbStandin(LoopbackServer):
     """A W&B GraphQL endpoint on 127.0.0.1 (free port); use as a context manager.
 
     Point the real client at it with
@@ -133,6 +134,7 @@ class WandbStandin:
         entity: str = "standin-entity",
         username: str = "standin-user",
     ) -> None:
+        super().__init__()
         self.expected_api_key = expected_api_key
         self.entity = entity
         self.username = username
@@ -143,49 +145,9 @@ class WandbStandin:
         self._faults: list[_Fault] = []
         self._lock = threading.Lock()
         self._closing = threading.Event()
-        self._server: ThreadingHTTPServer | None = None
-        self._thread: threading.Thread | None = None
 
-    # Lifecycle -------------------------------------------------------------------------
-
-    @property
-    def url(self) -> str:
-        if self._server is None:
-            raise RuntimeError("the stand-in is not started")
-        host, port = self._server.server_address[:2]
-        return f"http://{host}:{port}"
-
-    def start(self) -> WandbStandin:
-        handler = type("_BoundHandler", (_Handler,), {"standin": self})
-        server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-        # A handler sleeping out `delay_s` must not hold up shutdown.
-        server.daemon_threads = True
-        server.block_on_close = False
-        self._server = server
-        self._thread = threading.Thread(
-            target=server.serve_forever, args=(0.05,), name="wandb-standin", daemon=True
-        )
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
+    def _before_stop(self) -> None:
         self._closing.set()  # wakes handlers sleeping in a delay
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-
-    def __enter__(self) -> WandbStandin:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
     # Runs ------------------------------------------------------------------------------
 
@@ -425,8 +387,8 @@ class _Handler(BaseHTTPRequestHandler):
         raw = self.rfile.read(length) if length else b""
         path = self.path.split("?", 1)[0]
         if path.startswith(TELEMETRY_PREFIX):
-            with self.standin._lock:
-                self.standin.telemetry_posts += 1
+            with self.server.standin._lock:
+                self.server.standin.telemetry_posts += 1
             self._send(200, b"", "application/x-protobuf", {})
             return
         if path != GRAPHQL_PATH:
@@ -437,7 +399,7 @@ class _Handler(BaseHTTPRequestHandler):
         except json.JSONDecodeError:
             self._send(400, json.dumps(_errors("body is not JSON")).encode(), None, {})
             return
-        status, payload, headers = self.standin.handle_graphql(
+        status, payload, headers = self.server.standin.handle_graphql(
             body, self.headers.get("Authorization")
         )
         self._send(status, json.dumps(payload).encode(), None, headers)
@@ -458,3 +420,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.write(body)
         except (BrokenPipeError, ConnectionResetError):
             pass  # the client gave up (its timeout); nothing to answer
+
+
+WandbStandin.handler_class = _Handler
+WandbStandin.thread_name = "W&B stand-in"
