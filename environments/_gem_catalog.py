@@ -112,10 +112,6 @@ def offline_problem(env_id: str) -> str | None:
     return None
 
 
-def usable_ids() -> list[str]:
-    return sorted(i for i in registry() if offline_problem(i) is None)
-
-
 def check_wrappers(text: str) -> list[Wrapper]:
     """Parse a comma list of wrapper names; refuse unknown, offline-impossible or misordered."""
     known = wrappers()

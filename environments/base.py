@@ -123,7 +123,6 @@ class BaseEnv(abc.ABC):
 
     name: ClassVar[str] = ""
     Config: ClassVar[type[EnvConfig]] = EnvConfig
-    multi_turn: ClassVar[bool] = True
 
     def __init__(self, config: EnvConfig | None = None) -> None:
         self.config = config if config is not None else self.Config()
@@ -152,8 +151,6 @@ class Task:
 
 class SingleTurnEnv(BaseEnv):
     """A question/answer environment: one prompt, one response, one score in [0, 1]."""
-
-    multi_turn: ClassVar[bool] = False
 
     def __init__(self, config: EnvConfig | None = None) -> None:
         super().__init__(config)

@@ -29,10 +29,8 @@ class SamplerPolicy:
         )
         self._seeds = itertools.count(seed) if seed is not None else None
         self._timeout_s = timeout_s
-        self.calls = 0
 
     async def sample(self, prompt_tokens: list[int]) -> tuple[list[int], list[float]]:
-        self.calls += 1
         params = types.SamplingParams(
             **self._params, seed=next(self._seeds) if self._seeds is not None else None
         )

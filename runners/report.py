@@ -126,22 +126,6 @@ class Reporter:
             log.warning("W&B log failed at step %s: %s", step, exc)
 
 
-def last_state_checkpoint(run_dir: Path) -> dict[str, Any] | None:
-    """The newest line of checkpoints.jsonl that has a state path (what a resume starts from)."""
-    path = run_dir / CHECKPOINTS_FILE
-    if not path.exists():
-        return None
-    last = None
-    for line in path.read_text().splitlines():
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue  # a line cut short by a crash
-        if record.get("state_path"):
-            last = record
-    return last
-
-
 def _fmt(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.4f}"
 

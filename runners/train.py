@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import logging
 import os
@@ -17,11 +18,10 @@ import signal
 import sys
 import time
 import traceback
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from environments.base import BaseEnv, EnvConfig
+from environments.base import EnvConfig
 from runners.rollouts import (
     Episode,
     Weighted,
@@ -52,7 +52,6 @@ class Trainer:
         self.run_dir = run_dir
         self.run_id: str = frozen["run_id"]
         self.sources = load_sources(frozen)
-        self.env_cls: type[BaseEnv] = self.sources[0].env_cls  # the run's own environment
         self.config: EnvConfig = self.sources[0].config  # training settings come from it
         self.mixer = Mixer(self.sources)
         self.engine = make_engine(settings.db_url)
@@ -184,7 +183,7 @@ class Trainer:
         rng = random.Random(cfg.seed * 1_000_003 + step)
         if cfg.advantage == "rebn":
             # ReBN counts transitions: episodes keep coming until the batch is full.
-            endless = (self.mixer.next().spec(g, rng.randrange(2**31)) for g in _count())
+            endless = (self.mixer.next().spec(g, rng.randrange(2**31)) for g in itertools.count())
             return await self._collect(
                 endless, policy, concurrency, enough=lambda got: got.transitions >= cfg.batch_size
             )
@@ -348,13 +347,6 @@ def episode_metrics(episodes: list[Episode], prefix: str) -> dict[str, float]:
             sum(len(t.action_tokens) for e in episodes for t in e.transitions) / n
         )
     return out
-
-
-def _count() -> Iterator[int]:
-    n = 0
-    while True:
-        yield n
-        n += 1
 
 
 def main(argv: list[str] | None = None) -> int:

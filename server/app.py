@@ -20,12 +20,12 @@ from server.db import init_db, make_engine
 from server.deps import Services, require_token
 from server.errors import DomainError, status_for
 from server.routes import environments, health, inference, runs
+from server.schemas import ErrorOut
 from server.services.catalog import Catalog
 from server.services.configs import ConfigService
 from server.services.inference import InferenceService
 from server.services.inference_worker import InferenceWorker
 from server.services.metrics import MetricsService
-from server.services.run_views import RunViews
 from server.services.runs import RunService
 from server.services.supervisor import Supervisor
 from server.services.wandb_reader import WandbReader
@@ -43,9 +43,7 @@ def build_services(settings: Settings) -> Services:
     configs = ConfigService(engine, catalog)
     metrics = MetricsService(engine, WandbReader.from_settings(settings))
     supervisor = Supervisor(settings, engine)
-    runs_service = RunService(
-        settings, engine, configs, RunViews(settings, metrics), supervisor.wake
-    )
+    runs_service = RunService(settings, engine, configs, metrics, supervisor.wake)
     worker = InferenceWorker(settings)
     inference = InferenceService(settings, engine, configs, runs_service, worker)
     return Services(
@@ -119,11 +117,9 @@ def _document_errors(app: FastAPI) -> None:
             return app.openapi_schema
         schema = original()
         error_ref = {"$ref": "#/components/schemas/Error"}
-        schema.setdefault("components", {}).setdefault("schemas", {})["Error"] = {
-            "type": "object",
-            "properties": {"detail": {"type": "string"}},
-            "required": ["detail"],
-        }
+        schema.setdefault("components", {}).setdefault("schemas", {})["Error"] = (
+            ErrorOut.model_json_schema()
+        )
         for path_item in schema.get("paths", {}).values():
             for operation in path_item.values():
                 responses = operation.setdefault("responses", {})

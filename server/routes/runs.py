@@ -35,7 +35,9 @@ RunId = Annotated[str, Path(pattern=RUN_ID.pattern, description="A run id such a
 def create_run(
     svc: Svc,
     body: RunCreateIn | None = None,
-    idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key")] = None,
+    idempotency_key: Annotated[
+        str | None, Header(alias="Idempotency-Key", min_length=1, max_length=200)
+    ] = None,
 ) -> dict[str, Any]:
     body = body or RunCreateIn()
     return svc.runs.create(body.environment, body.overrides(), idempotency_key)
@@ -77,8 +79,7 @@ def run_history(
     ] = None,
     limit: Annotated[int, Query(ge=1, le=100_000)] = 1000,
 ) -> dict[str, Any]:
-    wanted = [k.strip() for k in keys.split(",") if k.strip()] if keys else None
-    return svc.runs.history(run_id, wanted, limit)
+    return svc.runs.history(run_id, keys, limit)
 
 
 @router.get("/runs/{run_id}/checkpoints", response_model=list[CheckpointOut])

@@ -204,10 +204,10 @@ def _validate(config_cls: type[EnvConfig], values: dict[str, Any]) -> EnvConfig:
     try:
         return config_cls.model_validate(values, strict=True)
     except ValidationError as exc:
-        raise InvalidValue(describe_validation(exc, values)) from None
+        raise InvalidValue(describe_validation(exc)) from None
 
 
-def describe_validation(exc: ValidationError, values: dict[str, Any] | None = None) -> str:
+def describe_validation(exc: ValidationError) -> str:
     parts = []
     for err in exc.errors(include_url=False):
         loc = ".".join(str(p) for p in err["loc"]) or "config"

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Any
 
 from sqlalchemy.engine import Engine
@@ -11,7 +9,6 @@ from sqlmodel import col, select
 
 from server.db import read_session
 from server.errors import Conflict, InvalidValue, NotFound, Unavailable
-from server.lifecycle import CONFIG_FILE
 from server.models import Checkpoint
 from server.schemas import InferenceIn
 from server.services.configs import ConfigService
@@ -45,7 +42,7 @@ class InferenceService:
         adapter = None
         if body.run_id is not None:
             run = self._runs.row(body.run_id)
-            frozen = _read_json(Path(run.run_dir) / CONFIG_FILE)
+            frozen = self._runs.frozen(run)
             name = body.environment or run.environment
             base = frozen["config"] if name == run.environment else {}
             entry, config = self._configs.revalidate(name, base, {})
@@ -137,7 +134,3 @@ def _error_for(answer: dict[str, Any], model: str) -> Exception:
     if kind == "backend":
         return Unavailable(f"the training backend is not usable for inference: {error}")
     return Unavailable(f"inference failed for model {model}: {error}")
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    return json.loads(path.read_text())

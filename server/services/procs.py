@@ -48,16 +48,6 @@ def same_process_alive(pid: int, start: float | None) -> bool:
     return start is None or now_start is None or now_start == start
 
 
-def group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def signal_group(pgid: int, sig: signal.Signals) -> bool:
     """Send `sig` to the process group; False when no process of it is left."""
     try:

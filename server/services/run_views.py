@@ -12,7 +12,7 @@ from server.settings import Settings
 class RunViews:
     def __init__(self, settings: Settings, metrics: MetricsService) -> None:
         self._settings = settings
-        self.metrics = metrics
+        self._metrics = metrics
 
     def summary(self, run: Any) -> dict[str, Any]:
         """From a Run, or a row holding the columns the summary needs."""
@@ -31,7 +31,7 @@ class RunViews:
 
     def detail(self, run: Run, queue: tuple[int, int] | None = None) -> dict[str, Any]:
         status = RunStatus(run.status)
-        latest = self.metrics.latest(run)
+        latest = self._metrics.latest(run)
         progress = self.progress(run)
         stalled, stall_details = self.stall(run, progress["time_per_step_s"])
         details = run.details

@@ -25,6 +25,7 @@ from server.lifecycle import CONFIG_FILE, LOG_FILE, RESUME_FILE
 from server.models import ACTIVE, FINISHED, Checkpoint, Metric, Run, RunStatus
 from server.services import procs
 from server.services.configs import ConfigService
+from server.services.metrics import MetricsService
 from server.services.run_views import RunViews
 from server.settings import Settings
 
@@ -49,13 +50,14 @@ class RunService:
         settings: Settings,
         engine: Engine,
         configs: ConfigService,
-        views: RunViews,
+        metrics: MetricsService,
         wake_supervisor: Callable[[], None],
     ) -> None:
         self._settings = settings
         self._engine = engine
         self._configs = configs
-        self._views = views
+        self._metrics = metrics
+        self._views = RunViews(settings, metrics)
         self._wake = wake_supervisor
 
     # Creating ----------------------------------------------------------------------------
@@ -114,8 +116,6 @@ class RunService:
         return {"run_id": run_id, "status": RunStatus.queued.value}
 
     def _by_idempotency_key(self, key: str) -> Run | None:
-        if not key or len(key) > 200:
-            raise InvalidValue("Idempotency-Key: give 1 to 200 characters.")
         with read_session(self._engine) as session:
             return session.exec(select(Run).where(Run.idempotency_key == key)).first()
 
@@ -178,7 +178,7 @@ class RunService:
     def results(self, run_id: str, history_rows: int = 20) -> dict[str, Any]:
         """Final (or latest) metrics, recent history, checkpoints and where the weights are."""
         run = self.row(run_id)
-        metrics = self._views.metrics
+        metrics = self._metrics
         latest = metrics.latest(run)
         return {
             "run_id": run.id,
@@ -197,13 +197,20 @@ class RunService:
             "checkpoints": metrics.checkpoints(run.id),
         }
 
-    def history(self, run_id: str, keys: list[str] | None, limit: int) -> dict[str, Any]:
+    def history(self, run_id: str, keys: str | None, limit: int) -> dict[str, Any]:
+        """Metric rows for plots; `keys` is a comma-separated list (all keys when absent)."""
         run = self.row(run_id)
-        rows = self._views.metrics.history(run.id, keys, limit)
-        return {"run_id": run.id, "keys": keys, "rows": rows}
+        wanted = [k.strip() for k in keys.split(",") if k.strip()] if keys else None
+        rows = self._metrics.history(run.id, wanted, limit)
+        return {"run_id": run.id, "keys": wanted, "rows": rows}
 
     def checkpoints(self, run_id: str) -> list[dict[str, Any]]:
-        return self._views.metrics.checkpoints(self.row(run_id).id)
+        return self._metrics.checkpoints(self.row(run_id).id)
+
+    @staticmethod
+    def frozen(run: Run) -> dict[str, Any]:
+        """What the server froze into the run's folder: environment, config and hash."""
+        return json.loads((Path(run.run_dir) / CONFIG_FILE).read_text())
 
     # Stopping ----------------------------------------------------------------------------
 
@@ -250,7 +257,7 @@ class RunService:
             raise Conflict(
                 f"Run {run_id} has no state checkpoint to resume from; start a new run instead."
             )
-        frozen = json.loads((Path(run.run_dir) / CONFIG_FILE).read_text())
+        frozen = self.frozen(run)
         _, config = self._configs.revalidate(run.environment, frozen["config"], overrides)
         values = config.model_dump(mode="json")
         new_hash = hash_config(values)

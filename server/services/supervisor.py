@@ -101,11 +101,15 @@ class Supervisor:
         """After a (re)start: adopt unfinished runs whose process lives, settle the others."""
         with self._lock:
             for run in self._active_runs():
-                if run.pid is not None and procs.same_process_alive(run.pid, run.process_start):
-                    self._watched[run.id] = _Watched(run.pid, run.process_start, None)
-                    log.info("adopted run %s (pid %s)", run.id, run.pid)
-                else:
-                    self._settle_lost(run.id, "the server restarted and found its process gone")
+                self._adopt_or_settle(run, "the server restarted and found its process gone")
+
+    def _adopt_or_settle(self, run: Run, why_lost: str) -> None:
+        """Watch a run this server did not start if its process lives; else it is lost."""
+        if run.pid is not None and procs.same_process_alive(run.pid, run.process_start):
+            self._watched[run.id] = _Watched(run.pid, run.process_start, None)
+            log.info("adopted run %s (pid %s)", run.id, run.pid)
+        else:
+            self._settle_lost(run.id, why_lost)
 
     def _active_runs(self) -> list[Run]:
         with read_session(self._engine) as session:
@@ -130,10 +134,7 @@ class Supervisor:
         # Active in the database but not watched: another server instance's, or lost.
         for run_id, run in active.items():
             if run_id not in self._watched and run.status != RunStatus.starting:
-                if run.pid is not None and procs.same_process_alive(run.pid, run.process_start):
-                    self._watched[run_id] = _Watched(run.pid, run.process_start, None)
-                else:
-                    self._settle_lost(run_id, "no process is running it")
+                self._adopt_or_settle(run, "no process is running it")
 
     def _exited_child(self, watched: _Watched) -> int | None:
         """The child's return code once it exited, after killing what is left of its group."""
