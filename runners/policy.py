@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import itertools
-from typing import Any
+from collections.abc import Awaitable
+from typing import Any, TypeVar
 
 from tinker import types
+
+T = TypeVar("T")
 
 
 class SamplerPolicy:
@@ -34,12 +38,25 @@ class SamplerPolicy:
         params = types.SamplingParams(
             **self._params, seed=next(self._seeds) if self._seeds is not None else None
         )
-        response = await self._client.sample(
-            prompt=types.ModelInput.from_ints(prompt_tokens),
-            num_samples=1,
-            sampling_params=params,
+        response = await bounded(
+            self._client.sample(
+                prompt=types.ModelInput.from_ints(prompt_tokens),
+                num_samples=1,
+                sampling_params=params,
+            ),
+            self._timeout_s,
+            "sample",
         )
         sequence = response.sequences[0]
         tokens = list(sequence.tokens)
         logprobs = list(sequence.logprobs) if sequence.logprobs is not None else [0.0] * len(tokens)
         return tokens, logprobs
+
+
+async def bounded(call: Awaitable[T], timeout_s: float | None, what: str) -> T:
+    """Await a backend call for at most `timeout_s` (the hosted SDK would otherwise wait on a
+    stuck request indefinitely); a timeout becomes an error that names the call."""
+    try:
+        return await asyncio.wait_for(asyncio.ensure_future(call), timeout_s)
+    except TimeoutError:
+        raise TimeoutError(f"{what} did not finish within {timeout_s:g} s") from None

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from environments.base import EnvConfig
+from runners.policy import SamplerPolicy, bounded
 from runners.rollouts import (
     Episode,
     Weighted,
@@ -86,10 +87,15 @@ class Trainer:
         if resume is not None:
             state_path, self.step = resume
             log.info("resuming from %s at step %s", state_path, self.step)
-            training = await service.create_training_client_from_state_with_optimizer(state_path)
+            training = await self._call(
+                service.create_training_client_from_state_with_optimizer(state_path), "resume"
+            )
         else:
-            training = await service.create_lora_training_client(
-                base_model=cfg.model_name, rank=cfg.lora_rank, seed=cfg.seed
+            training = await self._call(
+                service.create_lora_training_client(
+                    base_model=cfg.model_name, rank=cfg.lora_rank, seed=cfg.seed
+                ),
+                "create_lora_training_client",
             )
         self.reporter.start_wandb()
         adam = types.AdamParams(learning_rate=cfg.learning_rate, beta1=0.9, beta2=0.95, eps=1e-8)
@@ -103,7 +109,9 @@ class Trainer:
                 started = time.monotonic()
 
                 # 1. Sample with the current weights.
-                sampler = await training.save_weights_and_get_sampling_client()
+                sampler = await self._call(
+                    training.save_weights_and_get_sampling_client(), "sampler snapshot"
+                )
                 policy = self._policy(sampler, step)
                 collected = await self._until_stopped(
                     self._collect_train(policy, step, concurrency)
@@ -127,8 +135,8 @@ class Trainer:
                         datums, cfg.loss_fn, dict(cfg.loss_fn_config)
                     )
                     optim = training.optim_step(adam)
-                    result = await fwd_bwd
-                    await optim
+                    result = await self._call(fwd_bwd, "forward_backward")
+                    await self._call(optim, "optim_step")
                     action_tokens = sum(len(w.transition.action_tokens) for w in kept)
                     loss_sum = float(result.metrics.get("loss:sum", 0.0))
                     train_metrics = {
@@ -237,7 +245,9 @@ class Trainer:
     async def _evaluate(self, training: Any, concurrency: int) -> None:
         """Held-out tasks (`eval` split) of every environment of the run, one episode each."""
         cfg = self.config
-        sampler = await training.save_weights_and_get_sampling_client()
+        sampler = await self._call(
+            training.save_weights_and_get_sampling_client(), "sampler snapshot"
+        )
         policy = self._policy(sampler, 10_000_000 + self.step)
         specs = iter(
             [source.spec(i, i) for source in self.sources for i in range(cfg.eval_num_tasks)]
@@ -260,6 +270,9 @@ class Trainer:
                         metrics[f"{prefix}/{source.name}/{key.split('/', 1)[1]}"] = value
         return metrics
 
+    async def _call(self, call: Any, what: str) -> Any:
+        return await bounded(call, self.settings.backend_call_timeout_s, what)
+
     async def _until_stopped(self, work: Any) -> Any:
         """Await `work`, abandoning it if SIGTERM arrives first."""
         task = asyncio.ensure_future(work)
@@ -273,8 +286,6 @@ class Trainer:
         return task.result()
 
     def _policy(self, sampler: Any, step: int) -> Any:
-        from runners.policy import SamplerPolicy
-
         cfg = self.config
         return SamplerPolicy(
             sampler,
@@ -284,6 +295,7 @@ class Trainer:
             top_k=cfg.top_k,
             stop=self.renderer.stop_token_ids(),
             seed=(cfg.seed * 7_919 + step) * 100_003,
+            timeout_s=self.settings.backend_call_timeout_s,
         )
 
     def _concurrency(self, backend: str) -> int:
@@ -298,8 +310,8 @@ class Trainer:
 
     async def _checkpoint(self, training: Any, final: bool = False) -> None:
         name = f"step-{self.step:06d}"
-        state = await training.save_state(name)
-        sampler = await training.save_weights_for_sampler(name)
+        state = await self._call(training.save_state(name), "save_state")
+        sampler = await self._call(training.save_weights_for_sampler(name), "save_weights")
         self.reporter.checkpoint(self.step, name, state.path, sampler.path, final=final)
 
     def _resume_point(self) -> tuple[str, int] | None:

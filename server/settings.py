@@ -44,6 +44,9 @@ class Settings(BaseSettings):
     stall_min_s: float = Field(120.0, ge=0.0, description="Never stalled before this long")
     runner_module: str = Field("runners.train", description="python -m <this> --run-dir DIR")
     python_executable: str = Field(sys.executable)
+    backend_call_timeout_s: float = Field(
+        1800.0, gt=0.0, description="Most seconds one backend call (sample, train, save) may take"
+    )
 
     # Local backend.
     device: Literal["auto", "cpu", "cuda"] = "auto"
@@ -115,6 +118,7 @@ class Settings(BaseSettings):
                 "RLCS_DEVICE": self.device,
                 "RLCS_DTYPE": self.dtype,
                 "RLCS_MODELS_DIR": str(self.models_dir),
+                "RLCS_BACKEND_CALL_TIMEOUT_S": str(self.backend_call_timeout_s),
                 "PYTHONUNBUFFERED": "1",
                 "TINKER_TELEMETRY": os.environ.get("TINKER_TELEMETRY", "0"),
                 "OPENREWARD_DISABLE_UPDATE_CHECK": "1",

@@ -121,3 +121,38 @@ def test_runner_drives_tinker_with_the_right_data(tmp_path: Path, standin_words)
             assert logprobs[action[0] :] == pytest.approx(
                 [token_logprob(t) for t in targets[action[0] :]]
             )
+
+
+def test_a_stuck_tinker_call_fails_the_run_with_a_reason(tmp_path: Path, standin_words) -> None:
+    """The SDK waits on a slow request indefinitely; every call the runner makes is bounded."""
+    standin_words.endpoint_latency_s["asample"] = 6.0
+    settings = make_settings(
+        tmp_path,
+        tinker_api_key=TEST_KEY,
+        tinker_base_url=standin_words.url,
+        backend_call_timeout_s=1.5,
+    )
+    with TestClient(create_app(settings)) as client:
+        body = {
+            "environment": "repeat_word",
+            "model_name": "tiny-random",
+            "total_steps": 1,
+            "group_size": 2,
+            "batch_size": 1,
+            "max_token_length": 8,
+            "save_every": 0,
+            "steps_per_eval": 0,
+            "use_wandb": False,
+        }
+        run_id = client.post("/runs", json=body).json()["run_id"]
+        run = wait_for(
+            lambda: (
+                (r := client.get(f"/runs/{run_id}").json())["status"]
+                in {"succeeded", "failed", "stopped"}
+                and r
+            ),
+            90,
+            every=0.25,
+        )
+    assert run["status"] == "failed", run
+    assert "sample did not finish within 1.5 s" in run["error"]
