@@ -10,11 +10,15 @@ import abc
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+
+from core import loss_config
+from core.model_names import LOCAL_DEFAULT_MODEL
 
 Split = Literal["train", "eval"]
 
-DEFAULT_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
+# The class default; the server puts the backend's own default in when a config names none.
+DEFAULT_MODEL = LOCAL_DEFAULT_MODEL
 
 
 class MixEntry(BaseModel):
@@ -91,6 +95,15 @@ class EnvConfig(BaseModel):
         "name, with weights (this environment is in the mix with weight 1 unless listed); "
         "each uses its own stored config",
     )
+
+    @field_validator("loss_fn_config")
+    @classmethod
+    def _known_loss_keys(cls, value: dict[str, float], info: ValidationInfo) -> dict[str, float]:
+        # Checked here, at POST /runs, rather than by the backend after the model loaded.
+        loss_fn = info.data.get("loss_fn")
+        if loss_fn is not None:
+            loss_config.resolve(loss_fn, value)
+        return value
 
     @model_validator(mode="after")
     def _derive_locked(self) -> EnvConfig:

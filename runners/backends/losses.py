@@ -7,25 +7,23 @@ Every loss is `-(per-token objective).sum()` over all positions of all datums in
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
-Tensor = torch.Tensor
+from core import loss_config
 
-# The hosted service gives no default for DRO's beta; 0.05 is the value its examples use.
-DRO_DEFAULT_BETA = 0.05
+Tensor = torch.Tensor
 
 
 @dataclass(frozen=True)
 class LossSpec:
-    """One loss: its loss_fn_inputs keys, its objective, its config keys with defaults."""
+    """One loss: its loss_fn_inputs keys and its objective (config keys: core.loss_config)."""
 
     name: str
     inputs: tuple[str, ...]
     # objective(target_logprobs, inputs, config) -> per-token objective (to be maximised)
     objective: Callable[[Tensor, Mapping[str, Tensor], Mapping[str, float]], Tensor]
-    config_defaults: dict[str, float] = field(default_factory=dict)
 
 
 def _ratio(target_lp: Tensor, inputs: Mapping[str, Tensor]) -> Tensor:
@@ -58,7 +56,12 @@ def _cispo(lp: Tensor, inputs: Mapping[str, Tensor], cfg: Mapping[str, float]) -
 
 
 def _dro(lp: Tensor, inputs: Mapping[str, Tensor], cfg: Mapping[str, float]) -> Tensor:
-    drift = lp - inputs["logprobs"]
+    # The drift penalty belongs to sampled tokens only. Prompt positions carry no sampler
+    # logprob (0 by the datum convention) and no advantage; penalising them would pull the
+    # prompt's logprobs towards 0, i.e. train on the prompt. A sampled token whose logprob is
+    # exactly 0 had probability 1, so its drift is ~0 and masking it changes nothing.
+    sampled = (inputs["logprobs"] != 0) | (inputs["advantages"] != 0)
+    drift = (lp - inputs["logprobs"]) * sampled
     return lp * inputs["advantages"] - 0.5 * cfg["beta"] * drift * drift
 
 
@@ -69,11 +72,9 @@ LOSSES: dict[str, LossSpec] = {
     for spec in (
         LossSpec("cross_entropy", ("target_tokens", "weights"), _cross_entropy),
         LossSpec("importance_sampling", _RL_INPUTS, _importance_sampling),
-        LossSpec("ppo", _RL_INPUTS, _ppo, {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2}),
-        LossSpec(
-            "cispo", _RL_INPUTS, _cispo, {"clip_low_threshold": 0.0, "clip_high_threshold": 4.0}
-        ),
-        LossSpec("dro", _RL_INPUTS, _dro, {"beta": DRO_DEFAULT_BETA}),
+        LossSpec("ppo", _RL_INPUTS, _ppo),
+        LossSpec("cispo", _RL_INPUTS, _cispo),
+        LossSpec("dro", _RL_INPUTS, _dro),
     )
 }
 
@@ -87,25 +88,9 @@ def get_loss_spec(loss_fn: str) -> LossSpec:
 
 
 def resolve_config(loss_fn: str, config: Mapping[str, object] | None) -> dict[str, float]:
-    """The loss's config with defaults filled in; unknown keys and non-numbers are rejected."""
-    spec = get_loss_spec(loss_fn)
-    resolved = dict(spec.config_defaults)
-    for key, value in (config or {}).items():
-        if key not in spec.config_defaults:
-            allowed = ", ".join(sorted(spec.config_defaults)) or "none"
-            raise ValueError(
-                f"unknown loss_fn_config key {key!r} for loss {loss_fn!r}; allowed keys: {allowed}"
-            )
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ValueError(f"loss_fn_config[{key!r}] must be a number, got {value!r}")
-        resolved[key] = float(value)
-    low, high = resolved.get("clip_low_threshold"), resolved.get("clip_high_threshold")
-    if low is not None and high is not None and low > high:
-        raise ValueError(
-            f"clip_low_threshold ({low}) must not exceed clip_high_threshold ({high}) "
-            f"for loss {loss_fn!r}"
-        )
-    return resolved
+    """The loss's config with defaults filled in; unknown keys and bad values are rejected."""
+    get_loss_spec(loss_fn)
+    return loss_config.resolve(loss_fn, config)
 
 
 def check_input_keys(loss_fn: str, keys: Iterable[str], where: str = "loss_fn_inputs") -> None:

@@ -7,12 +7,8 @@ import math
 import pytest
 import torch
 
-from runners.backends.losses import (
-    DRO_DEFAULT_BETA,
-    check_input_keys,
-    compute_loss,
-    resolve_config,
-)
+from core.loss_config import DRO_DEFAULT_BETA
+from runners.backends.losses import check_input_keys, compute_loss, resolve_config
 
 # A three-token example: learner logprobs p, sampler logprobs q, advantages A, weights w.
 P = [-1.0, -2.0, -0.5]
@@ -81,6 +77,31 @@ def test_dro_by_hand():
     assert _loss("dro", {"beta": 1.0}) == pytest.approx(0.875, abs=1e-6)
 
 
+def test_dro_drift_covers_sampled_tokens_only():
+    # The same three sampled tokens after a two-token prompt. Prompt positions carry the datum
+    # convention (sampler logprob 0, advantage 0); the learner gives them logprobs -3 and -4,
+    # whose "drift" from 0 must not count: the loss is the three-token one above.
+    lp = [-3.0, -4.0, *P]
+    inputs = {"logprobs": torch.tensor([0.0, 0.0, *Q]), "advantages": torch.tensor([0.0, 0.0, *A])}
+    config = resolve_config("dro", None)
+    assert float(compute_loss("dro", torch.tensor(lp), inputs, config)) == pytest.approx(0.28125)
+
+
+@pytest.mark.parametrize("name", ["importance_sampling", "ppo", "cispo", "dro"])
+def test_all_zero_advantages_give_zero_loss_and_gradient(name):
+    # A batch whose groups all tied: sampled tokens re-scored exactly (p == q), advantages 0.
+    # No loss may train on it, DRO included (its drift was summed over the prompt once).
+    lp = torch.tensor([-3.0, -4.0, -1.0, -2.0], requires_grad=True)
+    inputs = {
+        "logprobs": torch.tensor([0.0, 0.0, -1.0, -2.0]),
+        "advantages": torch.zeros(4),
+    }
+    loss = compute_loss(name, lp, inputs, resolve_config(name, None))
+    loss.backward()
+    assert float(loss.detach()) == 0.0
+    assert torch.count_nonzero(lp.grad) == 0
+
+
 def _grad(name: str, advantages: list[float]) -> torch.Tensor:
     """d loss / d target_logprobs at p == q (ratio 1, so no clipping)."""
     lp = torch.tensor([-1.0, -1.0, -1.0], requires_grad=True)
@@ -145,6 +166,10 @@ def test_unknown_config_key_is_rejected():
 def test_bad_config_values_are_rejected():
     with pytest.raises(ValueError, match="must be a number"):
         resolve_config("dro", {"beta": "high"})
+    with pytest.raises(ValueError, match=r"beta'\] = -0.1 is outside \[0, 100\]"):
+        resolve_config("dro", {"beta": -0.1})
+    with pytest.raises(ValueError, match="is outside"):
+        resolve_config("ppo", {"clip_high_threshold": float("inf")})
     with pytest.raises(ValueError, match="must not exceed"):
         resolve_config("ppo", {"clip_low_threshold": 1.5, "clip_high_threshold": 1.2})
 

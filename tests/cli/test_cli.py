@@ -263,6 +263,7 @@ def test_config(rlctl: Rlctl, rlctl_in: Rlctl) -> None:
         ("wandb_name", "my run", "my run"),
         ("learning_rate", "0.001", 0.001),
         ("use_wandb", "false", False),
+        ("loss_fn", "ppo", "ppo"),  # clip thresholds are PPO's keys
         ("loss_fn_config", '{"clip_low_threshold": 0.8}', {"clip_low_threshold": 0.8}),
     ]:
         answer = ok_json(rlctl_in("--json", "config", "set", field, text))
