@@ -1,9 +1,12 @@
 # The RL control server on the CPU: python:3.11-slim, the CPU build of torch, a non-root user.
 #   docker build -t rl-control-server .
-#   docker run -p 8080:8080 -e RLCS_API_TOKEN=change-me -v rlcs-var:/app/var rl-control-server
-# The server refuses to listen beyond loopback without RLCS_API_TOKEN, and the image binds
-# 0.0.0.0, so the token is required. The pip steps mirror the Makefile's install recipe;
-# tests/test_install_steps.py checks that they do not drift apart.
+# Requests reach the container from Docker's bridge, not loopback, so choose one (README, Docker):
+#   a local agent, no token, the port on the host's loopback only:
+#     docker run -p 127.0.0.1:8080:8080 -e RLCS_INSECURE_NO_TOKEN=1 -v rlcs-var:/app/var rl-control-server
+#   reachable from other machines, with a token:
+#     docker run -p 8080:8080 -e RLCS_API_TOKEN=change-me -v rlcs-var:/app/var rl-control-server
+# With neither, the server refuses to start (it binds 0.0.0.0). The pip steps mirror the
+# Makefile's install recipe; tests/test_install_steps.py checks that they do not drift apart.
 FROM python:3.11-slim
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
@@ -19,6 +22,7 @@ RUN pip install --upgrade pip
 RUN pip install --index-url https://download.pytorch.org/whl/cpu 'torch>=2.5,<2.14'
 
 COPY pyproject.toml README.md ./
+COPY core ./core
 COPY server ./server
 COPY environments ./environments
 COPY runners ./runners

@@ -103,6 +103,9 @@ def _runs_parser(top: Group) -> None:
     resume.add_argument("run")
     _set_option(resume)
     resume.add_argument(
+        "--step", type=int, help="resume from the state checkpoint of this step instead"
+    )
+    resume.add_argument(
         "--force", action="store_true", help="resume even if --set changes the config hash"
     )
 

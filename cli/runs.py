@@ -109,6 +109,8 @@ def stop(client: Client, args: argparse.Namespace) -> int:
 
 def resume(client: Client, args: argparse.Namespace) -> int:
     body = {**_overrides(args), **({"force": True} if args.force else {})}
+    if args.step is not None:
+        body["checkpoint_step"] = args.step
     answer = client.post(f"/runs/{seg(args.run)}/resume", body)
     if args.json:
         print_json(answer)

@@ -5,6 +5,7 @@ call's reward is reduced over the episode (sum/mean/max/min)."""
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any, Literal
 from urllib.parse import urlparse
 
@@ -25,6 +26,9 @@ from environments.base import BaseEnv, EnvConfig, Split, StepResult
 
 # Cheap (finds, does not import): a missing extra shows as "not importable" in the listing.
 require("openreward", "openreward")
+
+log = logging.getLogger(__name__)
+_warned_eval_on_train: set[str] = set()
 
 _NAME = r"^[A-Za-z0-9][A-Za-z0-9_.\-]*(/[A-Za-z0-9][A-Za-z0-9_.\-]*)?$"
 
@@ -55,7 +59,8 @@ class OpenRewardConfig(EnvConfig):
         None,
         min_length=1,
         max_length=100,
-        description="Split for evaluation (null: the training splits)",
+        description="Split for evaluation (null: the training splits, which the eval "
+        "metrics then say: eval/eval_on_training_split = 1)",
     )
     num_rollouts: int | None = Field(
         None, ge=1, le=256, description="OpenReward's name for group_size; sets it when given"
@@ -157,6 +162,7 @@ class OpenRewardEnv(BaseEnv):
         self._transcript: Transcript | None = None
         self._call_id = 0
         self.task_ref: tuple[str, int] | None = None  # (split, index) of the episode's task
+        self._eval_on_train = False
 
     # Episode ------------------------------------------------------------------------------
 
@@ -182,6 +188,9 @@ class OpenRewardEnv(BaseEnv):
             if split == "eval" and cfg.eval_split is not None
             else cfg.splits
         )
+        self._eval_on_train = split == "eval" and cfg.eval_split is None
+        if self._eval_on_train:
+            _warn_eval_on_train(cfg.env_name, list(cfg.splits))
         split_name, index = await pick_task(env, cfg.base_url, splits, seed)
         self.task_ref = (split_name, index)
         session = env.session(split=split_name, index=index)
@@ -215,6 +224,9 @@ class OpenRewardEnv(BaseEnv):
         parsed = _toolcalls.parse_tool_calls(action, self._tools)
         responses: list[str] = []
         metrics = {"tool_calls": 0.0, "malformed_tool_call": 0.0, "tool_error": 0.0}
+        if self._eval_on_train and self._turn == 1:
+            # Once per episode: evaluation scores here are not held-out scores.
+            metrics["eval_on_training_split"] = 1.0
         outcomes: list[str] = []
         if parsed.empty and self._answer_by_message:
             outcomes.append(await self._call(None, action, responses, metrics))
@@ -329,6 +341,18 @@ class OpenRewardEnv(BaseEnv):
         arguments = json.dumps(call.arguments if call is not None else {})
         self._transcript.events.append((ToolCall(name, arguments, call_id), None, False))
         self._transcript.events.append((ToolResult(result, call_id), reward, done))
+
+
+def _warn_eval_on_train(env_name: str, splits: list[str]) -> None:
+    if env_name in _warned_eval_on_train:
+        return
+    _warned_eval_on_train.add(env_name)
+    log.warning(
+        "OpenReward %s: no eval_split is set, so evaluation draws tasks from the training "
+        "split(s) %s; eval/* metrics are not held-out scores (set eval_split to fix that)",
+        env_name,
+        ", ".join(splits),
+    )
 
 
 def _reduce(rewards: list[float], how: str) -> float:

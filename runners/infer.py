@@ -1,7 +1,10 @@
-"""The inference worker: `python -m runners.infer`, started by the server on first use.
+"""The inference worker: `python -m runners.infer`, started by the server (at start-up to warm
+the default model, or on first use).
 
 It keeps models and adapters loaded between requests. Protocol: one JSON request per line on
 stdin, one JSON answer per line on stdout; it exits when stdin closes (the server is gone).
+A request may carry a `deadline` (epoch seconds): local sampling stops there and the answer
+says which responses were cut short, so a client with its own timeout gets an answer.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from typing import Any
 from environments._loader import load_env_class
 from environments.base import BaseEnv, EnvConfig, SingleTurnEnv, Unscorable
 from runners.backends.factory import create_service, resolve_backend
-from runners.policy import SamplerPolicy
+from runners.policy import Completion, SamplerPolicy
 from runners.render import Renderer
 from runners.rollouts import EpisodeSpec, run_episode
 from server.settings import Settings
@@ -35,6 +38,8 @@ class Worker:
         self._renderers: dict[str, Renderer] = {}
 
     async def handle(self, request: dict[str, Any]) -> dict[str, Any]:
+        if request.get("op") == "warm":
+            return await self.warm(request["model"], request.get("backend", "local"))
         started = time.monotonic()
         env_cls = load_env_class(Path(request["env_file"]), request["env_class"])
         config = env_cls.Config.model_validate(request["config"])
@@ -42,6 +47,7 @@ class Worker:
         backend = resolve_backend(config.backend, self.settings)
         sampler = await self._sampler(backend, model, request.get("adapter"))
         renderer = self._renderer(model, config)
+        budget = Budget.from_request(request)
         policy = SamplerPolicy(
             sampler,
             max_tokens=request["max_tokens"],
@@ -50,10 +56,11 @@ class Worker:
             top_k=config.top_k,
             stop=renderer.stop_token_ids(),
             seed=request.get("seed"),
+            deadline=budget.deadline if backend == "local" else None,
         )
         items = self._items(env_cls, config, request)
         results = await asyncio.gather(
-            *(self._one(env_cls, config, renderer, policy, item) for item in items)
+            *(self._one(env_cls, config, renderer, policy, item, budget) for item in items)
         )
         return {
             "ok": True,
@@ -79,31 +86,45 @@ class Worker:
         renderer: Renderer,
         policy: SamplerPolicy,
         item: dict[str, Any],
+        budget: Budget,
     ) -> dict[str, Any]:
         if issubclass(env_cls, SingleTurnEnv):
-            return await self._single_turn(env_cls(config), renderer, policy, item)
-        return await self._episode(env_cls, config, renderer, policy, item)
+            return await self._single_turn(env_cls(config), renderer, policy, item, budget)
+        return await self._episode(env_cls, config, renderer, policy, item, budget)
 
     async def _single_turn(
-        self, env: SingleTurnEnv, renderer: Renderer, policy: SamplerPolicy, item: dict[str, Any]
+        self,
+        env: SingleTurnEnv,
+        renderer: Renderer,
+        policy: SamplerPolicy,
+        item: dict[str, Any],
+        budget: Budget,
     ) -> dict[str, Any]:
         task = None
         prompt = item["prompt"]
         if prompt is None:
             task = env.get_task(item["seed"], "eval")
             prompt = task.prompt
-        tokens, _ = await policy.sample(renderer.prompt_tokens(prompt))
-        response = renderer.decode(tokens)
-        result: dict[str, Any] = {"prompt": prompt, "response": response, "tokens": len(tokens)}
+        completion = await policy.complete(renderer.prompt_tokens(prompt))
+        response = renderer.decode(completion.tokens)
+        cut = budget.cut_short(completion, policy.max_tokens)
+        result: dict[str, Any] = {
+            "prompt": prompt,
+            "response": response,
+            "tokens": len(completion.tokens),
+            "truncated": cut is not None,
+        }
+        reasons = [cut] if cut else []
         try:
             score = float(env.score(prompt, response, task))
-            result.update(score=score, correct=score >= 1.0 - 1e-9, reason=None)
+            result.update(score=score, correct=score >= 1.0 - 1e-9)
         except Unscorable as exc:
-            result.update(score=None, correct=None, reason=f"cannot score this prompt: {exc}")
+            result.update(score=None, correct=None)
+            reasons.append(f"cannot score this prompt: {exc}")
         except Exception as exc:  # a verifier bug is reported per prompt, not as a failure
-            result.update(
-                score=None, correct=None, reason=f"the verifier failed: {type(exc).__name__}: {exc}"
-            )
+            result.update(score=None, correct=None)
+            reasons.append(f"the verifier failed: {type(exc).__name__}: {exc}")
+        result["reason"] = "; ".join(reasons) or None
         return result
 
     async def _episode(
@@ -113,6 +134,7 @@ class Worker:
         renderer: Renderer,
         policy: SamplerPolicy,
         item: dict[str, Any],
+        budget: Budget,
     ) -> dict[str, Any]:
         """A multi-turn environment plays a whole episode; a free prompt steers it as the
         system prompt."""
@@ -129,15 +151,28 @@ class Worker:
             turns.append({"action": steering.decode(t.action_tokens), "reward": t.reward})
         if episode.transitions:
             observation = steering.decode(episode.transitions[0].prompt_tokens)
+        cut = budget.episode_cut_short()
         return {
             "prompt": item["prompt"] or observation,
             "response": turns[-1]["action"] if turns else "",
             "score": episode.total_reward,
             "correct": episode.correct,
-            "reason": None,
+            "reason": cut,
+            "truncated": cut is not None,
             "tokens": sum(len(t.action_tokens) for t in episode.transitions),
             "turns": turns,
         }
+
+    async def warm(self, model: str, backend: str) -> dict[str, Any]:
+        """Load `model` and its tokenizer and sample one token, so a first request is warm."""
+        started = time.monotonic()
+        sampler = await self._sampler(backend, model, None)
+        renderer = self._renderer(model, EnvConfig(model_name=model))
+        policy = SamplerPolicy(
+            sampler, max_tokens=1, temperature=0.0, top_p=1.0, top_k=-1, stop=[], seed=0
+        )
+        await policy.sample(renderer.prompt_tokens("Hello"))
+        return {"ok": True, "model": model, "latency_s": round(time.monotonic() - started, 3)}
 
     async def _sampler(self, backend: str, model: str, adapter: str | None) -> Any:
         key = (backend, model, adapter)
@@ -166,6 +201,46 @@ class Worker:
             self._renderers[model] = Renderer(load_tokenizer(model, self.settings.models_dir))
         base = self._renderers[model]
         return Renderer(base.tokenizer, config.prompt_template, config.system_prompt)
+
+
+class Budget:
+    """A request's time budget: when local sampling must stop, and how to say it did."""
+
+    def __init__(self, deadline: float | None, budget_s: float | None) -> None:
+        self.deadline = deadline  # time.monotonic()
+        self.budget_s = budget_s
+
+    @classmethod
+    def from_request(cls, request: dict[str, Any]) -> Budget:
+        wall = request.get("deadline")
+        if wall is None:
+            return cls(None, None)
+        # The server stamps wall-clock time; the engine compares monotonic time.
+        return cls(time.monotonic() + (float(wall) - time.time()), request.get("budget_s"))
+
+    def ran_out(self) -> bool:
+        return self.deadline is not None and time.monotonic() >= self.deadline
+
+    def cut_short(self, completion: Completion, max_tokens: int) -> str | None:
+        """Why a completion ended before its stop token and its max_tokens, if it did."""
+        n = len(completion.tokens)
+        if completion.stop_reason != "length" or n >= max_tokens:
+            return None
+        if self.ran_out():
+            return (
+                f"cut short after {n} of {max_tokens} tokens: the time budget of this request "
+                f"({self.budget_s:g} s, RLCS_INFERENCE_BUDGET_S) ran out; ask for fewer prompts "
+                "or a smaller max_tokens for complete answers"
+            )
+        return f"cut short after {n} of {max_tokens} tokens: the model's context is full"
+
+    def episode_cut_short(self) -> str | None:
+        if not self.ran_out():
+            return None
+        return (
+            f"the time budget of this request ({self.budget_s:g} s, RLCS_INFERENCE_BUDGET_S) "
+            "ran out during the episode: later turns were cut short"
+        )
 
 
 def error_answer(exc: BaseException) -> dict[str, Any]:

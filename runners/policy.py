@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections.abc import Awaitable
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from tinker import types
@@ -12,8 +13,18 @@ from tinker import types
 T = TypeVar("T")
 
 
+@dataclass
+class Completion:
+    tokens: list[int]
+    logprobs: list[float]
+    stop_reason: str  # "stop" (a stop token or string) or "length" (a limit, or the deadline)
+
+
 class SamplerPolicy:
-    """One completion per call; each call gets its own seed so a group's samples differ."""
+    """One completion per call; each call gets its own seed so a group's samples differ.
+
+    `deadline` (time.monotonic()) is for the local backend only: sampling stops there.
+    """
 
     def __init__(
         self,
@@ -26,8 +37,11 @@ class SamplerPolicy:
         stop: list[int],
         seed: int | None,
         timeout_s: float | None = None,
+        deadline: float | None = None,
     ) -> None:
         self._client = client
+        self._extra = {"deadline": deadline} if deadline is not None else {}
+        self.max_tokens = max_tokens
         self._params = dict(
             max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, stop=stop
         )
@@ -35,6 +49,10 @@ class SamplerPolicy:
         self._timeout_s = timeout_s
 
     async def sample(self, prompt_tokens: list[int]) -> tuple[list[int], list[float]]:
+        completion = await self.complete(prompt_tokens)
+        return completion.tokens, completion.logprobs
+
+    async def complete(self, prompt_tokens: list[int]) -> Completion:
         params = types.SamplingParams(
             **self._params, seed=next(self._seeds) if self._seeds is not None else None
         )
@@ -43,6 +61,7 @@ class SamplerPolicy:
                 prompt=types.ModelInput.from_ints(prompt_tokens),
                 num_samples=1,
                 sampling_params=params,
+                **self._extra,
             ),
             self._timeout_s,
             "sample",
@@ -50,7 +69,7 @@ class SamplerPolicy:
         sequence = response.sequences[0]
         tokens = list(sequence.tokens)
         logprobs = list(sequence.logprobs) if sequence.logprobs is not None else [0.0] * len(tokens)
-        return tokens, logprobs
+        return Completion(tokens, logprobs, sequence.stop_reason)
 
 
 async def bounded(call: Awaitable[T], timeout_s: float | None, what: str) -> T:

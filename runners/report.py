@@ -34,8 +34,12 @@ class Reporter:
 
     # W&B ---------------------------------------------------------------------------------
 
-    def start_wandb(self) -> None:
-        """Online with a key, offline otherwise; a W&B failure never stops training."""
+    def start_wandb(self, resume_step: int | None = None) -> None:
+        """Online with a key, offline otherwise; a W&B failure never stops training.
+
+        `resume_step`: this attempt continues the run from that step's checkpoint. W&B only
+        accepts increasing steps, so an online run is rewound there first (the steps done
+        again replace the abandoned ones, as in the database)."""
         if not self._config.use_wandb:
             return
         online = self._settings.wandb_api_key is not None
@@ -43,16 +47,28 @@ class Reporter:
             import wandb
 
             name = self._config.wandb_name or f"{self._config.model_name.split('/')[-1]}"
-            self._wandb = wandb.init(
-                project=self._config.wandb_project,
-                entity=self._settings.wandb_entity,
-                name=f"{name}-{self.run_id}",
-                id=wandb_id_for(self.run_id),
-                resume="allow",
-                dir=str(self.run_dir),
-                config=self._config.model_dump(mode="json"),
-                mode="online" if online else "offline",
-            )
+            wandb_id = wandb_id_for(self.run_id)
+            options = {
+                "project": self._config.wandb_project,
+                "entity": self._settings.wandb_entity,
+                "name": f"{name}-{self.run_id}",
+                "id": wandb_id,
+                "dir": str(self.run_dir),
+                "config": self._config.model_dump(mode="json"),
+                "mode": "online" if online else "offline",
+            }
+            self._wandb = None
+            if online and resume_step is not None:
+                try:
+                    self._wandb = wandb.init(
+                        **options, resume_from=f"{wandb_id}?_step={resume_step}"
+                    )
+                except Exception as exc:  # e.g. the first attempt never reached W&B
+                    log.warning(
+                        "W&B rewind to step %s failed (%s); resuming as is", resume_step, exc
+                    )
+            if self._wandb is None:
+                self._wandb = wandb.init(**options, resume="allow")
         except Exception as exc:  # W&B is a mirror of the database, never a dependency
             log.warning("W&B logging disabled: %s", exc)
             self._wandb = None

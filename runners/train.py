@@ -58,6 +58,9 @@ class Trainer:
         self.engine = make_engine(settings.db_url)
         self.stop_event = asyncio.Event()
         self.step = 0
+        # The step of the last checkpoint this attempt holds (or resumed from): a stop right
+        # after a periodic save must not save the same name again (Tinker refuses that).
+        self.saved_step: int | None = None
 
     async def run(self) -> RunStatus:
         # Heavy imports live here so `--help` and the server's imports stay light.
@@ -86,6 +89,7 @@ class Trainer:
         resume = self._resume_point()
         if resume is not None:
             state_path, self.step = resume
+            self.saved_step = self.step
             log.info("resuming from %s at step %s", state_path, self.step)
             training = await self._call(
                 service.create_training_client_from_state_with_optimizer(state_path), "resume"
@@ -97,7 +101,9 @@ class Trainer:
                 ),
                 "create_lora_training_client",
             )
-        self.reporter.start_wandb()
+        # Our own earlier attempt logged under this run's W&B id: rewind it to the checkpoint.
+        own_resume = resume is not None and (self.run_dir / RESUME_FILE).exists()
+        self.reporter.start_wandb(resume_step=self.step if own_resume else None)
         adam = types.AdamParams(learning_rate=cfg.learning_rate, beta1=0.9, beta2=0.95, eps=1e-8)
         concurrency = self._concurrency(backend)
         status = RunStatus.succeeded
@@ -309,9 +315,13 @@ class Trainer:
     # Checkpoints and resume ----------------------------------------------------------------
 
     async def _checkpoint(self, training: Any, final: bool = False) -> None:
+        if self.saved_step == self.step:
+            log.info("step %s is already checkpointed; nothing new to save", self.step)
+            return
         name = f"step-{self.step:06d}"
         state = await self._call(training.save_state(name), "save_state")
         sampler = await self._call(training.save_weights_for_sampler(name), "save_weights")
+        self.saved_step = self.step
         self.reporter.checkpoint(self.step, name, state.path, sampler.path, final=final)
 
     def _resume_point(self) -> tuple[str, int] | None:

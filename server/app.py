@@ -16,6 +16,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from server import __version__
+from server.access import LoopbackUnlessToken, insecure_warning
 from server.db import init_db, make_engine
 from server.deps import Services, require_token
 from server.errors import DomainError, status_for
@@ -26,6 +27,7 @@ from server.services.configs import ConfigService
 from server.services.inference import InferenceService
 from server.services.inference_worker import InferenceWorker
 from server.services.metrics import MetricsService
+from server.services.model_check import ModelCheck
 from server.services.runs import RunService
 from server.services.supervisor import Supervisor
 from server.services.wandb_reader import WandbReader
@@ -40,12 +42,13 @@ def build_services(settings: Settings) -> Services:
     engine = make_engine(settings.db_url)
     init_db(engine)
     catalog = Catalog(settings.environment_dirs, PROJECT_ROOT)
-    configs = ConfigService(engine, catalog)
+    models = ModelCheck.from_settings(settings)
+    configs = ConfigService(engine, catalog, models)
     metrics = MetricsService(engine, WandbReader.from_settings(settings))
     supervisor = Supervisor(settings, engine)
     runs_service = RunService(settings, engine, configs, metrics, supervisor.wake)
     worker = InferenceWorker(settings)
-    inference = InferenceService(settings, engine, configs, runs_service, worker)
+    inference = InferenceService(settings, engine, configs, runs_service, worker, models)
     return Services(
         settings, engine, catalog, configs, metrics, runs_service, supervisor, inference
     )
@@ -56,10 +59,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if settings.api_token is None and settings.insecure_no_token:
+            log.warning("!" * 20 + " %s " + "!" * 20, insecure_warning())
         svc = build_services(settings)
         app.state.services = svc
         await svc.supervisor.start()
         svc.metrics.start()
+        svc.inference.warm_up()
         try:
             yield
         finally:
@@ -75,6 +81,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         lifespan=lifespan,
     )
     app.state.settings = settings
+    app.add_middleware(LoopbackUnlessToken, settings=settings)
     app.add_exception_handler(DomainError, _domain_error)  # type: ignore[arg-type]
     app.add_exception_handler(RequestValidationError, _validation_error)  # type: ignore[arg-type]
     app.include_router(health.router)

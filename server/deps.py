@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import secrets
 from dataclasses import dataclass
 
 from fastapi import Request
 from sqlalchemy.engine import Engine
 
+from server.access import token_matches
 from server.errors import Unauthorized
 from server.services.catalog import Catalog
 from server.services.configs import ConfigService
@@ -38,11 +38,7 @@ def require_token(request: Request) -> None:
     token = request.app.state.settings.api_token
     if token is None:
         return
-    header = request.headers.get("authorization", "")
-    scheme, _, given = header.partition(" ")
-    if scheme.lower() != "bearer" or not secrets.compare_digest(
-        given.strip().encode(), token.get_secret_value().encode()
-    ):
+    if not token_matches(request.headers.get("authorization", ""), token.get_secret_value()):
         raise Unauthorized(
             "Missing or wrong token: send the header 'Authorization: Bearer <RLCS_API_TOKEN>'."
         )

@@ -119,11 +119,18 @@ class RunLogsOut(BaseModel):
 
 
 class RunResumeIn(BaseModel):
-    """`force` plus config overrides (e.g. a larger total_steps) for the new attempt."""
+    """`force`, `checkpoint_step`, plus config overrides (e.g. a larger total_steps)."""
 
     model_config = ConfigDict(extra="allow")
 
     force: bool = Field(False, description="Resume even if the overrides change the config hash")
+    checkpoint_step: int | None = Field(
+        None,
+        ge=0,
+        le=1_000_000,
+        description="Resume from the state checkpoint of this step (default: the last one); "
+        "steps after it are done again and their metrics replaced",
+    )
 
     def overrides(self) -> dict[str, Any]:
         return dict(self.model_extra or {})
@@ -179,6 +186,9 @@ class InferenceResult(BaseModel):
     score: float | None
     correct: bool | None
     reason: str | None = None
+    truncated: bool = Field(
+        False, description="Cut short by the request's time budget or the model's context"
+    )
     tokens: int
     turns: list[dict[str, Any]] | None = None
 

@@ -35,6 +35,9 @@ class Settings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = Field(8080, ge=1, le=65535)
     api_token: SecretStr | None = None
+    insecure_no_token: bool = Field(
+        False, description="Answer clients off this machine without a token (not advised)"
+    )
 
     # Runs.
     max_concurrent_runs: int = Field(2, ge=1, le=256)
@@ -47,13 +50,27 @@ class Settings(BaseSettings):
     backend_call_timeout_s: float = Field(
         1800.0, gt=0.0, description="Most seconds one backend call (sample, train, save) may take"
     )
+    tinker_create_timeout_s: float = Field(
+        120.0, gt=0.0, description="Most seconds creating a Tinker client (a session) may take"
+    )
 
     # Local backend.
     device: Literal["auto", "cpu", "cuda"] = "auto"
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
 
     # Inference worker.
-    inference_timeout_s: float = Field(120.0, gt=0)
+    inference_timeout_s: float = Field(
+        120.0, gt=0, description="Hard deadline of one test-inference request (worker restarted)"
+    )
+    inference_budget_s: float = Field(
+        24.0,
+        gt=0,
+        description="Time a test-inference answer may take; unfinished responses are returned "
+        "cut short, saying so (under the 30 s timeout of typical agent clients)",
+    )
+    inference_warmup: bool = Field(
+        True, description="Load the default model into the inference worker at start-up"
+    )
     inference_max_prompts: int = Field(64, ge=1)
 
     # Metrics from W&B.
@@ -101,11 +118,12 @@ class Settings(BaseSettings):
         return "tinker" if self.tinker_api_key else "local"
 
     def check_bind(self) -> None:
-        """Refuse to listen beyond loopback without a token (DESIGN §10)."""
-        if not is_loopback(self.host) and self.api_token is None:
+        """Refuse to listen beyond loopback without a token (DESIGN §10); requests from other
+        machines are refused anyway (server.access), this says so before serving."""
+        if not is_loopback(self.host) and self.api_token is None and not self.insecure_no_token:
             raise SystemExit(
                 f"Refusing to listen on {self.host} without a token: set RLCS_API_TOKEN, "
-                "or bind RLCS_HOST=127.0.0.1."
+                "or bind RLCS_HOST=127.0.0.1 (RLCS_INSECURE_NO_TOKEN=1 overrides this)."
             )
 
     def child_environment(self) -> dict[str, str]:
@@ -119,6 +137,7 @@ class Settings(BaseSettings):
                 "RLCS_DTYPE": self.dtype,
                 "RLCS_MODELS_DIR": str(self.models_dir),
                 "RLCS_BACKEND_CALL_TIMEOUT_S": str(self.backend_call_timeout_s),
+                "RLCS_TINKER_CREATE_TIMEOUT_S": str(self.tinker_create_timeout_s),
                 "PYTHONUNBUFFERED": "1",
                 "TINKER_TELEMETRY": os.environ.get("TINKER_TELEMETRY", "0"),
                 "OPENREWARD_DISABLE_UPDATE_CHECK": "1",

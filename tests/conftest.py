@@ -28,6 +28,8 @@ def make_settings(tmp_path: Path, **overrides: object) -> Settings:
         "api_token": None,
         "supervisor_interval_s": 0.1,
         "stop_grace_s": 3.0,
+        # Tests that want a warm worker ask for it; others must not load SmolLM2 at start-up.
+        "inference_warmup": False,
     }
     values.update(overrides)
     return Settings(**values)  # type: ignore[arg-type]

@@ -22,16 +22,23 @@ def free_port() -> int:
 
 
 class LiveServer:
-    def __init__(self, var_dir: Path, **env: str) -> None:
+    """`python -m server`, or any `argv` (say uvicorn with other flags) serving on `self.port`."""
+
+    def __init__(self, var_dir: Path, argv: list[str] | None = None, **env: str) -> None:
         self.var_dir = var_dir
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        self.argv = [
+            arg.replace("{port}", str(self.port))
+            for arg in (argv or [sys.executable, "-m", "server"])
+        ]
         self.env = {
             **os.environ,
             "RLCS_VAR_DIR": str(var_dir),
             "RLCS_HOST": "127.0.0.1",
             "RLCS_PORT": str(self.port),
             "RLCS_SUPERVISOR_INTERVAL_S": "0.1",
+            "RLCS_INFERENCE_WARMUP": "0",
             **env,
         }
         for key in ("TINKER_API_KEY", "WANDB_API_KEY", "OPENREWARD_API_KEY", "RLCS_API_TOKEN"):
@@ -44,7 +51,7 @@ class LiveServer:
         self.var_dir.mkdir(parents=True, exist_ok=True)
         with self.log.open("ab") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "server"],
+                self.argv,
                 cwd=PROJECT_ROOT,
                 env=self.env,
                 stdout=log,

@@ -1,108 +1,149 @@
-"""The calls of the reference client (rl_training_tool.py) against a live server and a live
-run, exactly as it makes them: paths, bodies (or none), and only HTTP 200 counts."""
+"""The reference client (tests/reference_client/rl_training_tool.py), its code unchanged, drives
+a live server end to end on the local default model (SmolLM2), within its own 30 s timeouts:
+a fresh server (nothing converted or loaded yet), inference with its default max_tokens=256,
+a run with its default body, status, results and stop."""
 
 from __future__ import annotations
 
+import asyncio
+import importlib.util
+import json
+import time
+from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
+from typing import Any
 
-import httpx
+import pytest
 
+from core.model_names import LOCAL_DEFAULT_MODEL
 from tests.helpers import wait_for
 from tests.live_server import LiveServer
 
+CLIENT_FILE = Path(__file__).parent / "reference_client" / "rl_training_tool.py"
+CLIENT_TIMEOUT_S = 30  # _make_request's default, which every tool call uses
+FINISHED = {"succeeded", "failed", "stopped"}
 
-def test_reference_client_calls_return_useful_json(tmp_path: Path) -> None:
-    with (
-        LiveServer(tmp_path / "var") as server,
-        httpx.Client(base_url=server.url, timeout=120) as http,
-    ):
-        health = http.get("/health")
-        assert health.status_code == 200 and health.json()["status"] == "ok"
+# Three prompts, two of which ask for long answers (the case that used to time out).
+PROMPTS = [
+    "What is 7 + 5? Put the final answer in \\boxed{}.",
+    "Explain step by step how to compute 37 * 24, then give the result in \\boxed{}.",
+    "Write a short story about a robot who learns arithmetic. End it with the value of "
+    "12 - 5 in \\boxed{}.",
+]
 
-        envs = http.get("/environments").json()
-        assert {"name", "class_name", "file_path", "description"} <= set(envs[0])
 
-        # rl_select_environment posts with json=None: no body at all.
-        selected = http.post("/environments/arithmetic/select")
-        assert selected.status_code == 200 and selected.json()["selected"] == "arithmetic"
+def load_client(monkeypatch: pytest.MonkeyPatch, url: str) -> ModuleType:
+    """A fresh import of the client module: it reads RL_API_URL once, at import."""
+    monkeypatch.setenv("RL_API_URL", url)
+    spec = importlib.util.spec_from_file_location(f"rl_training_tool_{time.time_ns()}", CLIENT_FILE)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
-        config = http.get("/config").json()
-        for field in (
-            "group_size",
-            "max_token_length",
-            "total_steps",
-            "steps_per_eval",
-            "use_wandb",
-            "wandb_name",
-            "max_num_workers",
-        ):
-            assert field in config["configurable_fields"]
-        for field, value in [
-            ("model_name", "tiny-random"),
-            ("total_steps", 6),
-            ("max_token_length", 8),
-            ("group_size", 2),
-            ("batch_size", 2),
-            ("steps_per_eval", 3),
-            ("eval_num_tasks", 2),
-            ("use_wandb", False),
-            ("save_every", 2),
-        ]:
-            edited = http.post("/config", json={"field": field, "value": value})
-            assert edited.status_code == 200, edited.text
 
-        # rl_test_inference before training.
-        inference = http.post(
-            "/test/inference",
-            json={
-                "prompts": ["What is 2 + 2?"],
-                "max_tokens": 16,
-                "temperature": 1.0,
-            },
-        )
-        assert inference.status_code == 200, inference.text
-        assert inference.json()["results"][0]["score"] in (0.0, 1.0)
+def call(tool: Any, *args: Any, **kwargs: Any) -> tuple[Any, float]:
+    """Run one of the client's async tools; its JSON answer and how long it took."""
+    started = time.monotonic()
+    answer = json.loads(asyncio.run(tool(*args, **kwargs)))
+    return answer, time.monotonic() - started
 
-        # rl_start_training's body.
-        started = http.post(
-            "/runs",
-            json={
-                "wandb_project": "rl-training",
-                "lora_rank": 32,
-                "learning_rate": 4e-5,
-            },
-        )
-        assert started.status_code == 200, started.text
-        run_id = started.json()["run_id"]
 
-        listed = http.get("/runs").json()
-        assert listed[0]["run_id"] == run_id
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[LiveServer]:
+    # A fresh var folder: SmolLM2 is converted from its GGUF and loaded after start-up, by
+    # the warm-up, as on a new machine.
+    with LiveServer(tmp_path / "var", RLCS_INFERENCE_WARMUP="1") as live:
+        yield live
 
-        status = wait_for(
-            lambda: (r := http.get(f"/runs/{run_id}").json())["step"] >= 1 and r, 90, every=0.5
-        )
-        assert status["status"] in ("running", "succeeded")
-        assert set(status["metrics"]) >= {
-            "reward_mean",
-            "loss",
-            "percent_correct",
-            "eval_percent_correct",
-        }
 
-        done = wait_for(
-            lambda: (
-                (r := http.get(f"/runs/{run_id}").json())["status"]
-                in ("succeeded", "failed", "stopped")
-                and r
-            ),
-            120,
-            every=0.5,
-        )
-        assert done["status"] == "succeeded", done
+@pytest.mark.slow
+def test_reference_client_unchanged_drives_a_run_on_the_local_default(
+    server: LiveServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rl = load_client(monkeypatch, server.url)
 
-        results = http.get(f"/runs/{run_id}/metrics").json()
-        assert results["weights_path"] and results["metrics"]["eval_percent_correct"] is not None
-        assert results["history"] and "wandb_url" in results
+    health, _ = call(rl.rl_health_check)
+    assert health["status"] == "ok" and health["backend"] == "local", health
 
-        stopped = http.post(f"/runs/{run_id}/stop")
-        assert stopped.status_code == 200 and stopped.json()["status"] == "succeeded"
+    listed, _ = call(rl.rl_list_environments)
+    assert "arithmetic" in {e["name"] for e in listed["environments"]}, listed
+
+    selected, _ = call(rl.rl_select_environment, "arithmetic")
+    assert selected["selected"] == "arithmetic", selected
+
+    config, _ = call(rl.rl_get_current_config)
+    assert config["configurable_fields"]["model_name"] == LOCAL_DEFAULT_MODEL, config
+    for field, value in [
+        ("total_steps", 2),
+        ("group_size", 2),
+        ("batch_size", 2),
+        ("max_token_length", 16),
+        ("steps_per_eval", 2),
+        ("eval_num_tasks", 2),
+        ("save_every", 1),
+    ]:
+        edited, _ = call(rl.rl_edit_config, field, value)
+        assert "error" not in edited, edited
+
+    # The first inference after start-up, then a warm one: each answers within the client's
+    # own timeout, and a response the budget cut short says so.
+    for attempt in ("first", "warm"):
+        answer, took = call(rl.rl_test_inference, PROMPTS)
+        assert "error" not in answer, f"{attempt} call: {answer}"
+        assert took < CLIENT_TIMEOUT_S
+        results = answer["results"]
+        assert [r["prompt"] for r in results] == PROMPTS
+        for result in results:
+            assert result["tokens"] <= 256
+            if result["truncated"]:
+                assert "time budget" in result["reason"], result
+            else:
+                assert result["response"], result
+        assert answer["summary"]["truncated"] == sum(r["truncated"] for r in results)
+        assert answer["model"] == LOCAL_DEFAULT_MODEL
+        print(f"{attempt} inference: {took:.1f} s, {answer['summary']}")
+
+    started, took = call(rl.rl_start_training)
+    assert started.get("status") == "queued", started
+    run_id = started["run_id"]
+
+    def finished_run() -> dict[str, Any] | None:
+        runs, _ = call(rl.rl_list_runs)  # not rate-limited, unlike rl_check_status
+        mine = next(r for r in runs if r["run_id"] == run_id)
+        return mine if mine["status"] in FINISHED else None
+
+    summary = wait_for(finished_run, 600, every=2.0)
+    assert summary["status"] == "succeeded", summary
+
+    status, _ = call(rl.rl_check_status, run_id)
+    assert status["status"] == "succeeded" and status["step"] == 2, status
+    assert set(status["metrics"]) >= {"reward_mean", "loss", "percent_correct"}
+    again, _ = call(rl.rl_check_status, run_id)
+    assert again["rate_limited"] is True  # the client's own 30-minute rule, unchanged
+
+    results, _ = call(rl.rl_get_results, run_id)
+    assert results["weights_path"] and results["history"], results
+    assert results["metrics"]["eval_percent_correct"] is not None
+
+    stopped, _ = call(rl.rl_stop_training, run_id)
+    assert stopped == {"run_id": run_id, "status": "succeeded"}
+
+
+def test_reference_client_reaches_a_token_server_through_its_url(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The client cannot send a header; credentials in RL_API_URL become basic auth, which
+    the server accepts with the token as password."""
+    token = "tok-reference-client-0123"
+    with LiveServer(tmp_path / "var", RLCS_API_TOKEN=token) as live:
+        plain = load_client(monkeypatch, live.url)
+        refused, _ = call(plain.rl_list_environments)
+        assert refused["error"].startswith("HTTP 401"), refused
+
+        with_token = load_client(monkeypatch, live.url.replace("http://", f"http://rlcs:{token}@"))
+        listed, _ = call(with_token.rl_list_environments)
+        assert listed["count"] >= 1, listed
+        wrong = load_client(monkeypatch, live.url.replace("http://", "http://rlcs:nope@"))
+        assert call(wrong.rl_list_runs)[0]["error"].startswith("HTTP 401")

@@ -95,6 +95,11 @@ def test_list_is_newest_first_and_filters(rclient: TestClient) -> None:
         ({"no_such": 1}, "no_such"),
         ({"tokenizer_name": "x"}, "tokenizer_name"),
         ({"environment": "nope"}, "nope"),
+        # loss_fn_config is checked per loss at the request, not by the backend mid-run.
+        ({"loss_fn": "ppo", "loss_fn_config": {"clip_ratio": 0.2}}, "'clip_ratio'"),
+        ({"loss_fn_config": {"beta": 0.1}}, "'beta' for loss 'importance_sampling'"),
+        ({"loss_fn": "dro", "loss_fn_config": {"beta": -1.0}}, "loss_fn_config"),
+        ({"model_name": "./no/such/folder"}, "model_name"),
     ],
 )
 def test_invalid_overrides_leave_nothing(
@@ -102,6 +107,8 @@ def test_invalid_overrides_leave_nothing(
 ) -> None:
     resp = rclient.post("/runs", json=body)
     assert 400 <= resp.status_code < 500 and needle in resp.json()["detail"], resp.text
+    if "loss_fn_config" in body or "model_name" in body:
+        assert resp.status_code == 422
     assert rclient.get("/runs").json() == []
     runs_dir = tmp_path / "var" / "runs"
     assert not runs_dir.exists() or list(runs_dir.iterdir()) == []

@@ -155,16 +155,29 @@ def test_wandb_offline_run_is_written(tclient: TestClient, tmp_path: Path) -> No
     assert run["wandb_url"] is None  # offline: nothing to link to
 
 
-def test_unknown_model_fails_with_a_clear_reason(tclient: TestClient) -> None:
+def test_unknown_model_is_refused_at_the_request(tclient: TestClient) -> None:
+    body = {**TINY, "environment": "arithmetic", "model_name": "nobody/no-such-model-anywhere"}
+    resp = tclient.post("/runs", json=body)
+    assert resp.status_code == 422, resp.text
+    detail = resp.json()["detail"]
+    assert "model_name" in detail and "no-such-model" in detail and "tiny-random" in detail
+    assert tclient.get("/runs").json() == []
+
+
+def test_a_model_gone_by_the_time_the_run_starts_fails_with_a_clear_reason(
+    tclient: TestClient, tmp_path: Path
+) -> None:
+    folder = tmp_path / "my-model"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
     run_id = start(
-        tclient,
-        environment="arithmetic",
-        total_steps=1,
-        **{**TINY, "model_name": "nobody/no-such-model-anywhere"},
+        tclient, environment="arithmetic", total_steps=1, **{**TINY, "model_name": str(folder)}
     )
+    (folder / "config.json").unlink()  # the runner needs a second or more to get that far
+    folder.rmdir()
     run = finish(tclient, run_id)
     assert run["status"] == "failed" and run["failure_kind"] == "model", run
-    assert "no-such-model" in run["error"]
+    assert "my-model" in run["error"]
 
 
 def test_two_environment_run_logs_both_sets_of_metrics(tclient: TestClient, tmp_path: Path) -> None:

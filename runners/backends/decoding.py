@@ -6,6 +6,7 @@ the logits, before temperature, top-k or top-p), so it matches a training forwar
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -27,6 +28,7 @@ class Row:
     stop_ids: frozenset[int]
     stop_strings: tuple[str, ...]
     generator: torch.Generator
+    deadline: float | None = None  # time.monotonic() after which the row stops ("length")
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     stop_reason: str | None = None
@@ -79,6 +81,8 @@ def _finished(row: Row, decode: Callable[[list[int]], str], max_positions: int |
     elif len(row.tokens) >= row.max_tokens:
         row.stop_reason = "length"
     elif max_positions is not None and len(row.prompt) + len(row.tokens) >= max_positions:
+        row.stop_reason = "length"
+    elif row.deadline is not None and time.monotonic() >= row.deadline:
         row.stop_reason = "length"
     return row.stop_reason is not None
 

@@ -23,7 +23,9 @@ def create_service(backend: str, settings: Settings, checkpoint_dir: Path) -> An
         from runners.backends.tinker_backend import create_tinker_service
 
         key = settings.tinker_api_key.get_secret_value() if settings.tinker_api_key else None
-        return create_tinker_service(key, settings.tinker_base_url)
+        return create_tinker_service(
+            key, settings.tinker_base_url, timeout_s=settings.tinker_create_timeout_s
+        )
     from runners.backends.local import LocalServiceClient
 
     return LocalServiceClient(

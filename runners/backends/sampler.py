@@ -100,7 +100,11 @@ class LocalSamplingClient:
         target_prompt_logprobs: Any = None,
         prompt_alt_tokens_k: int = 0,
         prompt_logprobs_last_n: int | None = None,
+        *,
+        deadline: float | None = None,
     ) -> LocalFuture[types.SampleResponse]:
+        """tinker's sample(), plus one local extension: `deadline` (a time.monotonic() value)
+        after which every sequence stops where it is, with stop_reason "length"."""
         unsupported = {
             "topk_prompt_logprobs": topk_prompt_logprobs,
             "topk_sample_logprobs": topk_sample_logprobs,
@@ -118,6 +122,7 @@ class LocalSamplingClient:
             num_samples,
             sampling_params,
             (prompt_logprobs_last_n or 0) if wants_prompt_lp else -1,
+            deadline,
         )
 
     def compute_logprobs(
@@ -144,6 +149,7 @@ class LocalSamplingClient:
         num_samples: int,
         params: types.SamplingParams,
         prompt_lp: int,
+        deadline: float | None = None,
     ) -> LocalFuture[types.SampleResponse]:
         tokens = _prompt_tokens(prompt, self._vocab)
         limit = self._host.max_positions
@@ -174,6 +180,7 @@ class LocalSamplingClient:
                     stop_ids=stop_ids,
                     stop_strings=stop_strings,
                     generator=generator,
+                    deadline=deadline,
                 )
             )
         future: LocalFuture[types.SampleResponse] = LocalFuture()

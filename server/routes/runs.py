@@ -90,7 +90,7 @@ def run_checkpoints(run_id: RunId, svc: Svc) -> list[dict[str, Any]]:
 @router.post("/runs/{run_id}/resume", response_model=RunResumedOut)
 def resume_run(run_id: RunId, svc: Svc, body: RunResumeIn | None = None) -> dict[str, Any]:
     body = body or RunResumeIn()
-    return svc.runs.resume(run_id, body.overrides(), body.force)
+    return svc.runs.resume(run_id, body.overrides(), body.force, body.checkpoint_step)
 
 
 @router.get(

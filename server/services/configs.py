@@ -2,6 +2,7 @@
 
 Only the fields a user edited are stored, so a later change of a class default still applies
 to fields nobody touched. Edits are validated strictly (JSON types, no coercion from strings).
+A config that names no model gets the default model of the backend that will run it.
 """
 
 from __future__ import annotations
@@ -13,17 +14,20 @@ from pydantic import ValidationError
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, select
 
-from environments.base import EnvConfig
+from core.model_names import default_model
+from environments.base import DEFAULT_MODEL, EnvConfig
 from server.db import read_session, write_session
 from server.errors import BadRequest, DomainError, InvalidValue
 from server.models import EnvironmentConfig, Selection, iso, utcnow
 from server.services.catalog import Catalog, EnvEntry
+from server.services.model_check import ModelCheck
 
 
 class ConfigService:
-    def __init__(self, engine: Engine, catalog: Catalog) -> None:
+    def __init__(self, engine: Engine, catalog: Catalog, models: ModelCheck) -> None:
         self._engine = engine
         self._catalog = catalog
+        self._models = models
 
     # Selection -------------------------------------------------------------------------
 
@@ -61,7 +65,7 @@ class ConfigService:
         entry, config_cls = self._config_class(name)
         with read_session(self._engine) as session:
             stored, version, updated_at = _stored(session, entry.name)
-        config = _build(config_cls, stored)
+        config = _build(config_cls, self._with_model_default(config_cls, stored))
         values = config.model_dump(mode="json")
         locked = config_cls.locked_fields()
         schema = config_cls.model_json_schema()
@@ -91,9 +95,27 @@ class ConfigService:
         """`base` (e.g. a run's frozen config) with `overrides`, validated as a whole."""
         entry, config_cls = self._config_class(name)
         _check_fields(config_cls, overrides, InvalidValue)
-        config = _validate(config_cls, {**base, **overrides})
+        config = self._validated(config_cls, {**base, **overrides})
         self.check_mix(config)
         return entry, config
+
+    def check_model(self, config: EnvConfig, purpose: str = "train") -> None:
+        """422 when the backend that will run `config` cannot serve its model."""
+        self._models.check(config.model_name, config.backend, "model_name", purpose)
+
+    def _validated(self, config_cls: type[EnvConfig], values: dict[str, Any]) -> EnvConfig:
+        return _validate(config_cls, self._with_model_default(config_cls, values))
+
+    def _with_model_default(
+        self, config_cls: type[EnvConfig], values: dict[str, Any]
+    ) -> dict[str, Any]:
+        """Name the backend's default model when neither the user nor the class chose one."""
+        if "model_name" in values or config_cls.model_fields["model_name"].default != DEFAULT_MODEL:
+            return values
+        backend = values.get("backend", config_cls.model_fields["backend"].default)
+        if not isinstance(backend, str):
+            return values  # validation reports the bad backend
+        return {**values, "model_name": default_model(self._models.backend_for(backend))}
 
     def check_mix(self, config: EnvConfig) -> None:
         """Every environment named in a multi-environment mix must exist and import."""
@@ -132,10 +154,18 @@ class ConfigService:
         if not changes:
             raise InvalidValue("values: give at least one field to change.")
         _check_fields(config_cls, changes, BadRequest)
+        # Imports (mix) and questions to the backend (model) happen before the write
+        # transaction, which holds SQLite's write lock.
+        with read_session(self._engine) as session:
+            stored, _, _ = _stored(session, entry.name)
+        config = self._validated(config_cls, {**_known(config_cls, stored), **changes})
+        self.check_mix(config)
+        if {"model_name", "backend"} & set(changes):
+            self.check_model(config)
         with write_session(self._engine) as session:
             stored, version, _ = _stored(session, entry.name)
             merged = {**_known(config_cls, stored), **changes}
-            self.check_mix(_validate(config_cls, merged))
+            self._validated(config_cls, merged)  # against an edit stored meanwhile
             session.add(
                 EnvironmentConfig(
                     environment=entry.name, version=version + 1, values_json=json.dumps(merged)
@@ -214,5 +244,6 @@ def describe_validation(exc: ValidationError) -> str:
         got = f" (got {json.dumps(err['input'], default=str)[:60]})" if "input" in err else ""
         if not err["loc"]:
             got = ""
-        parts.append(f"field '{loc}': {err['msg']}{got}")
+        message = str(err["msg"]).removeprefix("Value error, ")
+        parts.append(f"field '{loc}': {message}{got}")
     return "; ".join(parts) + "."

@@ -1,20 +1,32 @@
-"""Test inference: resolve environment, model and adapter, ask the worker, summarise."""
+"""Test inference: resolve environment, model and adapter, ask the worker, summarise.
+
+Each answer comes within the time budget (RLCS_INFERENCE_BUDGET_S): what the model has not
+finished by then is returned cut short, marked so. The default model is loaded at start-up.
+"""
 
 from __future__ import annotations
 
+import logging
+import threading
+import time
 from typing import Any
 
 from sqlalchemy.engine import Engine
 from sqlmodel import col, select
 
+from core.model_names import LOCAL_DEFAULT_MODEL
 from server.db import read_session
-from server.errors import Conflict, InvalidValue, NotFound, Unavailable
+from server.errors import Conflict, DomainError, InvalidValue, NotFound, Unavailable
 from server.models import Checkpoint
 from server.schemas import InferenceIn
 from server.services.configs import ConfigService
 from server.services.inference_worker import InferenceWorker
+from server.services.model_check import ModelCheck
 from server.services.runs import RunService
 from server.settings import Settings
+
+log = logging.getLogger(__name__)
+WARMUP_TIMEOUT_S = 900.0  # a first start converts SmolLM2 from its GGUF (tens of seconds)
 
 
 class InferenceService:
@@ -25,14 +37,18 @@ class InferenceService:
         configs: ConfigService,
         runs: RunService,
         worker: InferenceWorker,
+        models: ModelCheck,
     ) -> None:
         self._settings = settings
         self._engine = engine
         self._configs = configs
         self._runs = runs
         self.worker = worker
+        self._models = models
 
     def infer(self, body: InferenceIn) -> dict[str, Any]:
+        arrived = time.time()
+        budget = min(self._settings.inference_budget_s, self._settings.inference_timeout_s)
         count = len(body.prompts) if body.prompts is not None else body.num_items or 0
         if count > self._settings.inference_max_prompts:
             raise InvalidValue(
@@ -52,7 +68,8 @@ class InferenceService:
             name = body.environment or self._configs.selected()
             entry, config = self._configs.resolve(name)
             model = body.model or config.model_name
-            self._check_model(model, config.backend, explicit=body.model is not None)
+            field = "model" if body.model is not None else "model_name (from the config)"
+            self._models.check(model, config.backend, field, "sample", error=NotFound)
         payload = {
             "env_file": str(entry.path),
             "env_class": entry.class_name,
@@ -64,8 +81,14 @@ class InferenceService:
             "max_tokens": body.max_tokens,
             "temperature": body.temperature,
             "seed": body.seed,
+            "deadline": arrived + budget,
+            "budget_s": budget,
         }
-        answer = self.worker.request(payload, self._settings.inference_timeout_s)
+        answer = self.worker.request(
+            payload,
+            self._settings.inference_timeout_s,
+            queue_s=budget - (time.time() - arrived),
+        )
         if not answer.get("ok"):
             raise _error_for(answer, model)
         results = answer["results"]
@@ -77,6 +100,38 @@ class InferenceService:
             "results": results,
             "summary": summarize(results, answer["latency_s"]),
         }
+
+    def warm_up(self) -> None:
+        """Load the model a first request would use, in the background (local backend)."""
+        settings = self._settings
+        if not settings.inference_warmup or settings.default_backend != "local":
+            return
+        threading.Thread(target=self._warm, name="inference-warm-up", daemon=True).start()
+
+    def _warm(self) -> None:
+        try:
+            model = self._default_model()
+            started = time.monotonic()
+            answer = self.worker.request(
+                {"op": "warm", "model": model, "backend": "local"}, WARMUP_TIMEOUT_S
+            )
+        except Exception as exc:  # a failed warm-up only costs the first request its speed
+            log.warning("inference warm-up did not finish: %s", exc)
+            return
+        if answer.get("ok"):
+            log.info("inference worker warm: %s in %.1f s", model, time.monotonic() - started)
+        else:
+            log.warning("inference warm-up failed: %s", answer.get("error"))
+
+    def _default_model(self) -> str:
+        """The selected environment's model when it runs locally, else the local default."""
+        try:
+            _, config = self._configs.resolve(self._configs.selected())
+        except DomainError:  # nothing selected, or it does not import
+            return LOCAL_DEFAULT_MODEL
+        if self._models.backend_for(config.backend) != "local":
+            return LOCAL_DEFAULT_MODEL
+        return config.model_name
 
     def _adapter(self, run_id: str, step: int | None) -> str:
         with read_session(self._engine) as session:
@@ -100,18 +155,6 @@ class InferenceService:
             f"checkpoint_step: run {run_id} has no checkpoint at step {step}; it has steps {steps}."
         )
 
-    def _check_model(self, model: str, backend: str, explicit: bool) -> None:
-        """Refuse a model the local backend cannot load, before waking the worker."""
-        chosen = self._settings.default_backend if backend == "auto" else backend
-        if chosen != "local":
-            return  # hosted models are checked by the service itself
-        from runners.models import model_available
-
-        ok, why = model_available(model, self._settings.models_dir, check_hub=False)
-        if not ok:
-            field = "model" if explicit else "model_name (from the environment's config)"
-            raise NotFound(f"{field}: {why}.")
-
 
 def summarize(results: list[dict[str, Any]], latency_s: float) -> dict[str, Any]:
     scored = [r["score"] for r in results if r.get("score") is not None]
@@ -123,6 +166,7 @@ def summarize(results: list[dict[str, Any]], latency_s: float) -> dict[str, Any]
             100.0 * sum(1 for r in results if r.get("correct")) / len(results) if results else None
         ),
         "tokens": sum(int(r.get("tokens") or 0) for r in results),
+        "truncated": sum(1 for r in results if r.get("truncated")),
         "latency_s": latency_s,
     }
 

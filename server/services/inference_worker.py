@@ -1,5 +1,5 @@
-"""The inference worker process as the server sees it: started on first use, kept warm,
-restarted if it dies, one request at a time, each with a deadline."""
+"""The inference worker process as the server sees it: started at start-up (warm-up) or on
+first use, kept warm, restarted if it dies, one request at a time, each with a deadline."""
 
 from __future__ import annotations
 
@@ -29,6 +29,7 @@ class InferenceWorker:
         self._proc: subprocess.Popen[str] | None = None
         self._answers: queue.Queue[str | None] = queue.Queue()
         self._ids = itertools.count(1)
+        self._closed = False
         self.starts = 0
         self.log_path: Path = settings.var_dir / "inference.log"
 
@@ -36,41 +37,62 @@ class InferenceWorker:
     def pid(self) -> int | None:
         return self._proc.pid if self._proc is not None and self._proc.poll() is None else None
 
-    def request(self, payload: dict[str, Any], timeout_s: float) -> dict[str, Any]:
-        """Send one request and wait for its answer; a missed deadline restarts the worker."""
-        with self._lock:
-            proc = self._ensure_started()
-            request_id = next(self._ids)
-            assert proc.stdin is not None
+    def request(
+        self, payload: dict[str, Any], timeout_s: float, queue_s: float | None = None
+    ) -> dict[str, Any]:
+        """Send one request and wait for its answer; a missed deadline restarts the worker.
+
+        `queue_s` bounds the wait for the worker while it serves another request (or loads
+        the model at start-up); past it the request is refused rather than left waiting."""
+        if not self._lock.acquire(timeout=-1 if queue_s is None else max(0.0, queue_s)):
+            raise Unavailable(
+                f"the inference worker is still busy after {queue_s:.0f} s (loading the model "
+                "at start-up, or answering another request); try again in a moment."
+            )
+        try:
+            return self._request_locked(payload, timeout_s)
+        finally:
+            self._lock.release()
+
+    def _request_locked(self, payload: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+        proc = self._ensure_started()
+        request_id = next(self._ids)
+        assert proc.stdin is not None
+        try:
+            proc.stdin.write(json.dumps({**payload, "id": request_id}) + "\n")
+            proc.stdin.flush()
+        except (BrokenPipeError, OSError):
+            self._stop_locked()
+            raise Unavailable(self._died("it exited before taking the request")) from None
+        while True:
             try:
-                proc.stdin.write(json.dumps({**payload, "id": request_id}) + "\n")
-                proc.stdin.flush()
-            except (BrokenPipeError, OSError):
+                line = self._answers.get(timeout=timeout_s)
+            except queue.Empty:
+                # A stuck model must not hold the next request hostage.
                 self._stop_locked()
-                raise Unavailable(self._died("it exited before taking the request")) from None
-            while True:
-                try:
-                    line = self._answers.get(timeout=timeout_s)
-                except queue.Empty:
-                    # A stuck model must not hold the next request hostage.
-                    self._stop_locked()
-                    raise Unavailable(
-                        f"inference did not finish within {timeout_s:.0f} s (the worker was "
-                        "restarted); send fewer prompts or a smaller max_tokens, or raise "
-                        "RLCS_INFERENCE_TIMEOUT_S."
-                    ) from None
-                if line is None:
-                    self._stop_locked()
-                    raise Unavailable(self._died("it exited while answering"))
-                answer = json.loads(line)
-                if answer.get("id") == request_id:
-                    return answer
+                raise Unavailable(
+                    f"inference did not finish within {timeout_s:.0f} s (the worker was "
+                    "restarted); send fewer prompts or a smaller max_tokens, or raise "
+                    "RLCS_INFERENCE_TIMEOUT_S."
+                ) from None
+            if line is None:
+                self._stop_locked()
+                raise Unavailable(self._died("it exited while answering"))
+            answer = json.loads(line)
+            if answer.get("id") == request_id:
+                return answer
 
     def stop(self) -> None:
-        with self._lock:
-            self._stop_locked()
+        """End the worker now, even while a request (say the warm-up) holds it: that request
+        then fails at once instead of keeping the server's shutdown waiting."""
+        self._closed = True
+        proc = self._proc
+        if proc is not None:
+            _end(proc)
 
     def _ensure_started(self) -> subprocess.Popen[str]:
+        if self._closed:
+            raise Unavailable("the server is shutting down; the inference worker is stopped.")
         if self._proc is not None and self._proc.poll() is None:
             return self._proc
         if self._proc is not None:
@@ -103,16 +125,24 @@ class InferenceWorker:
 
     def _stop_locked(self) -> None:
         proc, self._proc = self._proc, None
-        if proc is None or proc.poll() is not None:
-            return
-        try:
-            assert proc.stdin is not None
-            proc.stdin.close()  # the worker exits on end of input
-            proc.wait(timeout=5)
-        except (OSError, subprocess.TimeoutExpired):
-            procs.signal_group(proc.pid, signal.SIGKILL)  # the worker and anything it started
-            proc.wait(timeout=5)
+        if proc is not None:
+            _end(proc)
 
     def _died(self, when: str) -> str:
+        if self._closed:
+            return "the server is shutting down; the inference worker was stopped"
         tail = "\n".join(tail_lines(self.log_path, 10))
         return f"the inference worker failed: {when}. Last lines of its log:\n{tail}"
+
+
+def _end(proc: subprocess.Popen[str]) -> None:
+    """Close the worker's input (it exits on end of input); kill its group if it lingers."""
+    if proc.poll() is not None:
+        return
+    try:
+        assert proc.stdin is not None
+        proc.stdin.close()
+        proc.wait(timeout=5)
+    except (OSError, ValueError, subprocess.TimeoutExpired):
+        procs.signal_group(proc.pid, signal.SIGKILL)  # the worker and anything it started
+        proc.wait(timeout=5)

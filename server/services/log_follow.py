@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from server.models import FINISHED, RunStatus
-from server.services.runs import RunService, tail_lines
+from server.services.runs import RunService
 
 
 async def follow(
@@ -17,8 +17,8 @@ async def follow(
 ) -> AsyncIterator[tuple[str, Any]]:
     """Yield ("line", text) events, then ("end", {status, ...}) once the run has finished."""
     path: Path = await asyncio.to_thread(runs.log_path, run_id)
-    offset = _size(path)
-    for line in await asyncio.to_thread(tail_lines, path, tail):
+    lines, offset = await asyncio.to_thread(_tail_and_offset, path, tail)
+    for line in lines:
         yield "line", line
     pending = b""
     while True:
@@ -46,11 +46,25 @@ async def follow(
         await asyncio.sleep(poll_s)
 
 
-def _size(path: Path) -> int:
+def _tail_and_offset(path: Path, count: int, max_bytes: int = 1 << 20) -> tuple[list[str], int]:
+    """The last `count` complete lines and the offset right after them, from one read, so a
+    line written meanwhile is either in the tail or read later, never both. A trailing partial
+    line is left for the follow loop to read once it is complete."""
     try:
-        return path.stat().st_size
+        with path.open("rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            size = fh.tell()
+            start = max(0, size - max_bytes)
+            fh.seek(start)
+            data = fh.read(size - start)
     except OSError:
-        return 0
+        return [], 0
+    complete = data[: data.rfind(b"\n") + 1]
+    offset = start + len(complete)
+    if count <= 0:
+        return [], offset
+    text = complete.decode("utf-8", errors="replace")
+    return text.splitlines()[-count:], offset
 
 
 def _read_from(path: Path, offset: int, limit: int = 1 << 20) -> tuple[bytes, int]:

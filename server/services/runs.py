@@ -75,6 +75,7 @@ class RunService:
                 return {"run_id": existing.id, "status": existing.status.value}
         name = environment or self._configs.selected()
         entry, config = self._configs.resolve(name, overrides)
+        self._configs.check_model(config)
         values = config.model_dump(mode="json")
         config_hash = hash_config(values)
         run_id = self._new_id()
@@ -239,8 +240,15 @@ class RunService:
 
     # Resuming ---------------------------------------------------------------------------
 
-    def resume(self, run_id: str, overrides: dict[str, Any], force: bool) -> dict[str, Any]:
-        """A new attempt of a finished run from its last state checkpoint, same step count.
+    def resume(
+        self,
+        run_id: str,
+        overrides: dict[str, Any],
+        force: bool,
+        checkpoint_step: int | None = None,
+    ) -> dict[str, Any]:
+        """A new attempt of a finished run from a state checkpoint (the last one by default),
+        continuing its step count.
 
         The frozen config carries over; overrides (say a larger total_steps) change its hash,
         which is refused unless `force`, since the checkpoint was trained under the old one.
@@ -252,11 +260,7 @@ class RunService:
                 f"Run {run_id} is {status.value}; only a finished run can be resumed "
                 f"(stop it first with POST /runs/{run_id}/stop)."
             )
-        checkpoint = self._last_state(run_id)
-        if checkpoint is None:
-            raise Conflict(
-                f"Run {run_id} has no state checkpoint to resume from; start a new run instead."
-            )
+        checkpoint = self._state_checkpoint(run_id, checkpoint_step)
         frozen = self.frozen(run)
         _, config = self._configs.revalidate(run.environment, frozen["config"], overrides)
         values = config.model_dump(mode="json")
@@ -299,13 +303,28 @@ class RunService:
             "resume_from": checkpoint.path,
         }
 
-    def _last_state(self, run_id: str) -> Checkpoint | None:
+    def _state_checkpoint(self, run_id: str, step: int | None) -> Checkpoint:
+        """The newest state checkpoint, or the one at `step`; a 409/404 saying what exists."""
         with read_session(self._engine) as session:
-            return session.exec(
+            rows = session.exec(
                 select(Checkpoint)
                 .where(Checkpoint.run_id == run_id, Checkpoint.kind == "state")
                 .order_by(col(Checkpoint.step).desc(), col(Checkpoint.id).desc())
-            ).first()
+            ).all()
+        if not rows:
+            raise Conflict(
+                f"Run {run_id} has no state checkpoint to resume from; start a new run instead."
+            )
+        if step is None:
+            return rows[0]
+        for row in rows:
+            if row.step == step:
+                return row
+        steps = ", ".join(str(s) for s in sorted({r.step for r in rows}))
+        raise NotFound(
+            f"checkpoint_step: run {run_id} has no state checkpoint at step {step}; "
+            f"it has steps {steps}."
+        )
 
     # Logs --------------------------------------------------------------------------------
 

@@ -132,6 +132,26 @@ def test_eval_split_and_task_choice(openreward_url: str) -> None:
     assert asyncio.run(task_of(1, "eval")) == ("test", 1)
 
 
+def test_eval_without_an_eval_split_says_it_reuses_training_tasks(
+    openreward_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    config = OpenRewardConfig(env_name="guessenv", base_url=openreward_url)
+
+    async def first_step(split: str) -> StepResult:
+        env = OpenRewardEnv(config)
+        try:
+            await env.reset(0, split)  # type: ignore[arg-type]
+            return await env.step(call(1))
+        finally:
+            await env.close()
+
+    with caplog.at_level("WARNING"):
+        evaluated = asyncio.run(first_step("eval"))
+    assert evaluated.metrics["eval_on_training_split"] == 1.0  # becomes eval/...
+    assert "no eval_split is set" in caplog.text and "not held-out" in caplog.text
+    assert "eval_on_training_split" not in asyncio.run(first_step("train")).metrics
+
+
 def test_hosted_environment_without_a_key_says_what_to_do(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -63,6 +63,27 @@ _PROTO_DTYPES: dict[int, tuple[str, type]] = {
 
 SampleFn = Callable[[list[int], int, Mapping[str, Any]], list[int]]
 
+# What the hosted service listed in its model lineup (tinker-docs "Model Lineup", 2026): its
+# families are Qwen3 and Llama 3. Tests add the names they train on (e.g. "tiny-random").
+HOSTED_MODELS = (
+    "Qwen/Qwen3-VL-235B-A22B-Instruct",
+    "Qwen/Qwen3-VL-30B-A3B-Instruct",
+    "Qwen/Qwen3-235B-A22B-Instruct-2507",
+    "Qwen/Qwen3-30B-A3B-Instruct-2507",
+    "Qwen/Qwen3-30B-A3B",
+    "Qwen/Qwen3-30B-A3B-Base",
+    "Qwen/Qwen3-32B",
+    "Qwen/Qwen3-8B",
+    "Qwen/Qwen3-8B-Base",
+    "Qwen/Qwen3-4B-Instruct-2507",
+    "meta-llama/Llama-3.3-70B-Instruct",
+    "meta-llama/Llama-3.1-70B",
+    "meta-llama/Llama-3.1-8B",
+    "meta-llama/Llama-3.1-8B-Instruct",
+    "meta-llama/Llama-3.2-3B",
+    "meta-llama/Llama-3.2-1B",
+)
+
 
 def token_logprob(token: int) -> float:
     """The stand-in model's logprob of any token: a fixed function tests can recompute."""
@@ -136,7 +157,8 @@ class TinkerStandin(LoopbackServer):
 
     Attributes tests may set at any time: `latency_s` (sleep before every answer),
     `endpoint_latency_s` (per endpoint, added), `pending_polls` (try_again answers each future
-    gives before its result), `sample_fn` (completion tokens), `expected_api_key`.
+    gives before its result), `sample_fn` (completion tokens), `expected_api_key`,
+    `supported_models` (the capabilities list; create_model refuses other base models).
     """
 
     def __init__(
@@ -147,8 +169,10 @@ class TinkerStandin(LoopbackServer):
         sample_fn: SampleFn | None = None,
         expected_api_key: str | None = None,
         client_config: Mapping[str, Any] | None = None,
+        extra_models: tuple[str, ...] = (),
     ) -> None:
         super().__init__()
+        self.supported_models: list[str] = [*HOSTED_MODELS, *extra_models]
         self.latency_s = latency_s
         self.endpoint_latency_s: dict[str, float] = {}
         self.pending_polls = pending_polls
@@ -323,6 +347,17 @@ class TinkerStandin(LoopbackServer):
     def _route(
         self, method: str, endpoint: str, path: str, body: dict[str, Any]
     ) -> tuple[str, bytes]:
+        if method == "GET" and endpoint == "get_server_capabilities":
+            models = [
+                {
+                    "model_name": name,
+                    "max_context_length": 32768,
+                    "trainable": True,
+                    "sampleable": True,
+                }
+                for name in self.supported_models
+            ]
+            return JSON_CONTENT_TYPE, _json({"supported_models": models})
         if method == "GET" and endpoint == "get_sampler":
             sampler_id = path.rsplit("/", 1)[-1]
             with self._lock:
@@ -419,6 +454,9 @@ class TinkerStandin(LoopbackServer):
         base_model = body.get("base_model")
         if not base_model:
             raise _StandinError(400, "base_model is required")
+        if base_model not in self.supported_models:
+            # The hosted service refuses at once, with a 400 the SDK does not retry.
+            raise _StandinError(400, f"base_model {base_model!r} is not supported")
         lora = body.get("lora_config") or {}
         model_id = f"{body.get('session_id')}:train:{body.get('model_seq_id')}"
         model = _Model(model_id, str(base_model), int(lora.get("rank", 32)), lora.get("seed"))

@@ -1,4 +1,5 @@
-"""Loopback stand-in for the W&B GraphQL API, as read by the real `wandb.Api` (wandb 0.31).
+"""Loopback stand-in for the W&B GraphQL API, as read by the real `wandb.Api` (wandb 0.31)
+and written by the real `wandb.init` online (the write side is in `wandb_writes`).
 
 Runs live in memory; latency and HTTP faults (429/5xx with Retry-After) can be injected, and
 every GraphQL request is recorded by operation name (never with the API key).
@@ -18,6 +19,15 @@ from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 from tests.standins.loopback import LoopbackServer
+from tests.standins.wandb_writes import (
+    FILE_STREAM_ANSWER,
+    FILE_STREAM_RE,
+    UPLOAD_PREFIX,
+    WRITE_OPERATIONS,
+    StandinError,
+    WriteSide,
+    storage_id,
+)
 
 GRAPHQL_PATH = "/graphql"
 # wandb-core posts its own OpenTelemetry metrics to the same base URL; they are accepted and
@@ -45,7 +55,8 @@ class RecordedRequest:
 
 @dataclass
 class StandinRun:
-    """A run as the W&B backend would hold it: summary, history rows and state."""
+    """A run as the W&B backend would hold it: summary, history rows and state, and what the
+    real client wrote besides (config from UpsertBucket, uploaded files, rewinds)."""
 
     entity: str
     project: str
@@ -57,6 +68,11 @@ class StandinRun:
     config: dict[str, Any] = field(default_factory=dict)
     created_at: str = "2025-01-01T00:00:00"
     heartbeat_at: str = "2025-01-01T00:00:00"
+    tags: list[str] = field(default_factory=list)
+    exitcode: int | None = None  # from the file_stream's final post
+    rewinds: list[float] = field(default_factory=list)  # the _step of each RewindRun
+    files: dict[str, bytes] = field(default_factory=dict)  # uploaded through CreateRunFiles
+    uploaded: list[str] = field(default_factory=list)  # names file_stream reported uploaded
 
     def node(self, username: str) -> dict[str, Any]:
         """The run as the GraphQL `Run` type with the fields of wandb's RunFragment."""
@@ -67,14 +83,12 @@ class StandinRun:
                 entry["typeCounts"][0]["count"] += 1
         last_step = self.history[-1].get("_step") if self.history else None
         return {
-            "id": base64.b64encode(f"Run:{self.entity}/{self.project}/{self.run_id}".encode())
-            .decode()
-            .rstrip("="),
+            "id": storage_id(self.entity, self.project, self.run_id),
             "projectId": "1",
             "name": self.run_id,
             "displayName": self.display_name or self.run_id,
             "state": self.state,
-            "tags": [],
+            "tags": list(self.tags),
             "sweepName": None,
             "group": None,
             "jobType": None,
@@ -113,18 +127,12 @@ class _Fault:
     message: str
 
 
-class _StandinError(Exception):
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-
-
-class WandbStandin(LoopbackServer):
+class WandbStandin(WriteSide, LoopbackServer):
     """A W&B GraphQL endpoint on 127.0.0.1 (free port); use as a context manager.
 
     Point the real client at it with
-    `wandb.Api(overrides={"base_url": standin.url}, api_key=KEY, timeout=...)`.
+    `wandb.Api(overrides={"base_url": standin.url}, api_key=KEY, timeout=...)`, or write to it
+    with `wandb.init(mode="online")` and WANDB_BASE_URL=standin.url, WANDB_API_KEY=KEY.
     """
 
     def __init__(
@@ -144,7 +152,10 @@ class WandbStandin(LoopbackServer):
         self._runs: dict[tuple[str, str, str], StandinRun] = {}
         self._faults: list[_Fault] = []
         self._lock = threading.Lock()
+        # Notified on every write, so tests wait for what the client sent instead of sleeping.
+        self._changed = threading.Condition(self._lock)
         self._closing = threading.Event()
+        self._init_write_side()
 
     def _before_stop(self) -> None:
         self._closing.set()  # wakes handlers sleeping in a delay
@@ -170,8 +181,9 @@ class WandbStandin(LoopbackServer):
             state=state,
             display_name=display_name,
         )
-        with self._lock:
+        with self._changed:
             self._runs[(entity, project, run_id)] = run
+            self._changed.notify_all()
         return run
 
     def update_run(
@@ -185,7 +197,7 @@ class WandbStandin(LoopbackServer):
         history: list[dict[str, Any]] | None = None,
     ) -> StandinRun:
         """Merge `summary` into the run's summary, set its state, append history rows."""
-        with self._lock:
+        with self._changed:
             run = self._runs[(entity, project, run_id)]
             if summary:
                 run.summary.update(copy.deepcopy(summary))
@@ -193,18 +205,28 @@ class WandbStandin(LoopbackServer):
                 run.state = state
             if history:
                 run.history.extend(copy.deepcopy(history))
+            self._changed.notify_all()
         return run
 
     def log(self, entity: str, project: str, run_id: str, row: dict[str, Any]) -> None:
         """What `wandb.log(row, step=...)` does server-side: a history row and a new summary."""
-        with self._lock:
+        with self._changed:
             run = self._runs[(entity, project, run_id)]
             run.history.append(copy.deepcopy(row))
             run.summary.update(copy.deepcopy(row))
+            self._changed.notify_all()
 
     def remove_run(self, entity: str, project: str, run_id: str) -> None:
         with self._lock:
             self._runs.pop((entity, project, run_id), None)
+
+    def run(self, entity: str, project: str, run_id: str) -> StandinRun:
+        """A copy of the run as it stands now (KeyError if the stand-in holds none)."""
+        with self._lock:
+            return copy.deepcopy(self._runs[(entity, project, run_id)])
+
+    def _new_run(self, entity: str, project: str, run_id: str) -> StandinRun:
+        return StandinRun(entity=entity, project=project, run_id=run_id, summary={}, history=[])
 
     # Faults and the request log ----------------------------------------------------------
 
@@ -307,7 +329,7 @@ class WandbStandin(LoopbackServer):
             return 401, _errors("user is not logged in"), {}
         try:
             data = self._answer(operation, query, variables)
-        except _StandinError as exc:
+        except StandinError as exc:
             request.status = exc.status
             return exc.status, _errors(exc.message), {}
         request.status = 200
@@ -316,6 +338,8 @@ class WandbStandin(LoopbackServer):
     def _answer(self, operation: str, query: str, variables: dict[str, Any]) -> dict[str, Any]:
         if operation in VIEWER_OPERATIONS:
             return {"viewer": self._viewer()}
+        if operation in WRITE_OPERATIONS:
+            return self._answer_write(operation, variables)
         if operation in RUN_OPERATIONS:
             return {"project": self._project(variables, lambda run: run.node(self.username))}
         if operation == "RunSampledHistory":
@@ -340,7 +364,7 @@ class WandbStandin(LoopbackServer):
                 return {node: [json.dumps(row) for row in rows]}
 
             return {"project": self._project(variables, full)}
-        raise _StandinError(400, f"the W&B stand-in does not implement operation {operation!r}")
+        raise StandinError(400, f"the W&B stand-in does not implement operation {operation!r}")
 
     def _viewer(self) -> dict[str, Any]:
         return {
@@ -383,13 +407,23 @@ class _Handler(BaseHTTPRequestHandler):
         return  # quiet: tests read `standin.requests` instead
 
     def do_POST(self) -> None:
-        length = int(self.headers.get("Content-Length") or 0)
-        raw = self.rfile.read(length) if length else b""
+        raw = self._read_body()
         path = self.path.split("?", 1)[0]
+        standin = self.server.standin
         if path.startswith(TELEMETRY_PREFIX):
-            with self.server.standin._lock:
-                self.server.standin.telemetry_posts += 1
+            with standin._lock:
+                standin.telemetry_posts += 1
             self._send(200, b"", "application/x-protobuf", {})
+            return
+        stream = FILE_STREAM_RE.match(path)
+        if stream is not None:
+            if not standin._authorized(self.headers.get("Authorization")):
+                self._send(401, json.dumps(_errors("user is not logged in")).encode(), None, {})
+                return
+            encoding = self.headers.get("Content-Encoding")
+            status = standin.handle_file_stream(*stream.groups(), raw, encoding)
+            answer = FILE_STREAM_ANSWER if status == 200 else _errors(f"file_stream {status}")
+            self._send(status, json.dumps(answer).encode(), None, {})
             return
         if path != GRAPHQL_PATH:
             self._send(404, json.dumps(_errors(f"no route {path}")).encode(), None, {})
@@ -404,8 +438,30 @@ class _Handler(BaseHTTPRequestHandler):
         )
         self._send(status, json.dumps(payload).encode(), None, headers)
 
+    def do_PUT(self) -> None:
+        # Upload URLs work without the API key, like presigned storage URLs.
+        raw = self._read_body()
+        path = self.path.split("?", 1)[0]
+        status = 404
+        if path.startswith(UPLOAD_PREFIX):
+            status = self.server.standin.handle_upload(path, raw)
+        self._send(status, b"", "text/plain", {})
+
     def do_GET(self) -> None:
         self._send(404, json.dumps(_errors("GET is not served")).encode(), None, {})
+
+    def _read_body(self) -> bytes:
+        if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+            chunks = []
+            while True:
+                size = int(self.rfile.readline().split(b";", 1)[0].strip() or b"0", 16)
+                if size == 0:
+                    self.rfile.readline()  # the blank line after the last chunk
+                    return b"".join(chunks)
+                chunks.append(self.rfile.read(size))
+                self.rfile.readline()  # CRLF after each chunk
+        length = int(self.headers.get("Content-Length") or 0)
+        return self.rfile.read(length) if length else b""
 
     def _send(
         self, status: int, body: bytes, content_type: str | None, headers: dict[str, str]

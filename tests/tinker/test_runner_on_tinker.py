@@ -31,7 +31,10 @@ def word_sampler(prompt: list[int], index: int, params) -> list[int]:
 
 @pytest.fixture
 def standin_words():
-    with TinkerStandin(expected_api_key=TEST_KEY, sample_fn=word_sampler) as server:
+    # tiny-random: a tokenizer the runner can build offline (the hosted models' need the hub).
+    with TinkerStandin(
+        expected_api_key=TEST_KEY, sample_fn=word_sampler, extra_models=("tiny-random",)
+    ) as server:
         yield server
 
 
@@ -156,3 +159,50 @@ def test_a_stuck_tinker_call_fails_the_run_with_a_reason(tmp_path: Path, standin
         )
     assert run["status"] == "failed", run
     assert "sample did not finish within 1.5 s" in run["error"]
+
+
+def test_stop_right_after_a_periodic_save_ends_stopped(tmp_path: Path, standin_words) -> None:
+    """The service refuses a second save_state of one name; the stop's checkpoint must not be
+    a second save of the periodic one just made."""
+    standin_words.endpoint_latency_s["asample"] = 0.3  # the next step is sampling when we stop
+    settings = make_settings(tmp_path, tinker_api_key=TEST_KEY, tinker_base_url=standin_words.url)
+    with TestClient(create_app(settings)) as client:
+        body = {
+            "environment": "repeat_word",
+            "model_name": "tiny-random",
+            "total_steps": 5,
+            "group_size": 2,
+            "batch_size": 1,
+            "max_token_length": 8,
+            "save_every": 1,
+            "steps_per_eval": 0,
+            "use_wandb": False,
+        }
+        run_id = client.post("/runs", json=body).json()["run_id"]
+        # The first periodic checkpoint (its state, then its sampler weights) is asked for; the
+        # runner then starts step 2.
+        wait_for(
+            lambda: any(
+                b.get("path") == "step-000001"
+                for b in standin_words.bodies("save_weights_for_sampler")
+            ),
+            120,
+            every=0.05,
+        )
+        client.post(f"/runs/{run_id}/stop")
+        run = wait_for(
+            lambda: (
+                (r := client.get(f"/runs/{run_id}").json())["status"]
+                in {"succeeded", "failed", "stopped"}
+                and r
+            ),
+            120,
+            every=0.25,
+        )
+        logs = "\n".join(client.get(f"/runs/{run_id}/logs", params={"tail": 60}).json()["lines"])
+        checkpoints = client.get(f"/runs/{run_id}/checkpoints").json()
+    assert run["status"] == "stopped", logs
+    assert "resumable" in run["details"]
+    names = [b["path"] for b in standin_words.bodies("save_weights")]
+    assert names[0] == "step-000001" and len(names) == len(set(names)), names  # none twice
+    assert {c["step"] for c in checkpoints} == set(range(1, run["step"] + 1))

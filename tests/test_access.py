@@ -1,0 +1,100 @@
+"""Who may call: with no token, only clients on this machine, however the server was started
+(the documented `uvicorn server.app:app --host 0.0.0.0` included), unless the operator opts out."""
+
+from __future__ import annotations
+
+import socket
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+from server.access import remote_peer
+from tests.live_server import LiveServer
+
+UVICORN_ALL_INTERFACES = [
+    sys.executable,
+    "-m",
+    "uvicorn",
+    "server.app:app",
+    "--host",
+    "0.0.0.0",
+    "--port",
+    "{port}",
+]
+
+
+def non_loopback_address() -> str | None:
+    """An address of this machine off the loopback range (the one its default route uses)."""
+    for probe in ("192.0.2.1", "10.255.255.255", "198.18.0.1"):
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+            try:
+                sock.connect((probe, 9))  # UDP: no packet is sent
+            except OSError:
+                continue
+            address = sock.getsockname()[0]
+            if remote_peer(address):
+                return address
+    return None
+
+
+ADDRESS = non_loopback_address()
+needs_address = pytest.mark.skipif(
+    ADDRESS is None, reason="this machine has no address outside the loopback range"
+)
+
+
+@needs_address
+def test_uvicorn_on_all_interfaces_refuses_other_machines_without_a_token(tmp_path: Path) -> None:
+    with LiveServer(tmp_path / "var", argv=UVICORN_ALL_INTERFACES) as server:
+        remote = httpx.get(f"http://{ADDRESS}:{server.port}/runs", timeout=10)
+        assert remote.status_code == 403
+        detail = remote.json()["detail"]
+        assert "RLCS_API_TOKEN" in detail and ADDRESS in detail
+        # Nothing is exempt: /health and the dashboard are refused too.
+        for path in ("/health", "/"):
+            assert httpx.get(f"http://{ADDRESS}:{server.port}{path}", timeout=10).status_code == 403
+        local = httpx.get(f"http://127.0.0.1:{server.port}/runs", timeout=10)
+        assert local.status_code == 200
+
+
+@needs_address
+def test_the_operator_can_opt_out_or_set_a_token(tmp_path: Path) -> None:
+    with LiveServer(
+        tmp_path / "a", argv=UVICORN_ALL_INTERFACES, RLCS_INSECURE_NO_TOKEN="1"
+    ) as server:
+        assert httpx.get(f"http://{ADDRESS}:{server.port}/runs", timeout=10).status_code == 200
+        assert "RLCS_INSECURE_NO_TOKEN=1" in server.log.read_text()  # said loudly at start-up
+    token = "tok-access-test-0123"
+    with LiveServer(tmp_path / "b", argv=UVICORN_ALL_INTERFACES, RLCS_API_TOKEN=token) as server:
+        url = f"http://{ADDRESS}:{server.port}/runs"
+        assert httpx.get(url, timeout=10).status_code == 401
+        bearer = {"Authorization": f"Bearer {token}"}
+        assert httpx.get(url, headers=bearer, timeout=10).status_code == 200
+        assert httpx.get(url, auth=("anyone", token), timeout=10).status_code == 200
+
+
+def test_python_m_server_refuses_a_public_bind_without_a_token(tmp_path: Path) -> None:
+    server = LiveServer(tmp_path / "var", RLCS_HOST="0.0.0.0")
+    with pytest.raises(RuntimeError, match="Refusing to listen on 0.0.0.0 without a token"):
+        server.start(timeout=20)
+
+
+@pytest.mark.parametrize(
+    ("host", "remote"),
+    [
+        ("127.0.0.1", False),
+        ("127.8.9.10", False),
+        ("::1", False),
+        ("::ffff:127.0.0.1", False),
+        ("testclient", False),  # Starlette's in-process client: not an address off-machine
+        (None, False),  # a unix socket
+        ("192.0.2.7", True),
+        ("10.0.0.2", True),
+        ("::ffff:10.0.0.2", True),
+        ("fd00::2", True),
+    ],
+)
+def test_remote_peer(host: str | None, remote: bool) -> None:
+    assert remote_peer(host) is remote
