@@ -25,13 +25,13 @@ import httpx
 from sqlalchemy.engine import Engine
 from sqlmodel import Session
 
+from core.db import init_db, make_engine
+from core.models import Metric, Run, RunStatus
+from core.procs import process_start_time
+from core.run_folder import hash_config
+from core.settings import PROJECT_ROOT, Settings
 from environments.base import EnvConfig
-from server.db import init_db, make_engine
-from server.models import Metric, Run, RunStatus
-from server.services.procs import process_start_time
-from server.services.runs import hash_config
 from server.services.supervisor import Supervisor
-from server.settings import PROJECT_ROOT, Settings
 
 CLIENTS = 32
 RUNS = 1000

@@ -23,9 +23,9 @@ from string import Template
 
 import httpx
 
+from core.settings import PROJECT_ROOT
 from server.services import discovery
 from server.services.catalog import Catalog
-from server.settings import PROJECT_ROOT
 
 HEAVY = ("torch", "transformers", "tinker", "wandb", "peft", "gem", "openreward")
 STARTS = 3
@@ -105,7 +105,7 @@ def import_all(folder: Path, tag: str) -> int:
         spec = importlib.util.spec_from_file_location(name, path)
         assert spec is not None and spec.loader is not None
         module = importlib.util.module_from_spec(spec)
-        # Registered before executing, as environments/_loader.py does (pydantic needs it).
+        # Registered before executing, as environments/support/loader.py does (pydantic needs it).
         sys.modules[name] = module
         spec.loader.exec_module(module)
         names.append(name)
@@ -241,7 +241,7 @@ import json, sys, tempfile
 from pathlib import Path
 from fastapi.testclient import TestClient
 from server.app import create_app
-from server.settings import Settings
+from core.settings import Settings
 with tempfile.TemporaryDirectory() as tmp:
     with TestClient(create_app(Settings(var_dir=Path(tmp), api_token=None))) as client:
         for path in ("/health", "/environments", "/runs", "/config"):

@@ -20,10 +20,10 @@ from typing import Any
 
 import httpx
 
-from server import lifecycle
-from server.db import init_db, make_engine, write_session
-from server.models import Run, RunStatus
-from server.settings import PROJECT_ROOT, Settings
+from core import lifecycle
+from core.db import init_db, make_engine, write_session
+from core.models import Run, RunStatus
+from core.settings import PROJECT_ROOT, Settings
 from tests.live_server import LiveServer
 from tests.standins.wandb_standin import WandbStandin
 

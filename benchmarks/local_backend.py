@@ -17,8 +17,8 @@ from pathlib import Path
 import torch
 from tinker import types
 
+from core.model_names import SMOLLM2, TINY_RANDOM
 from runners.backends.local import LocalSamplingClient, LocalServiceClient, LocalTrainingClient
-from runners.models import SMOLLM2, TINY_RANDOM
 
 ALIASES = {"tiny-random": TINY_RANDOM, "tiny": TINY_RANDOM, "smollm2": SMOLLM2}
 QUESTIONS = [

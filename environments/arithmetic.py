@@ -7,8 +7,8 @@ import re
 
 from pydantic import Field
 
-from environments._answers import last_boxed
 from environments.base import EnvConfig, SingleTurnEnv, Split, Task, Unscorable
+from environments.support.answers import last_boxed
 
 _EVAL_SEED_OFFSET = 1_000_003
 _QUESTION = re.compile(r"What is (-?\d+) ([+\-*]) (-?\d+)\?")

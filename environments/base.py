@@ -1,12 +1,14 @@
 """Base classes every environment derives from, and the config fields they all share.
 
 An environment is text in, text out: `reset(seed)` gives the first observation, `step(action)`
-gives a `StepResult`. The runner turns text into tokens; environments never see a tokenizer.
+gives a `StepResult`. The runner turns text into tokens. What an environment needs from the
+process (a tokenizer for chat wrappers, an API key) is handed in as an `EnvContext`.
 """
 
 from __future__ import annotations
 
 import abc
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
@@ -127,6 +129,25 @@ class StepResult:
     metrics: dict[str, float] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class EnvContext:
+    """What the runner or the inference worker hands an environment; environments read
+    nothing from the process themselves (no settings, no environment variables)."""
+
+    # Model name -> its tokenizer, resolved the way the runner resolves models (offline).
+    load_tokenizer: Callable[[str], Any] | None = None
+    # The service keys an environment may use, by variable name (e.g. OPENREWARD_API_KEY).
+    api_keys: Mapping[str, str] = field(default_factory=dict)
+
+    def tokenizer(self, model_name: str) -> Any:
+        if self.load_tokenizer is None:
+            raise RuntimeError(
+                f"this environment needs the tokenizer of {model_name!r}, and was given no "
+                "way to load one (EnvContext.load_tokenizer)"
+            )
+        return self.load_tokenizer(model_name)
+
+
 class Unscorable(Exception):
     """Raised by `score` when a response cannot be judged for this prompt (says why)."""
 
@@ -137,8 +158,9 @@ class BaseEnv(abc.ABC):
     name: ClassVar[str] = ""
     Config: ClassVar[type[EnvConfig]] = EnvConfig
 
-    def __init__(self, config: EnvConfig | None = None) -> None:
+    def __init__(self, config: EnvConfig | None = None, context: EnvContext | None = None) -> None:
         self.config = config if config is not None else self.Config()
+        self.context = context if context is not None else EnvContext()
 
     @abc.abstractmethod
     async def reset(self, seed: int, split: Split = "train") -> str:
@@ -165,8 +187,8 @@ class Task:
 class SingleTurnEnv(BaseEnv):
     """A question/answer environment: one prompt, one response, one score in [0, 1]."""
 
-    def __init__(self, config: EnvConfig | None = None) -> None:
-        super().__init__(config)
+    def __init__(self, config: EnvConfig | None = None, context: EnvContext | None = None) -> None:
+        super().__init__(config, context)
         self._task: Task | None = None
 
     @abc.abstractmethod

@@ -3,16 +3,16 @@ GEM's own wrappers. Each episode owns its GEM env and its own global-RNG state."
 
 from __future__ import annotations
 
-from functools import lru_cache, partial
+from functools import partial
 from typing import Any, Literal
 
 from pydantic import Field, ValidationInfo, field_validator
 
-from environments import _gem_catalog
-from environments._pkgsrc import require
-from environments._quiet_import import import_quietly
-from environments._rng import RngSlot
-from environments.base import BaseEnv, EnvConfig, Split, StepResult
+from environments.base import BaseEnv, EnvConfig, EnvContext, Split, StepResult
+from environments.support import gem_catalog
+from environments.support.pkgsrc import require
+from environments.support.quiet_import import import_quietly
+from environments.support.rng import RngSlot
 
 # Cheap (finds, does not import): a missing extra shows as "not importable" in the listing.
 require("gem", "gem")
@@ -58,7 +58,7 @@ class GemConfig(EnvConfig):
     @field_validator("env_id")
     @classmethod
     def _known_id(cls, value: str) -> str:
-        _gem_catalog.check_env_id(value)
+        gem_catalog.check_env_id(value)
         return value
 
     # Field validators (not a model validator) so that an error names its field; the fields
@@ -67,13 +67,13 @@ class GemConfig(EnvConfig):
     @classmethod
     def _known_kwargs(cls, value: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
         if "env_id" in info.data:
-            _gem_catalog.check_env_kwargs(info.data["env_id"], value)
+            gem_catalog.check_env_kwargs(info.data["env_id"], value)
         return value
 
     @field_validator("wrappers")
     @classmethod
     def _known_wrappers(cls, value: str, info: ValidationInfo) -> str:
-        chosen = _gem_catalog.check_wrappers(value)
+        chosen = gem_catalog.check_wrappers(value)
         chat = [w.name for w in chosen if w.needs_tokenizer]
         plain = info.data.get("prompt_template") == "plain"
         if chat and not (plain and info.data.get("observation_template") == "none"):
@@ -91,8 +91,8 @@ class GemEnv(BaseEnv):
     Config = GemConfig
     config: GemConfig
 
-    def __init__(self, config: GemConfig | None = None) -> None:
-        super().__init__(config)
+    def __init__(self, config: GemConfig | None = None, context: EnvContext | None = None) -> None:
+        super().__init__(config, context)
         self._env: Any = None
         self._rng = RngSlot()
         self._done = False
@@ -100,7 +100,7 @@ class GemEnv(BaseEnv):
     async def reset(self, seed: int, split: Split = "train") -> str:
         cfg = self.config
         gem = import_quietly("gem")
-        wrapper_fns = _wrapper_fns(cfg.wrappers, cfg.model_name)
+        wrapper_fns = _wrapper_fns(cfg.wrappers, cfg.model_name, self.context)
         gem_seed = (seed + (_EVAL_SEED_OFFSET if split == "eval" else 0)) % 2**32
         # Construction draws from the global RNG too (GuessTheNumber resets itself in __init__).
         with self._rng.active():
@@ -135,28 +135,30 @@ class GemEnv(BaseEnv):
         return TEMPLATES[self.config.observation_template].format(observation=str(observation))
 
 
-def _wrapper_fns(names: str, model_name: str) -> list[Any]:
+def _wrapper_fns(names: str, model_name: str, context: EnvContext) -> list[Any]:
     """GEM's wrapper constructors in order; chat wrappers get the run model's tokenizer."""
     factory = import_quietly("gem.wrappers.wrapper_factory")
     fns = []
-    for wrapper in _gem_catalog.check_wrappers(names):
+    for wrapper in gem_catalog.check_wrappers(names):
         fn = factory.WRAPPER_FACTORY[wrapper.name]
         if wrapper.needs_tokenizer:
-            fn = partial(fn, tokenizer=_tokenizer(model_name))
+            fn = partial(fn, tokenizer=_tokenizer(model_name, context))
         fns.append(fn)
     return fns
 
 
-@lru_cache(maxsize=4)
-def _tokenizer(model_name: str) -> Any:
-    """The run model's tokenizer, resolved offline the way the runner resolves it."""
-    from runners.models import load_tokenizer
-    from server.settings import Settings
+_tokenizers: dict[str, Any] = {}
 
-    tokenizer = load_tokenizer(model_name, Settings().models_dir)
+
+def _tokenizer(model_name: str, context: EnvContext) -> Any:
+    """The run model's tokenizer from the runner's loader, once per model per process."""
+    if model_name in _tokenizers:
+        return _tokenizers[model_name]
+    tokenizer = context.tokenizer(model_name)
     if not getattr(tokenizer, "chat_template", None):
         raise ValueError(
             f"the tokenizer of {model_name!r} has no chat template, which GEM's chat wrappers "
             "need; use the concat or concat_with_action wrapper instead"
         )
+    _tokenizers[model_name] = tokenizer
     return tokenizer

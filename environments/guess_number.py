@@ -6,8 +6,8 @@ import random
 
 from pydantic import Field, model_validator
 
-from environments._answers import last_boxed
-from environments.base import BaseEnv, EnvConfig, Split, StepResult
+from environments.base import BaseEnv, EnvConfig, EnvContext, Split, StepResult
+from environments.support.answers import last_boxed
 
 # Eval tasks draw from a seed space disjoint from training's, so evaluation is held out.
 _EVAL_SEED_OFFSET = 1_000_003
@@ -35,8 +35,10 @@ class GuessNumberEnv(BaseEnv):
     Config = GuessNumberConfig
     config: GuessNumberConfig
 
-    def __init__(self, config: GuessNumberConfig | None = None) -> None:
-        super().__init__(config)
+    def __init__(
+        self, config: GuessNumberConfig | None = None, context: EnvContext | None = None
+    ) -> None:
+        super().__init__(config, context)
         self._target = 0
         self._turn = 0
         self._history: list[str] = []

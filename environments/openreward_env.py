@@ -18,16 +18,18 @@ from pydantic import (
     model_validator,
 )
 
-from environments import _toolcalls
-from environments._openreward_client import make_client, pick_task
-from environments._openreward_upload import Transcript, submit
-from environments._pkgsrc import require
-from environments.base import BaseEnv, EnvConfig, Split, StepResult
+from core.net import is_loopback
+from environments.base import BaseEnv, EnvConfig, EnvContext, Split, StepResult
+from environments.support import toolcalls
+from environments.support.openreward_client import make_client, pick_task
+from environments.support.openreward_upload import Transcript, submit
+from environments.support.pkgsrc import require
 
 # Cheap (finds, does not import): a missing extra shows as "not importable" in the listing.
 require("openreward", "openreward")
 
 log = logging.getLogger(__name__)
+API_KEY_NAME = "OPENREWARD_API_KEY"  # the key this environment takes from its EnvContext
 _warned_eval_on_train: set[str] = set()
 
 _NAME = r"^[A-Za-z0-9][A-Za-z0-9_.\-]*(/[A-Za-z0-9][A-Za-z0-9_.\-]*)?$"
@@ -95,8 +97,6 @@ class OpenRewardConfig(EnvConfig):
                 "a server at base_url names its environments without an organisation "
                 "(the lower-cased class name, e.g. 'guessenv'): set env_name to that"
             )
-        from server.settings import is_loopback
-
         parsed = urlparse(value)
         try:
             parsed.port  # noqa: B018 - raises ValueError on a port out of range
@@ -143,8 +143,10 @@ class OpenRewardEnv(BaseEnv):
     Config = OpenRewardConfig
     config: OpenRewardConfig
 
-    def __init__(self, config: OpenRewardConfig | None = None) -> None:
-        super().__init__(config)
+    def __init__(
+        self, config: OpenRewardConfig | None = None, context: EnvContext | None = None
+    ) -> None:
+        super().__init__(config, context)
         self._client: Any = None
         self._session: Any = None
         self._api_key: str | None = None
@@ -167,13 +169,10 @@ class OpenRewardEnv(BaseEnv):
     # Episode ------------------------------------------------------------------------------
 
     async def reset(self, seed: int, split: Split = "train") -> str:
-        from server.settings import Settings
-
         await self.close()  # a reused instance releases its previous session first
         self._start_episode()
         cfg = self.config
-        key = Settings().openreward_api_key
-        self._api_key = key.get_secret_value() if key is not None else None
+        self._api_key = self.context.api_keys.get(API_KEY_NAME) or None
         if "/" in cfg.env_name and cfg.base_url is None and not self._api_key:
             raise RuntimeError(
                 f"OpenReward environment {cfg.env_name!r} is hosted and needs "
@@ -200,8 +199,8 @@ class OpenRewardEnv(BaseEnv):
         tools = await session.list_tools(format="openai")
         self._answer_by_message = await session.is_assistant_message_final()
         self._tools = {t["name"] for t in tools}
-        preamble = _toolcalls.tools_preamble(
-            _toolcalls.qwen_tool_specs(tools), self._answer_by_message
+        preamble = toolcalls.tools_preamble(
+            toolcalls.qwen_tool_specs(tools), self._answer_by_message
         )
         self._opening = f"{preamble}\n\n{prompt}"
         if self._api_key and cfg.upload_rollouts:
@@ -221,7 +220,7 @@ class OpenRewardEnv(BaseEnv):
             raise RuntimeError("step() called before reset() or after the episode ended")
         self._turn += 1
         self._log_assistant(action)
-        parsed = _toolcalls.parse_tool_calls(action, self._tools)
+        parsed = toolcalls.parse_tool_calls(action, self._tools)
         responses: list[str] = []
         metrics = {"tool_calls": 0.0, "malformed_tool_call": 0.0, "tool_error": 0.0}
         if self._eval_on_train and self._turn == 1:
@@ -268,7 +267,7 @@ class OpenRewardEnv(BaseEnv):
 
     async def _call(
         self,
-        call: _toolcalls.ToolCall | None,
+        call: toolcalls.ToolCall | None,
         action: str,
         responses: list[str],
         metrics: dict[str, float],
@@ -285,21 +284,21 @@ class OpenRewardEnv(BaseEnv):
         except ToolCallError as exc:
             metrics["tool_error"] += 1.0
             text = f"Error ({exc.reason}): {exc.detail}"
-            responses.append(_toolcalls.tool_response(text))
+            responses.append(toolcalls.tool_response(text))
             self._log_call(call, text, None, False)
             return "refused"
         except ToolFailed as exc:  # the tool raised on the server, which ends its session
             metrics["tool_error"] += 1.0
             metrics["tool_failed"] = 1.0
             text = f"The tool failed: {exc}"
-            responses.append(_toolcalls.tool_response(text))
+            responses.append(toolcalls.tool_response(text))
             self._log_call(call, text, None, False)
             return "failed"
         metrics["tool_calls"] += 1.0
         if output.reward is not None:
             self._rewards.append(float(output.reward))
         text = _blocks_text(output.blocks)
-        responses.append(_toolcalls.tool_response(text))
+        responses.append(toolcalls.tool_response(text))
         self._log_call(call, text, output.reward, bool(output.finished))
         return "finished" if output.finished else "ok"
 
@@ -329,7 +328,7 @@ class OpenRewardEnv(BaseEnv):
             self._transcript.events.append((AssistantMessage(action), None, False))
 
     def _log_call(
-        self, call: _toolcalls.ToolCall | None, result: str, reward: float | None, done: bool
+        self, call: toolcalls.ToolCall | None, result: str, reward: float | None, done: bool
     ) -> None:
         if self._transcript is None:
             return
@@ -379,5 +378,5 @@ def _blocks_text(blocks: Any) -> str:
 def _correction(errors: list[str]) -> str:
     return (
         f"Your reply had no usable tool call: {'; '.join(errors)}. Call a tool like this:\n"
-        f"{_toolcalls.EXAMPLE_CALL}"
+        f"{toolcalls.EXAMPLE_CALL}"
     )

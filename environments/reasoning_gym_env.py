@@ -9,11 +9,11 @@ from typing import Any
 
 from pydantic import Field, ValidationInfo, field_validator
 
-from environments import _rg_catalog
-from environments._answers import last_boxed
-from environments._pkgsrc import require
-from environments._quiet_import import import_quietly
 from environments.base import EnvConfig, SingleTurnEnv, Split, StepResult, Task, Unscorable
+from environments.support import rg_catalog
+from environments.support.answers import last_boxed
+from environments.support.pkgsrc import require
+from environments.support.quiet_import import import_quietly
 
 # Cheap (finds, does not import): a missing extra shows as "not importable" in the listing.
 require("reasoning_gym", "reasoning-gym")
@@ -38,7 +38,7 @@ class ReasoningGymConfig(EnvConfig):
     @field_validator("dataset")
     @classmethod
     def _known_dataset(cls, value: str) -> str:
-        _rg_catalog.check_dataset(value)
+        rg_catalog.check_dataset(value)
         return value
 
     # Field validators (not a model validator) so that an error names its field.
@@ -46,7 +46,7 @@ class ReasoningGymConfig(EnvConfig):
     @classmethod
     def _known_keys(cls, value: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
         if "dataset" in info.data:
-            _rg_catalog.check_dataset_config(info.data["dataset"], value)
+            rg_catalog.check_dataset_config(info.data["dataset"], value)
         return value
 
     @field_validator("eval_dataset_seed")

@@ -18,49 +18,63 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from environments._loader import load_env_class
-from environments.base import BaseEnv, EnvConfig, SingleTurnEnv, Unscorable
+from pydantic import BaseModel, Field, TypeAdapter
+
+from core.settings import Settings
+from core.spec import InferenceJob, WarmJob
+from environments.base import BaseEnv, EnvConfig, EnvContext, SingleTurnEnv, Unscorable
+from environments.support.loader import load_env_class
 from runners.backends.factory import create_service, resolve_backend
 from runners.policy import Completion, SamplerPolicy
 from runners.render import Renderer
 from runners.rollouts import EpisodeSpec, run_episode
-from server.settings import Settings
+from runners.sources import env_context
 
 log = logging.getLogger("infer")
 MAX_CACHED_SAMPLERS = 4
 
 
+class Envelope(BaseModel):
+    """One line on stdin: a job and the id its answer carries back."""
+
+    id: int
+    job: InferenceJob | WarmJob = Field(discriminator="op")
+
+
+ENVELOPE = TypeAdapter(Envelope)
+
+
 class Worker:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
+        self.context: EnvContext = env_context(settings)
         self._services: dict[str, Any] = {}
         self._samplers: dict[tuple[str, str, str | None], Any] = {}
         self._renderers: dict[str, Renderer] = {}
 
-    async def handle(self, request: dict[str, Any]) -> dict[str, Any]:
-        if request.get("op") == "warm":
-            return await self.warm(request["model"], request.get("backend", "local"))
+    async def handle(self, job: InferenceJob | WarmJob) -> dict[str, Any]:
+        if isinstance(job, WarmJob):
+            return await self.warm(job.model, job.backend)
         started = time.monotonic()
-        env_cls = load_env_class(Path(request["env_file"]), request["env_class"])
-        config = env_cls.Config.model_validate(request["config"])
-        model = request["model"]
+        env_cls = load_env_class(Path(job.source.env_file), job.source.env_class)
+        config = env_cls.Config.model_validate(job.source.config)
+        model = job.model
         backend = resolve_backend(config.backend, self.settings)
-        sampler = await self._sampler(backend, model, request.get("adapter"))
+        sampler = await self._sampler(backend, model, job.adapter)
         renderer = self._renderer(model, config)
-        budget = Budget.from_request(request)
+        budget = Budget.from_job(job)
         policy = SamplerPolicy(
             sampler,
-            max_tokens=request["max_tokens"],
-            temperature=request["temperature"],
+            max_tokens=job.max_tokens,
+            temperature=job.temperature,
             top_p=config.top_p,
             top_k=config.top_k,
             stop=renderer.stop_token_ids(),
-            seed=request.get("seed"),
+            seed=job.seed,
             deadline=budget.deadline if backend == "local" else None,
         )
-        items = self._items(env_cls, config, request)
         results = await asyncio.gather(
-            *(self._one(env_cls, config, renderer, policy, item, budget) for item in items)
+            *(self._one(env_cls, config, renderer, policy, item, budget) for item in _items(job))
         )
         return {
             "ok": True,
@@ -69,15 +83,6 @@ class Worker:
             "results": results,
             "latency_s": round(time.monotonic() - started, 3),
         }
-
-    def _items(
-        self, env_cls: type[BaseEnv], config: EnvConfig, request: dict[str, Any]
-    ) -> list[dict[str, Any]]:
-        prompts = request.get("prompts")
-        if prompts:
-            return [{"prompt": p, "seed": i} for i, p in enumerate(prompts)]
-        base = int(request.get("seed") or 0)
-        return [{"prompt": None, "seed": base + i} for i in range(int(request["num_items"]))]
 
     async def _one(
         self,
@@ -89,7 +94,8 @@ class Worker:
         budget: Budget,
     ) -> dict[str, Any]:
         if issubclass(env_cls, SingleTurnEnv):
-            return await self._single_turn(env_cls(config), renderer, policy, item, budget)
+            env = env_cls(config, self.context)
+            return await self._single_turn(env, renderer, policy, item, budget)
         return await self._episode(env_cls, config, renderer, policy, item, budget)
 
     async def _single_turn(
@@ -141,7 +147,9 @@ class Worker:
         steering = Renderer(
             renderer.tokenizer, renderer.template, item["prompt"] or renderer.system_prompt
         )
-        spec = EpisodeSpec(group=0, seed=item["seed"], make_env=lambda: env_cls(config))
+        spec = EpisodeSpec(
+            group=0, seed=item["seed"], make_env=lambda: env_cls(config, self.context)
+        )
         episode = await run_episode(
             spec, policy, steering.prompt_tokens, steering.decode, split="eval"
         )
@@ -203,6 +211,14 @@ class Worker:
         return Renderer(base.tokenizer, config.prompt_template, config.system_prompt)
 
 
+def _items(job: InferenceJob) -> list[dict[str, Any]]:
+    """The prompts to answer: the request's own, or `num_items` tasks drawn from the env."""
+    if job.prompts:
+        return [{"prompt": p, "seed": i} for i, p in enumerate(job.prompts)]
+    base = job.seed or 0
+    return [{"prompt": None, "seed": base + i} for i in range(job.num_items or 0)]
+
+
 class Budget:
     """A request's time budget: when local sampling must stop, and how to say it did."""
 
@@ -211,12 +227,11 @@ class Budget:
         self.budget_s = budget_s
 
     @classmethod
-    def from_request(cls, request: dict[str, Any]) -> Budget:
-        wall = request.get("deadline")
-        if wall is None:
+    def from_job(cls, job: InferenceJob) -> Budget:
+        if job.deadline is None:
             return cls(None, None)
         # The server stamps wall-clock time; the engine compares monotonic time.
-        return cls(time.monotonic() + (float(wall) - time.time()), request.get("budget_s"))
+        return cls(time.monotonic() + (job.deadline - time.time()), job.budget_s)
 
     def ran_out(self) -> bool:
         return self.deadline is not None and time.monotonic() >= self.deadline
@@ -258,14 +273,14 @@ async def serve(worker: Worker) -> None:
         line = await loop.run_in_executor(None, sys.stdin.readline)
         if not line:
             return  # the server closed our stdin: it is gone or done with us
-        request: Any = None
+        envelope: Envelope | None = None
         try:
-            request = json.loads(line)
-            answer = await worker.handle(request)
+            envelope = ENVELOPE.validate_json(line)
+            answer = await worker.handle(envelope.job)
         except Exception as exc:
             log.error("request failed:\n%s", traceback.format_exc())
             answer = error_answer(exc)
-        answer["id"] = request.get("id") if isinstance(request, dict) else None
+        answer["id"] = envelope.id if envelope is not None else None
         sys.stdout.write(json.dumps(answer) + "\n")
         sys.stdout.flush()
 

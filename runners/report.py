@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import json
 import logging
-from pathlib import Path
 from typing import Any
 
 from sqlalchemy.engine import Engine
 
-from server import lifecycle
-from server.lifecycle import CHECKPOINTS_FILE
-from server.settings import Settings
+from core import lifecycle
+from core.run_folder import RunFolder, clean_metrics
+from core.settings import Settings
+from environments.base import EnvConfig
 
 log = logging.getLogger(__name__)
 
@@ -23,12 +22,17 @@ def wandb_id_for(run_id: str) -> str:
 
 class Reporter:
     def __init__(
-        self, engine: Engine, settings: Settings, run_id: str, run_dir: Path, config: Any
+        self,
+        engine: Engine,
+        settings: Settings,
+        run_id: str,
+        folder: RunFolder,
+        config: EnvConfig,
     ) -> None:
         self._engine = engine
         self._settings = settings
         self.run_id = run_id
-        self.run_dir = run_dir
+        self.folder = folder
         self._config = config
         self._wandb: Any = None
 
@@ -53,7 +57,7 @@ class Reporter:
                 "entity": self._settings.wandb_entity,
                 "name": f"{name}-{self.run_id}",
                 "id": wandb_id,
-                "dir": str(self.run_dir),
+                "dir": str(self.folder.path),
                 "config": self._config.model_dump(mode="json"),
                 "mode": "online" if online else "offline",
             }
@@ -129,15 +133,14 @@ class Reporter:
             "sampler_path": sampler_path,
             "final": final,
         }
-        with (self.run_dir / CHECKPOINTS_FILE).open("a") as fh:
-            fh.write(json.dumps(record) + "\n")
+        self.folder.append_checkpoint(record)
         print(f"checkpoint {name}: state={state_path} sampler={sampler_path}", flush=True)
 
     def _log_wandb(self, step: int, metrics: dict[str, float]) -> None:
         if self._wandb is None:
             return
         try:
-            self._wandb.log(lifecycle.clean(metrics), step=step)
+            self._wandb.log(clean_metrics(metrics), step=step)
         except Exception as exc:
             log.warning("W&B log failed at step %s: %s", step, exc)
 

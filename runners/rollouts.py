@@ -1,20 +1,16 @@
-"""Episode collection, advantages and datums: the data side of the RL loop (DESIGN §7).
+"""Episodes: playing one, collecting a batch, and the metrics they yield (DESIGN §7).
 
 Collection keeps at most `concurrency` episodes in flight and starts the next episode the
-moment one ends (no waiting for a wave). Each turn of an episode becomes one datum.
+moment one ends (no waiting for a wave).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import math
-import random
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Protocol
-
-from tinker import types
+from typing import Protocol
 
 from environments.base import BaseEnv, Split
 
@@ -150,125 +146,30 @@ async def collect(
     return out
 
 
-# Advantages ---------------------------------------------------------------------------------
-
-
-@dataclass
-class Weighted:
-    """A transition and the advantage its action tokens get."""
-
-    transition: Transition
-    advantage: float
-
-
-def grpo_advantages(
-    episodes: list[Episode], scale_by_std: bool = False
-) -> tuple[list[Weighted], int]:
-    """Group-relative: each episode's return minus its group's mean (optionally / std).
-
-    Groups whose returns are all equal carry no signal and are dropped; returns the weighted
-    transitions and the number of dropped groups.
-    """
-    groups: dict[int, list[Episode]] = {}
-    for episode in episodes:
-        groups.setdefault(episode.group, []).append(episode)
-    out: list[Weighted] = []
-    dropped = 0
-    for members in groups.values():
-        returns = [e.total_reward for e in members]
-        mean = sum(returns) / len(returns)
-        std = math.sqrt(sum((r - mean) ** 2 for r in returns) / len(returns))
-        if len(members) < 2 or std < 1e-8:
-            dropped += 1
-            continue
-        for episode, ret in zip(members, returns, strict=True):
-            adv = ret - mean
-            if scale_by_std:
-                adv /= std + 1e-6
-            out.extend(Weighted(t, adv) for t in episode.transitions)
-    return out, dropped
-
-
-def discounted_returns(rewards: list[float], gamma: float) -> list[float]:
-    out = [0.0] * len(rewards)
-    running = 0.0
-    for i in reversed(range(len(rewards))):
-        running = rewards[i] + gamma * running
-        out[i] = running
-    return out
-
-
-def rebn_advantages(
-    episodes: list[Episode], gamma: float, limit: int | None = None, seed: int = 0
-) -> list[Weighted]:
-    """Per-turn discounted returns, z-scored across the whole batch of transitions (ReBN).
-
-    With more transitions than `limit`, a random subset of `limit` is kept (as the GEM
-    reference does); if every return is equal there is no signal and nothing is returned.
-    """
-    pairs: list[tuple[Transition, float]] = []
-    for episode in episodes:
-        returns = discounted_returns([t.reward for t in episode.transitions], gamma)
-        pairs.extend(zip(episode.transitions, returns, strict=True))
-    if len(pairs) < 2:
-        return []
-    values = [r for _, r in pairs]
-    mean = sum(values) / len(values)
-    # Sample standard deviation, as torch.std computes it in the reference.
-    std = math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
-    if std < 1e-8:
-        return []
-    weighted = [Weighted(t, (r - mean) / (std + 1e-9)) for t, r in pairs]
-    if limit is not None and len(weighted) > limit:
-        weighted = random.Random(seed).sample(weighted, limit)
-    return weighted
-
-
-# Datums -------------------------------------------------------------------------------------
-
-
-def make_datum(item: Weighted) -> types.Datum | None:
-    """Input = (prompt + action)[:-1], target = (prompt + action)[1:]; the advantage and the
-    sampler's logprobs sit on the action tokens only (zeros on the prompt)."""
-    t = item.transition
-    if not t.action_tokens or not t.prompt_tokens:
-        return None
-    tokens = t.prompt_tokens + t.action_tokens
-    prompt_part = len(t.prompt_tokens) - 1
-    return types.Datum(
-        model_input=types.ModelInput.from_ints(tokens[:-1]),
-        loss_fn_inputs={
-            "target_tokens": tokens[1:],
-            "logprobs": [0.0] * prompt_part + [float(x) for x in t.action_logprobs],
-            "advantages": [0.0] * prompt_part + [float(item.advantage)] * len(t.action_tokens),
-        },
-    )
-
-
-def make_datums(items: list[Weighted]) -> tuple[list[types.Datum], list[Weighted]]:
-    datums, kept = [], []
-    for item in items:
-        datum = make_datum(item)
-        if datum is not None:
-            datums.append(datum)
-            kept.append(item)
-    return datums, kept
-
-
-def kl_metrics(kept: list[Weighted], outputs: list[dict[str, Any]]) -> dict[str, float]:
-    """Sampler vs learner logprobs on the action tokens (as the reference script computes)."""
-    diffs: list[float] = []
-    sampled: list[float] = []
-    for item, output in zip(kept, outputs, strict=True):
-        n = len(item.transition.action_tokens)
-        learner = output["logprobs"].tolist()[-n:]
-        sampler = item.transition.action_logprobs
-        sampled.extend(sampler)
-        diffs.extend(q - p for q, p in zip(sampler, learner, strict=True))
-    if not diffs:
-        return {}
-    return {
-        "train/kl_sample_train_v1": sum(diffs) / len(diffs),
-        "train/kl_sample_train_v2": 0.5 * sum(d * d for d in diffs) / len(diffs),
-        "sampler/token_entropy": -sum(sampled) / len(sampled),
+def episode_metrics(episodes: list[Episode], prefix: str) -> dict[str, float]:
+    """Return, correctness and what environments report per step, averaged per episode;
+    with prefix "env" also the sampler's view (turns, action tokens) and `reward/mean`."""
+    if not episodes:
+        return {f"{prefix}/num_episodes": 0}
+    n = len(episodes)
+    returns = [e.total_reward for e in episodes]
+    out = {
+        f"{prefix}/percent_correct": sum(e.correct for e in episodes) / n,
+        f"{prefix}/reward_mean": sum(returns) / n,
+        f"{prefix}/num_episodes": n,
     }
+    totals: dict[str, float] = {}
+    for episode in episodes:
+        for t in episode.transitions:
+            for key, value in t.metrics.items():
+                totals[key] = totals.get(key, 0.0) + float(value)
+    out.update({f"{prefix}/{key}": total / n for key, total in totals.items()})
+    if prefix == "env":
+        out["reward/mean"] = out["env/reward_mean"]
+        out["sampler/episode_return"] = out["env/reward_mean"]
+        out["sampler/num_episodes"] = n
+        out["sampler/num_turns_per_episode"] = sum(len(e.transitions) for e in episodes) / n
+        out["sampler/action_num_tokens"] = (
+            sum(len(t.action_tokens) for e in episodes for t in e.transitions) / n
+        )
+    return out

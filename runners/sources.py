@@ -5,10 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any
 
-from environments._loader import load_env_class
-from environments.base import BaseEnv, EnvConfig
+from core.settings import Settings
+from core.spec import EnvSource, RunSpec
+from environments.base import BaseEnv, EnvConfig, EnvContext
+from environments.support.loader import load_env_class
 from runners.rollouts import EpisodeSpec
 
 
@@ -17,6 +18,7 @@ class Source:
     name: str
     env_cls: type[BaseEnv]
     config: EnvConfig
+    context: EnvContext
     weight: float = 1.0
 
     @property
@@ -29,26 +31,29 @@ class Source:
         return getattr(self.config, "max_failing_rollouts", None)
 
     def spec(self, group: int, seed: int) -> EpisodeSpec:
-        return EpisodeSpec(group, seed, partial(self.env_cls, self.config), self.name)
+        return EpisodeSpec(group, seed, partial(self.env_cls, self.config, self.context), self.name)
 
 
-def load_sources(frozen: dict[str, Any]) -> list[Source]:
-    """From a run's frozen config: its `mix` when it has one, else its single environment."""
-    mix = frozen.get("mix") or {
-        frozen["environment"]: {
-            "env_file": frozen["env_file"],
-            "env_class": frozen["env_class"],
-            "weight": 1.0,
-            "config": frozen["config"],
-        }
-    }
-    sources = []
-    for name, item in mix.items():
-        cls = load_env_class(Path(item["env_file"]), item["env_class"])
-        sources.append(
-            Source(name, cls, cls.Config.model_validate(item["config"]), float(item["weight"]))
-        )
-    return sources
+def env_context(settings: Settings) -> EnvContext:
+    """What environments get from this process: tokenizers resolved as the runner resolves
+    models, and the one service key environments use (OpenReward's)."""
+    from runners.models import load_tokenizer
+
+    key = settings.openreward_api_key
+    return EnvContext(
+        load_tokenizer=partial(load_tokenizer, models_dir=settings.models_dir),
+        api_keys={"OPENREWARD_API_KEY": key.get_secret_value()} if key is not None else {},
+    )
+
+
+def load_source(name: str, source: EnvSource, context: EnvContext) -> Source:
+    cls = load_env_class(Path(source.env_file), source.env_class)
+    return Source(name, cls, cls.Config.model_validate(source.config), context, source.weight)
+
+
+def load_sources(spec: RunSpec, context: EnvContext) -> list[Source]:
+    """The run's environments, its own first (training settings come from its config)."""
+    return [load_source(name, source, context) for name, source in spec.sources().items()]
 
 
 class Mixer:

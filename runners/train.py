@@ -1,46 +1,48 @@
 """The training runner: `python -m runners.train --run-dir DIR` is what a run is.
 
-It reads DIR/config.json (frozen by the server), records its progress in the database, and
-runs the RL loop: sampling weights -> episodes -> advantages -> datums -> forward_backward +
-optim_step -> metrics -> checkpoints -> eval. SIGTERM ends it cleanly with a checkpoint.
+It reads DIR/config.json (the RunSpec frozen by the server), records its progress in the
+database, and runs the RL loop, one step at a time: sample with the current weights ->
+advantages -> forward_backward + optim_step -> record; checkpoints and evaluations between
+steps. SIGTERM ends it cleanly with a checkpoint.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import itertools
-import json
 import logging
 import os
-import random
 import signal
 import sys
 import time
 import traceback
+from collections.abc import Awaitable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, TypeVar
 
+from core import lifecycle
+from core.db import make_engine
+from core.models import RunStatus
+from core.procs import process_start_time
+from core.run_folder import RunFolder
+from core.settings import Settings
+from core.spec import RunSpec
 from environments.base import EnvConfig
+from runners.advantages import Weighted, grpo_advantages, rebn_advantages
+from runners.datums import kl_metrics, make_datums
 from runners.policy import SamplerPolicy, bounded
-from runners.rollouts import (
-    Episode,
-    Weighted,
-    collect,
-    grpo_advantages,
-    kl_metrics,
-    make_datums,
-    rebn_advantages,
-)
-from runners.sources import Mixer, load_sources
-from server import lifecycle
-from server.db import make_engine
-from server.lifecycle import RESUME_FILE
-from server.models import RunStatus
-from server.services.procs import process_start_time
-from server.settings import Settings
+from runners.rollouts import Collected, Episode
+from runners.sources import env_context, load_sources
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import Engine
+
+    from runners.backends.surface import SamplingClient, TrainingClient
+    from runners.collection import Collector
+    from runners.report import Reporter
 
 log = logging.getLogger("runner")
+T = TypeVar("T")
 
 
 class Stopped(Exception):
@@ -48,14 +50,13 @@ class Stopped(Exception):
 
 
 class Trainer:
-    def __init__(self, settings: Settings, run_dir: Path, frozen: dict[str, Any]) -> None:
+    def __init__(self, settings: Settings, folder: RunFolder, spec: RunSpec, engine: Engine):
         self.settings = settings
-        self.run_dir = run_dir
-        self.run_id: str = frozen["run_id"]
-        self.sources = load_sources(frozen)
+        self.folder = folder
+        self.run_id = spec.run_id
+        self.sources = load_sources(spec, env_context(settings))
         self.config: EnvConfig = self.sources[0].config  # training settings come from it
-        self.mixer = Mixer(self.sources)
-        self.engine = make_engine(settings.db_url)
+        self.engine = engine
         self.stop_event = asyncio.Event()
         self.step = 0
         # The step of the last checkpoint this attempt holds (or resumed from): a stop right
@@ -63,10 +64,28 @@ class Trainer:
         self.saved_step: int | None = None
 
     async def run(self) -> RunStatus:
+        training = await self.set_up()
+        status = RunStatus.succeeded
+        try:
+            while self.step < self.config.total_steps:
+                if self.stop_event.is_set():
+                    raise Stopped
+                await self.train_step(training, self.step + 1)
+        except Stopped:
+            log.info("SIGTERM: stopping after step %s", self.step)
+            status = RunStatus.stopped
+        await self.tear_down(training, status)
+        return status
+
+    # Set-up --------------------------------------------------------------------------------
+
+    async def set_up(self) -> TrainingClient:
+        """Backend, tokenizer, collector and reporter; a training client, fresh or resumed."""
         # Heavy imports live here so `--help` and the server's imports stay light.
         from tinker import types
 
         from runners.backends.factory import create_service, resolve_backend
+        from runners.collection import Collector, concurrency_for
         from runners.models import load_tokenizer
         from runners.render import Renderer
         from runners.report import Reporter
@@ -80,206 +99,167 @@ class Trainer:
             backend,
             cfg.model_name,
         )
-        service = create_service(backend, self.settings, self.run_dir / "checkpoints")
+        service = create_service(backend, self.settings, self.folder.path / "checkpoints")
         tokenizer = load_tokenizer(cfg.model_name, self.settings.models_dir)
         self.renderer = Renderer(tokenizer, cfg.prompt_template, cfg.system_prompt)
-        self.reporter = Reporter(self.engine, self.settings, self.run_id, self.run_dir, cfg)
+        self.collector: Collector = Collector(
+            self.sources, self.renderer, concurrency_for(cfg, backend)
+        )
+        self.reporter: Reporter = Reporter(
+            self.engine, self.settings, self.run_id, self.folder, cfg
+        )
+        self.adam = types.AdamParams(
+            learning_rate=cfg.learning_rate, beta1=0.9, beta2=0.95, eps=1e-8
+        )
 
-        # Training client: fresh, or from the state a resume (or resume_from) points at.
-        resume = self._resume_point()
-        if resume is not None:
-            state_path, self.step = resume
-            self.saved_step = self.step
-            log.info("resuming from %s at step %s", state_path, self.step)
-            training = await self._call(
-                service.create_training_client_from_state_with_optimizer(state_path), "resume"
-            )
-        else:
+        own_resume = self.folder.resume_point()  # a new attempt of this run
+        state_path = own_resume.state_path if own_resume else cfg.resume_from
+        if state_path is None:
             training = await self._call(
                 service.create_lora_training_client(
                     base_model=cfg.model_name, rank=cfg.lora_rank, seed=cfg.seed
                 ),
                 "create_lora_training_client",
             )
-        # Our own earlier attempt logged under this run's W&B id: rewind it to the checkpoint.
-        own_resume = resume is not None and (self.run_dir / RESUME_FILE).exists()
-        self.reporter.start_wandb(resume_step=self.step if own_resume else None)
-        adam = types.AdamParams(learning_rate=cfg.learning_rate, beta1=0.9, beta2=0.95, eps=1e-8)
-        concurrency = self._concurrency(backend)
-        status = RunStatus.succeeded
-        try:
-            while self.step < cfg.total_steps:
-                if self.stop_event.is_set():
-                    raise Stopped
-                step = self.step + 1
-                started = time.monotonic()
-
-                # 1. Sample with the current weights.
-                sampler = await self._call(
-                    training.save_weights_and_get_sampling_client(), "sampler snapshot"
-                )
-                policy = self._policy(sampler, step)
-                collected = await self._until_stopped(
-                    self._collect_train(policy, step, concurrency)
-                )
-                sample_s = time.monotonic() - started
-
-                if not collected.episodes and collected.failed:
-                    raise RuntimeError(
-                        f"every episode of step {step} failed ({collected.failed}), e.g. "
-                        f"{collected.errors[0]}"
-                    )
-                episodes = self._usable(collected)
-
-                # 2. Advantages and datums; 3. one optimisation step, submitted back to back.
-                weighted, dropped = self._advantages(episodes, step)
-                datums, kept = make_datums(weighted)
-                train_metrics: dict[str, float] = {}
-                train_started = time.monotonic()
-                if datums:
-                    fwd_bwd = training.forward_backward(
-                        datums, cfg.loss_fn, dict(cfg.loss_fn_config)
-                    )
-                    optim = training.optim_step(adam)
-                    result = await self._call(fwd_bwd, "forward_backward")
-                    await self._call(optim, "optim_step")
-                    action_tokens = sum(len(w.transition.action_tokens) for w in kept)
-                    loss_sum = float(result.metrics.get("loss:sum", 0.0))
-                    train_metrics = {
-                        "train/loss": loss_sum / max(1, action_tokens),
-                        "train/loss_sum": loss_sum,
-                        "train/num_datums": len(datums),
-                        "train/num_action_tokens": action_tokens,
-                        **kl_metrics(kept, result.loss_fn_outputs),
-                    }
-
-                # 4. Metrics, checkpoints and evaluation.
-                self.step = step
-                metrics = {
-                    **self._metrics_by_source(collected.episodes, "env"),
-                    **train_metrics,
-                    "sampler/failed_episodes": collected.failed,
-                    "sampler/dropped_groups": dropped,
-                    "time/sample": sample_s,
-                    "time/train": time.monotonic() - train_started,
-                    "time/step": time.monotonic() - started,
-                }
-                if collected.errors:
-                    log.warning(
-                        "step %s: %s episode(s) failed, e.g. %s",
-                        step,
-                        collected.failed,
-                        collected.errors[0],
-                    )
-                self.reporter.step(step, cfg.total_steps, metrics)
-                self._log_example(collected.episodes)
-                if cfg.save_every and step % cfg.save_every == 0 and step < cfg.total_steps:
-                    await self._checkpoint(training)
-                if cfg.steps_per_eval and step % cfg.steps_per_eval == 0:
-                    await self._evaluate(training, concurrency)
-        except Stopped:
-            log.info("SIGTERM: stopping after step %s", self.step)
-            status = RunStatus.stopped
-        await self._checkpoint(training, final=status == RunStatus.succeeded)
-        if (
-            status == RunStatus.succeeded
-            and cfg.steps_per_eval
-            and cfg.total_steps % cfg.steps_per_eval != 0
-        ):
-            await self._evaluate(training, concurrency)
-        self.reporter.finish_wandb()
-        return status
-
-    # Collection ----------------------------------------------------------------------------
-
-    async def _collect_train(self, policy: Any, step: int, concurrency: int) -> Any:
-        cfg = self.config
-        rng = random.Random(cfg.seed * 1_000_003 + step)
-        if cfg.advantage == "rebn":
-            # ReBN counts transitions: episodes keep coming until the batch is full.
-            endless = (self.mixer.next().spec(g, rng.randrange(2**31)) for g in itertools.count())
-            return await self._collect(
-                endless, policy, concurrency, enough=lambda got: got.transitions >= cfg.batch_size
+        else:
+            self.step = own_resume.step if own_resume else step_from_name(state_path)
+            self.saved_step = self.step
+            log.info("resuming from %s at step %s", state_path, self.step)
+            training = await self._call(
+                service.create_training_client_from_state_with_optimizer(state_path), "resume"
             )
-        specs = []
-        for group in range(cfg.batch_size):
-            source, seed = self.mixer.next(), rng.randrange(2**31)
-            specs.extend(source.spec(group, seed) for _ in range(source.group_size))
-        return await self._collect(iter(specs), policy, concurrency)
+        # Our own earlier attempt logged under this run's W&B id: rewind it to the checkpoint.
+        self.reporter.start_wandb(resume_step=self.step if own_resume else None)
+        return training
 
-    async def _collect(self, specs: Any, policy: Any, concurrency: int, **options: Any) -> Any:
-        return await collect(
-            specs,
-            policy,
-            self.renderer.prompt_tokens,
-            self.renderer.decode,
-            concurrency=concurrency,
-            **options,
+    # One step ------------------------------------------------------------------------------
+
+    async def train_step(self, training: TrainingClient, step: int) -> None:
+        started = time.monotonic()
+        collected = await self.sample(training, step)
+        sampled = time.monotonic()
+        weighted, dropped = self.advantages(self.collector.usable(collected), step)
+        train_metrics = await self.train(training, weighted)
+        trained = time.monotonic()
+        self.step = step
+        self.record(
+            step,
+            collected,
+            {
+                **train_metrics,
+                "sampler/dropped_groups": dropped,
+                "time/sample": sampled - started,
+                "time/train": trained - sampled,
+                "time/step": trained - started,
+            },
         )
+        cfg = self.config
+        if cfg.save_every and step % cfg.save_every == 0 and step < cfg.total_steps:
+            await self.checkpoint(training)
+        if cfg.steps_per_eval and step % cfg.steps_per_eval == 0:
+            await self.evaluate(training)
 
-    def _usable(self, collected: Any) -> list[Episode]:
-        """Drop groups that lost more episodes than their environment tolerates
-        (`max_failing_rollouts`, as OpenReward's trainer does)."""
-        limits = {s.name: s.max_failing for s in self.sources}
-        return [
-            e
-            for e in collected.episodes
-            if limits.get(e.source) is None
-            or collected.failed_by_group.get(e.group, 0) <= limits[e.source]  # type: ignore[operator]
-        ]
+    async def sample(self, training: TrainingClient, step: int) -> Collected:
+        """The step's episodes, sampled from a snapshot of the current weights."""
+        sampler = await self._call(
+            training.save_weights_and_get_sampling_client(), "sampler snapshot"
+        )
+        collected = await self._until_stopped(
+            self.collector.train_batch(self._policy(sampler, step), step)
+        )
+        if not collected.episodes and collected.failed:
+            raise RuntimeError(
+                f"every episode of step {step} failed ({collected.failed}), e.g. "
+                f"{collected.errors[0]}"
+            )
+        if collected.errors:
+            log.warning(
+                "step %s: %s episode(s) failed, e.g. %s",
+                step,
+                collected.failed,
+                collected.errors[0],
+            )
+        return collected
 
-    def _advantages(self, episodes: list[Episode], step: int) -> tuple[list[Weighted], int]:
+    def advantages(self, episodes: list[Episode], step: int) -> tuple[list[Weighted], int]:
+        """Weighted transitions and the number of groups dropped (no signal in them)."""
         cfg = self.config
         if cfg.advantage == "rebn":
             return rebn_advantages(episodes, cfg.gamma, cfg.batch_size, seed=cfg.seed + step), 0
         return grpo_advantages(episodes, cfg.scale_advantage_by_std)
 
-    def _log_example(self, episodes: list[Episode]) -> None:
-        """One transcript line per step, so the log shows what the model actually does."""
-        if not episodes:
-            return
-        best = max(episodes, key=lambda e: e.total_reward)
-        last = best.transitions[-1]
-        prompt = self.renderer.decode(last.prompt_tokens)[-120:].replace("\n", " | ")
-        response = self.renderer.decode(last.action_tokens)[:160].replace("\n", " | ")
-        print(
-            f"  best episode ({len(best.transitions)} turns, return {best.total_reward:.3f}): "
-            f"...{prompt!r} -> {response!r}",
-            flush=True,
-        )
-
-    async def _evaluate(self, training: Any, concurrency: int) -> None:
-        """Held-out tasks (`eval` split) of every environment of the run, one episode each."""
+    async def train(self, training: TrainingClient, weighted: list[Weighted]) -> dict[str, float]:
+        """forward_backward and optim_step, submitted back to back, then awaited."""
+        datums, kept = make_datums(weighted)
+        if not datums:
+            return {}
         cfg = self.config
+        fwd_bwd = training.forward_backward(datums, cfg.loss_fn, dict(cfg.loss_fn_config))
+        optim = training.optim_step(self.adam)
+        result = await self._call(fwd_bwd, "forward_backward")
+        await self._call(optim, "optim_step")
+        action_tokens = sum(len(w.transition.action_tokens) for w in kept)
+        loss_sum = float(result.metrics.get("loss:sum", 0.0))
+        return {
+            "train/loss": loss_sum / max(1, action_tokens),
+            "train/loss_sum": loss_sum,
+            "train/num_datums": len(datums),
+            "train/num_action_tokens": action_tokens,
+            **kl_metrics(kept, result.loss_fn_outputs),
+        }
+
+    def record(self, step: int, collected: Collected, metrics: dict[str, float]) -> None:
+        episode_metrics = self.collector.metrics(collected.episodes, "env")
+        all_metrics = {
+            **episode_metrics,
+            "sampler/failed_episodes": collected.failed,
+            **metrics,
+        }
+        self.reporter.step(step, self.config.total_steps, all_metrics)
+        example = self.collector.example(collected.episodes)
+        if example:
+            print(example, flush=True)
+
+    # Between steps -------------------------------------------------------------------------
+
+    async def checkpoint(self, training: TrainingClient, final: bool = False) -> None:
+        if self.saved_step == self.step:
+            log.info("step %s is already checkpointed; nothing new to save", self.step)
+            return
+        name = f"step-{self.step:06d}"
+        state = await self._call(training.save_state(name), "save_state")
+        sampler = await self._call(training.save_weights_for_sampler(name), "save_weights")
+        self.saved_step = self.step
+        self.reporter.checkpoint(self.step, name, state.path, sampler.path, final=final)
+
+    async def evaluate(self, training: TrainingClient) -> None:
+        """Held-out tasks (`eval` split) of every environment of the run, one episode each."""
         sampler = await self._call(
             training.save_weights_and_get_sampling_client(), "sampler snapshot"
         )
         policy = self._policy(sampler, 10_000_000 + self.step)
-        specs = iter(
-            [source.spec(i, i) for source in self.sources for i in range(cfg.eval_num_tasks)]
-        )
-        collected = await self._until_stopped(
-            self._collect(specs, policy, concurrency, split="eval")
-        )
-        metrics = self._metrics_by_source(collected.episodes, "eval")
+        collected = await self._until_stopped(self.collector.eval_batch(policy))
+        metrics = self.collector.metrics(collected.episodes, "eval")
         metrics["eval/failed_episodes"] = collected.failed
         self.reporter.eval(self.step, metrics)
 
-    def _metrics_by_source(self, episodes: list[Episode], prefix: str) -> dict[str, float]:
-        """Totals, plus `<prefix>/<env>/...` per environment in multi-environment runs."""
-        metrics = episode_metrics(episodes, prefix)
-        if len(self.sources) > 1:
-            for source in self.sources:
-                mine = [e for e in episodes if e.source == source.name]
-                for key, value in episode_metrics(mine, prefix).items():
-                    if key.startswith(f"{prefix}/"):
-                        metrics[f"{prefix}/{source.name}/{key.split('/', 1)[1]}"] = value
-        return metrics
+    # Teardown ------------------------------------------------------------------------------
 
-    async def _call(self, call: Any, what: str) -> Any:
+    async def tear_down(self, training: TrainingClient, status: RunStatus) -> None:
+        """A last checkpoint (also on a stop), a last evaluation when one is due, W&B closed."""
+        cfg = self.config
+        await self.checkpoint(training, final=status == RunStatus.succeeded)
+        due = cfg.steps_per_eval and cfg.total_steps % cfg.steps_per_eval != 0
+        if status == RunStatus.succeeded and due:
+            await self.evaluate(training)
+        self.reporter.finish_wandb()
+
+    # Helpers -------------------------------------------------------------------------------
+
+    async def _call(self, call: Awaitable[T], what: str) -> T:
         return await bounded(call, self.settings.backend_call_timeout_s, what)
 
-    async def _until_stopped(self, work: Any) -> Any:
+    async def _until_stopped(self, work: Awaitable[T]) -> T:
         """Await `work`, abandoning it if SIGTERM arrives first."""
         task = asyncio.ensure_future(work)
         stop = asyncio.create_task(self.stop_event.wait())
@@ -291,7 +271,7 @@ class Trainer:
             raise Stopped
         return task.result()
 
-    def _policy(self, sampler: Any, step: int) -> Any:
+    def _policy(self, sampler: SamplingClient, step: int) -> SamplerPolicy:
         cfg = self.config
         return SamplerPolicy(
             sampler,
@@ -304,35 +284,6 @@ class Trainer:
             timeout_s=self.settings.backend_call_timeout_s,
         )
 
-    def _concurrency(self, backend: str) -> int:
-        cfg = self.config
-        if cfg.max_num_workers > 0:
-            return cfg.max_num_workers
-        # Local sampling batches concurrent requests, so one in flight per episode is best.
-        per_step = cfg.batch_size * (cfg.group_size if cfg.advantage == "grpo" else 1)
-        return min(64, max(1, per_step)) if backend == "local" else 64
-
-    # Checkpoints and resume ----------------------------------------------------------------
-
-    async def _checkpoint(self, training: Any, final: bool = False) -> None:
-        if self.saved_step == self.step:
-            log.info("step %s is already checkpointed; nothing new to save", self.step)
-            return
-        name = f"step-{self.step:06d}"
-        state = await self._call(training.save_state(name), "save_state")
-        sampler = await self._call(training.save_weights_for_sampler(name), "save_weights")
-        self.saved_step = self.step
-        self.reporter.checkpoint(self.step, name, state.path, sampler.path, final=final)
-
-    def _resume_point(self) -> tuple[str, int] | None:
-        resume_file = self.run_dir / RESUME_FILE
-        if resume_file.exists():
-            record = json.loads(resume_file.read_text())
-            return record["state_path"], int(record["step"])
-        if self.config.resume_from:
-            return self.config.resume_from, step_from_name(self.config.resume_from)
-        return None
-
 
 def step_from_name(path: str) -> int:
     """The step in a checkpoint name like .../step-000050 (0 when the name has none)."""
@@ -341,34 +292,6 @@ def step_from_name(path: str) -> int:
         if part.startswith("step-") and part[5:].isdigit():
             return int(part[5:])
     return 0
-
-
-def episode_metrics(episodes: list[Episode], prefix: str) -> dict[str, float]:
-    if not episodes:
-        return {f"{prefix}/num_episodes": 0}
-    n = len(episodes)
-    returns = [e.total_reward for e in episodes]
-    out = {
-        f"{prefix}/percent_correct": sum(e.correct for e in episodes) / n,
-        f"{prefix}/reward_mean": sum(returns) / n,
-        f"{prefix}/num_episodes": n,
-    }
-    # What environments report per step (format errors, tool-call errors...): per episode.
-    totals: dict[str, float] = {}
-    for episode in episodes:
-        for t in episode.transitions:
-            for key, value in t.metrics.items():
-                totals[key] = totals.get(key, 0.0) + float(value)
-    out.update({f"{prefix}/{key}": total / n for key, total in totals.items()})
-    if prefix == "env":
-        out["reward/mean"] = out["env/reward_mean"]
-        out["sampler/episode_return"] = out["env/reward_mean"]
-        out["sampler/num_episodes"] = n
-        out["sampler/num_turns_per_episode"] = sum(len(e.transitions) for e in episodes) / n
-        out["sampler/action_num_tokens"] = (
-            sum(len(t.action_tokens) for e in episodes for t in e.transitions) / n
-        )
-    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -382,29 +305,28 @@ def main(argv: list[str] | None = None) -> int:
     )
     for noisy in ("httpx", "urllib3", "filelock", "huggingface_hub"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
-    run_dir = args.run_dir.resolve()
-    frozen = json.loads((run_dir / "config.json").read_text())
-    run_id = frozen["run_id"]
+    folder = RunFolder(args.run_dir.resolve())
+    spec = folder.spec()
     settings = Settings()
     engine = make_engine(settings.db_url)
-    if not lifecycle.record_running(engine, run_id, os.getpid(), process_start_time(os.getpid())):
+    pid = os.getpid()
+    if not lifecycle.record_running(engine, spec.run_id, pid, process_start_time(pid)):
         # Stopped (or settled) before this process got going: nothing to do.
-        lifecycle.record_end(engine, run_id, RunStatus.stopped, details="stopped before start")
+        lifecycle.record_end(engine, spec.run_id, RunStatus.stopped, details="stopped before start")
         return 0
     try:
-        return asyncio.run(_run(settings, run_dir, frozen, engine, run_id))
+        return asyncio.run(_run(Trainer(settings, folder, spec, engine)))
     except Exception as exc:
         kind, summary = classify(exc)
         log.error("run failed: %s", summary)
         traceback.print_exc()
-        lifecycle.record_end(engine, run_id, RunStatus.failed, failure_kind=kind, details=summary)
+        lifecycle.record_end(
+            engine, spec.run_id, RunStatus.failed, failure_kind=kind, details=summary
+        )
         return 1
 
 
-async def _run(
-    settings: Settings, run_dir: Path, frozen: dict[str, Any], engine: Any, run_id: str
-) -> int:
-    trainer = Trainer(settings, run_dir, frozen)
+async def _run(trainer: Trainer) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, trainer.stop_event.set)
@@ -414,7 +336,7 @@ async def _run(
         if status == RunStatus.stopped
         else None
     )
-    lifecycle.record_end(engine, run_id, status, details=details)
+    lifecycle.record_end(trainer.engine, trainer.run_id, status, details=details)
     print(f"run {status.value} at step {trainer.step}", flush=True)
     return 0
 

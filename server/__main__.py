@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import uvicorn
 
-from server.settings import Settings
+from core.settings import Settings
 
 
 def main() -> None:

@@ -15,7 +15,8 @@ import secrets
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from server.settings import Settings
+from core.net import is_loopback
+from core.settings import Settings
 
 
 def remote_peer(host: str | None) -> bool:
@@ -24,11 +25,10 @@ def remote_peer(host: str | None) -> bool:
     if not host:
         return False
     try:
-        address = ipaddress.ip_address(host.split("%", 1)[0])
+        ipaddress.ip_address(host.split("%", 1)[0])
     except ValueError:
         return False
-    mapped = getattr(address, "ipv4_mapped", None)
-    return not (mapped or address).is_loopback
+    return not is_loopback(host)
 
 
 class LoopbackUnlessToken:

@@ -15,9 +15,10 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
+from core.db import init_db, make_engine
+from core.settings import PROJECT_ROOT, Settings
 from server import __version__
 from server.access import LoopbackUnlessToken, insecure_warning
-from server.db import init_db, make_engine
 from server.deps import Services, require_token
 from server.errors import DomainError, status_for
 from server.routes import environments, health, inference, runs
@@ -31,7 +32,6 @@ from server.services.model_check import ModelCheck
 from server.services.runs import RunService
 from server.services.supervisor import Supervisor
 from server.services.wandb_reader import WandbReader
-from server.settings import PROJECT_ROOT, Settings
 
 log = logging.getLogger("server")
 
@@ -88,7 +88,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     protected = [Depends(require_token)]
     app.include_router(environments.router, dependencies=protected)
     app.include_router(runs.router, dependencies=protected)
-    app.include_router(inference.router, dependencies=protected)
+    app.include_router(inference.router_for(settings.inference_max_prompts), dependencies=protected)
     _document_errors(app)
     return app
 

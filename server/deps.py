@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from fastapi import Request
 from sqlalchemy.engine import Engine
 
+from core.settings import Settings
 from server.access import token_matches
 from server.errors import Unauthorized
 from server.services.catalog import Catalog
@@ -15,7 +16,6 @@ from server.services.inference import InferenceService
 from server.services.metrics import MetricsService
 from server.services.runs import RunService
 from server.services.supervisor import Supervisor
-from server.settings import Settings
 
 
 @dataclass

@@ -4,7 +4,16 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    create_model,
+    model_validator,
+)
+
+from core.models import RUN_ID
 
 
 class Request(BaseModel):
@@ -144,14 +153,14 @@ class RunResumedOut(BaseModel):
     resume_from: str
 
 
-MAX_PROMPTS = 64
 Prompt = Annotated[str, StringConstraints(min_length=1, max_length=16_000)]
 
 
 class InferenceIn(Request):
     """Free `prompts`, or `num_items` tasks drawn from the environment (held-out split)."""
 
-    prompts: list[Prompt] | None = Field(None, min_length=1, max_length=MAX_PROMPTS)
+    # Both capped by RLCS_INFERENCE_MAX_PROMPTS: see `inference_in`.
+    prompts: list[Prompt] | None = Field(None, min_length=1)
     max_tokens: int = Field(256, ge=1, le=4096)
     temperature: float = Field(1.0, ge=0.0, le=2.0)
     environment: str | None = Field(
@@ -161,12 +170,12 @@ class InferenceIn(Request):
         None, min_length=1, max_length=256, description="Default: the environment's model_name"
     )
     run_id: str | None = Field(
-        None, pattern=r"^r-[0-9a-f]{8}$", description="Sample from this run's trained adapter"
+        None, pattern=RUN_ID.pattern, description="Sample from this run's trained adapter"
     )
     checkpoint_step: int | None = Field(
         None, ge=0, le=1_000_000, description="Which of the run's checkpoints (default: last)"
     )
-    num_items: int | None = Field(None, ge=1, le=MAX_PROMPTS)
+    num_items: int | None = Field(None, ge=1)
     seed: int | None = Field(None, ge=0, le=2**31 - 1)
 
     @model_validator(mode="after")
@@ -178,6 +187,17 @@ class InferenceIn(Request):
         if self.checkpoint_step is not None and self.run_id is None:
             raise ValueError("checkpoint_step needs run_id")
         return self
+
+
+def inference_in(max_prompts: int) -> type[InferenceIn]:
+    """InferenceIn with the server's prompt cap (the setting inference_max_prompts)."""
+    return create_model(
+        "InferenceIn",
+        __base__=InferenceIn,
+        __doc__=InferenceIn.__doc__,
+        prompts=(list[Prompt] | None, Field(None, min_length=1, max_length=max_prompts)),
+        num_items=(int | None, Field(None, ge=1, le=max_prompts)),
+    )
 
 
 class InferenceResult(BaseModel):

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
+from core.settings import Settings
 from server.app import create_app
-from server.settings import Settings
 
 # Tests never talk to hosted services; the runner and worker inherit these.
 os.environ.setdefault("WANDB_MODE", "offline")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import httpx
 
-from server.settings import PROJECT_ROOT
+from core.settings import PROJECT_ROOT
 
 
 def free_port() -> int:

@@ -9,6 +9,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from server.app import create_app
+from server.services.catalog import COUNT_TTL_S, Catalog
 from tests.conftest import make_settings
 
 EXTRA_ENVS = {
@@ -45,7 +46,9 @@ EXTRA_ENVS = {
         class NotAnEnv:
             pass
     """,
-    "_private.py": "from environments.base import SingleTurnEnv\nclass P(SingleTurnEnv): ...\n",
+    # A helper module in a subfolder: never listed, whatever it holds.
+    "helpers/private.py": "from environments.base import SingleTurnEnv\n"
+    "class P(SingleTurnEnv): ...\n",
     "runs_code.py": "open('/tmp/rlcs-listing-must-not-run-this', 'w').write('x')\n",
 }
 
@@ -55,6 +58,7 @@ def extra_dir(tmp_path: Path) -> Path:
     folder = tmp_path / "extra_envs"
     folder.mkdir()
     for name, text in EXTRA_ENVS.items():
+        (folder / name).parent.mkdir(exist_ok=True)
         (folder / name).write_text(textwrap.dedent(text))
     return folder
 
@@ -86,7 +90,8 @@ def test_discovery_reads_source_without_running_it(xclient: TestClient) -> None:
     assert not marker.exists()
     assert envs["leaf_env"]["class_name"] == "Leaf"
     assert envs["leaf_env"]["description"] == "A leaf found through an intermediate class."
-    assert "intermediate" not in envs and "_hidden" not in envs and "p" not in envs
+    assert "intermediate" not in envs and "_hidden" not in envs
+    assert "p" not in envs and "private" not in envs
     assert envs["broken_syntax"]["importable"] is False
     assert "SyntaxError" in envs["broken_syntax"]["error"]
     # Not yet imported: unknown, not claimed importable.
@@ -225,6 +230,22 @@ def test_health(client: TestClient) -> None:
     body = client.get("/health").json()
     assert body["status"] == "ok" and body["backend"] == "local"
     assert body["environments"] >= 2 and body["active_runs"] == 0
+
+
+def test_health_counts_environments_without_a_scan_per_call(tmp_path: Path) -> None:
+    folder = tmp_path / "envs"
+    folder.mkdir()
+    (folder / "leaf.py").write_text(textwrap.dedent(EXTRA_ENVS["layered.py"]))
+    now = [0.0]
+    catalog = Catalog([folder], tmp_path, clock=lambda: now[0])
+    assert catalog.count() == 1
+    (folder / "second.py").write_text(
+        textwrap.dedent(EXTRA_ENVS["layered.py"]).replace("leaf_env", "second_env")
+    )
+    assert catalog.count() == 1  # cached: /health does not scan the folders every call
+    now[0] += COUNT_TTL_S + 1
+    assert catalog.count() == 2
+    assert len(catalog.list()) == 2
 
 
 def test_dashboard_is_served_and_holds_no_data(tmp_path: Path) -> None:

@@ -124,6 +124,17 @@ def test_bad_input_is_a_4xx_naming_it(iclient: TestClient, body, status, needle)
     assert needle in resp.json()["detail"]
 
 
+def test_the_prompt_cap_is_the_setting(tmp_path: Path) -> None:
+    with TestClient(create_app(make_settings(tmp_path, inference_max_prompts=2))) as c:
+        body = c.app.openapi()["components"]["schemas"]["InferenceIn"]["properties"]
+        assert body["prompts"]["anyOf"][0]["maxItems"] == 2
+        assert body["num_items"]["anyOf"][0]["maximum"] == 2
+        for request in ({"prompts": ["a", "b", "c"]}, {"num_items": 3}):
+            resp = infer(c, **request)
+            assert resp.status_code == 422, resp.text
+            assert next(iter(request)) in resp.json()["detail"]
+
+
 def test_sampling_a_trained_adapter(tmp_path: Path) -> None:
     with TestClient(create_app(make_settings(tmp_path))) as c:
         run = c.post(

@@ -21,7 +21,7 @@ import httpx
 import pytest
 from packaging.requirements import Requirement
 
-from server.settings import PROJECT_ROOT
+from core.settings import PROJECT_ROOT
 from tests.live_server import free_port
 
 DOCKERFILE = PROJECT_ROOT / "Dockerfile"

@@ -8,17 +8,9 @@ import math
 import pytest
 
 from environments.base import BaseEnv, StepResult
-from runners.rollouts import (
-    Episode,
-    EpisodeSpec,
-    Transition,
-    Weighted,
-    collect,
-    discounted_returns,
-    grpo_advantages,
-    make_datum,
-    rebn_advantages,
-)
+from runners.advantages import Weighted, discounted_returns, grpo_advantages, rebn_advantages
+from runners.datums import make_datum
+from runners.rollouts import Episode, EpisodeSpec, Transition, collect
 
 
 def ep(group: int, rewards: list[float]) -> Episode:

@@ -45,8 +45,8 @@ def start(client: TestClient, **body) -> str:
 
 
 def history(tmp_path: Path, client: TestClient, run_id: str) -> list[dict]:
-    from server.db import make_engine, read_session
-    from server.models import Metric
+    from core.db import make_engine, read_session
+    from core.models import Metric
 
     engine = make_engine(client.app.state.settings.db_url)
     with read_session(engine) as session:
@@ -211,8 +211,8 @@ def test_two_environment_run_logs_both_sets_of_metrics(tclient: TestClient, tmp_
 def test_mixer_shares_groups_by_weight() -> None:
     from runners.sources import Mixer, Source
 
-    a = Source("a", object, None, 3.0)  # type: ignore[arg-type]
-    b = Source("b", object, None, 1.0)  # type: ignore[arg-type]
+    a = Source("a", object, None, None, 3.0)  # type: ignore[arg-type]
+    b = Source("b", object, None, None, 1.0)  # type: ignore[arg-type]
     mixer = Mixer([a, b])
     picks = [mixer.next().name for _ in range(8)]
     assert picks.count("a") == 6 and picks.count("b") == 2

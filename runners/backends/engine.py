@@ -51,6 +51,21 @@ def _settle(future: LocalFuture, value: Any = None, error: BaseException | None 
         pass
 
 
+def engine_for(host: ModelHost) -> SamplingEngine:
+    """The host's one sampling engine, started on first use and closed with the host."""
+    with host.attach_lock:
+        engine = host.attached.get("sampling_engine")
+        if engine is None:
+            engine = SamplingEngine(
+                host,
+                max_batch_sequences=host.max_batch_sequences,
+                batch_window_s=host.batch_window_s,
+            )
+            host.attached["sampling_engine"] = engine
+            host.on_close(engine.close)
+        return engine
+
+
 class SamplingEngine:
     """A daemon thread that batches sample requests for one ModelHost."""
 

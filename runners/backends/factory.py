@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from server.settings import Settings
+from core.settings import Settings
 
 
 def resolve_backend(requested: str, settings: Settings) -> Literal["local", "tinker"]:

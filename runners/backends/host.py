@@ -7,18 +7,15 @@ forward pass under `use(adapter)` points the LoRA parameters at that copy for it
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from itertools import count
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import nn
 
 from runners.backends import lora
-
-if TYPE_CHECKING:
-    from runners.backends.engine import SamplingEngine
 
 _adapter_ids = count(1)
 
@@ -59,10 +56,13 @@ class ModelHost:
         self.signature = (
             lora.adapter_signature(model.peft_config["default"]) if self.is_lora else None
         )
-        self._max_batch_sequences = max_batch_sequences
-        self._batch_window_s = batch_window_s
-        self._engine: SamplingEngine | None = None
-        self._engine_lock = threading.Lock()
+        self.max_batch_sequences = max_batch_sequences
+        self.batch_window_s = batch_window_s
+        # What runs on this host and must end with it (its sampling engine), and the slot
+        # the engine module keeps that engine in; the host itself does not know engines.
+        self.attached: dict[str, Any] = {}
+        self.attach_lock = threading.RLock()
+        self._closers: list[Callable[[], None]] = []
 
     @property
     def max_positions(self) -> int | None:
@@ -111,21 +111,13 @@ class ModelHost:
                 for name, tensor in live.items():
                     self.params[name].data = tensor
 
-    @property
-    def engine(self) -> SamplingEngine:
-        with self._engine_lock:
-            if self._engine is None:
-                from runners.backends.engine import SamplingEngine
-
-                self._engine = SamplingEngine(
-                    self,
-                    max_batch_sequences=self._max_batch_sequences,
-                    batch_window_s=self._batch_window_s,
-                )
-            return self._engine
+    def on_close(self, closer: Callable[[], None]) -> None:
+        with self.attach_lock:
+            self._closers.append(closer)
 
     def close(self) -> None:
-        with self._engine_lock:
-            if self._engine is not None:
-                self._engine.close()
-                self._engine = None
+        with self.attach_lock:
+            closers, self._closers = self._closers, []
+            self.attached.clear()
+        for closer in closers:
+            closer()

@@ -11,6 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from core.model_names import validate_device_dtype
 from runners import models
 from runners.backends import checkpoints as ckpt
 from runners.backends import lora
@@ -36,7 +37,7 @@ class LocalServiceClient:
         batch_window_s: float = 0.005,
         tokens_per_microbatch: int = 4096,
     ) -> None:
-        models.validate_device_dtype(device, dtype)
+        validate_device_dtype(device, dtype)
         torch_device = models.resolve_device(device)
         self.device = str(torch_device)
         self.dtype = str(models.resolve_dtype(dtype, torch_device)).removeprefix("torch.")
@@ -148,7 +149,7 @@ class LocalServiceClient:
             host=host,
             spec=spec,
             seed=seed,
-            service=self,
+            open_sampler=lambda path: self.create_sampling_client(model_path=path),
             checkpoint_dir=self.checkpoint_dir,
             tokens_per_microbatch=self._tokens_per_microbatch,
         )

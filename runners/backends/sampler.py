@@ -14,7 +14,7 @@ import torch
 from tinker import types
 
 from runners.backends.decoding import Row
-from runners.backends.engine import SampleRequest
+from runners.backends.engine import SampleRequest, engine_for
 from runners.backends.futures import LocalFuture
 from runners.backends.host import AdapterWeights, ModelHost
 
@@ -185,7 +185,7 @@ class LocalSamplingClient:
             )
         future: LocalFuture[types.SampleResponse] = LocalFuture()
         request = SampleRequest(self._adapter, tokens, rows, prompt_lp, self._tag, future)
-        self._host.engine.submit(request)
+        engine_for(self._host).submit(request)
         return future
 
     def get_tokenizer(self) -> Any:
@@ -196,5 +196,5 @@ class LocalSamplingClient:
 
     def sampling_stats(self) -> dict[str, int]:
         """Batches decoded and sequences sampled by this model's engine so far."""
-        engine = self._host.engine
+        engine = engine_for(self._host)
         return {"batches": engine.batches, "sequences": engine.sequences}

@@ -9,9 +9,10 @@ from __future__ import annotations
 import math
 import time
 import uuid
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from tinker import types
@@ -23,9 +24,6 @@ from runners.backends.futures import LocalFuture, submit
 from runners.backends.host import ModelHost
 from runners.backends.losses import resolve_config
 from runners.backends.sampler import LocalSamplingClient
-
-if TYPE_CHECKING:
-    from runners.backends.local import LocalServiceClient
 
 OPTIMIZER_FILE = "optimizer.pt"
 
@@ -39,14 +37,16 @@ class LocalTrainingClient:
         host: ModelHost,
         spec: lora.LoraSpec,
         seed: int | None,
-        service: LocalServiceClient,
+        open_sampler: Callable[[str], LocalFuture[LocalSamplingClient]],
         checkpoint_dir: Path,
         tokens_per_microbatch: int = 4096,
     ) -> None:
         self._host = host
         self._spec = spec
         self._seed = seed
-        self._service = service
+        # The service's create_sampling_client(model_path=...): saved weights get a host of
+        # their own when they do not fit this one.
+        self._open_sampler = open_sampler
         self._checkpoint_dir = Path(checkpoint_dir)
         self._tokens_per_microbatch = max(1, tokens_per_microbatch)
         self.model_id = f"local-{uuid.uuid4().hex[:12]}"
@@ -137,7 +137,7 @@ class LocalTrainingClient:
     def create_sampling_client(
         self, model_path: str, retry_config: Any = None, **_: Any
     ) -> LocalFuture[LocalSamplingClient]:
-        return self._service.create_sampling_client(model_path=model_path)
+        return self._open_sampler(model_path)
 
     def load_state(self, path: str) -> LocalFuture[None]:
         """Adapter weights from a state checkpoint (the optimizer starts fresh)."""

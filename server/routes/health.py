@@ -22,7 +22,7 @@ def health(svc: Annotated[Services, Depends(services)]) -> HealthOut:
         status="ok",
         version=__version__,
         backend=svc.settings.default_backend,
-        environments=len(svc.catalog.list()),
+        environments=svc.catalog.count(),
         active_runs=svc.runs.count_active(),
     )
 

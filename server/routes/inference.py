@@ -1,19 +1,28 @@
 """POST /test/inference: sample a model (or a run's adapter) on prompts and score them."""
 
-from __future__ import annotations
-
+# No `from __future__ import annotations`: FastAPI must see the body model built below, which a
+# string annotation naming a local variable would hide from it.
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends
 
 from server.deps import Services, services
-from server.schemas import InferenceIn, InferenceOut
-
-router = APIRouter(tags=["inference"])
+from server.schemas import InferenceIn, InferenceOut, inference_in
 
 
-@router.post("/test/inference", response_model=InferenceOut)
-def test_inference(
-    body: InferenceIn, svc: Annotated[Services, Depends(services)]
-) -> dict[str, Any]:
-    return svc.inference.infer(body)
+def router_for(max_prompts: int) -> APIRouter:
+    """The route, its body capped at `max_prompts` prompts (RLCS_INFERENCE_MAX_PROMPTS)."""
+    router = APIRouter(tags=["inference"])
+    body_model = inference_in(max_prompts)
+
+    @router.post("/test/inference", response_model=InferenceOut)
+    def test_inference(
+        body: body_model,  # type: ignore[valid-type]
+        svc: Annotated[Services, Depends(services)],
+    ) -> dict[str, Any]:
+        return svc.inference.infer(body)
+
+    return router
+
+
+__all__ = ["InferenceIn", "router_for"]

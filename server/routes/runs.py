@@ -9,8 +9,8 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Header, Path, Query
 from fastapi.responses import StreamingResponse
 
+from core.models import RUN_ID, RunStatus
 from server.deps import Services, services
-from server.models import RunStatus
 from server.schemas import (
     CheckpointOut,
     RunCreatedOut,
@@ -24,7 +24,6 @@ from server.schemas import (
     RunSummaryOut,
 )
 from server.services.log_follow import follow
-from server.services.runs import RUN_ID
 
 router = APIRouter(tags=["runs"])
 Svc = Annotated[Services, Depends(services)]

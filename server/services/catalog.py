@@ -9,18 +9,21 @@ from __future__ import annotations
 import difflib
 import re
 import threading
+import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from environments._loader import load_env_class
 from environments.base import BaseEnv
+from environments.support.loader import load_env_class
 from server.errors import Conflict, InvalidValue, NotFound
 from server.services import discovery
 
 # Letters, digits, '_', '-' and single dots between them: nothing that walks a path.
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_\-]*(?:\.[A-Za-z0-9_\-]+)*$")
 NAME_MAX = 128
+COUNT_TTL_S = 10.0  # how old the environment count /health reports may be
 
 
 @dataclass(frozen=True)
@@ -35,19 +38,29 @@ class EnvEntry:
 
 
 class Catalog:
-    def __init__(self, dirs: list[Path], root: Path) -> None:
+    def __init__(
+        self, dirs: list[Path], root: Path, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         # Resolved once, so every path discovery returns is absolute and needs no resolve().
         self._dirs = [d.resolve() for d in dirs]
         self._root = root.resolve()
         self._lock = threading.Lock()
         # (path, class name) -> (file mtime, class or error text) of the last import attempt.
         self._imports: dict[tuple[Path, str], tuple[float, type[BaseEnv] | str]] = {}
+        self._clock = clock
+        self._count: tuple[float, int] | None = None  # (when, how many) of the last scan
 
     def list(self) -> list[EnvEntry]:
-        return [self._entry(found) for found in discovery.scan(self._dirs)]
+        entries = [self._entry(found) for found in discovery.scan(self._dirs)]
+        self._count = (self._clock(), len(entries))
+        return entries
 
-    def names(self) -> list[str]:
-        return [e.name for e in self.list()]
+    def count(self) -> int:
+        """How many environments there are, from a scan at most COUNT_TTL_S old (cheap)."""
+        last = self._count
+        if last is None or self._clock() - last[0] > COUNT_TTL_S:
+            return len(self.list())
+        return last[1]
 
     def get(self, name: str) -> EnvEntry:
         check_name(name)

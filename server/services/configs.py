@@ -14,11 +14,11 @@ from pydantic import ValidationError
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, select
 
+from core.db import read_session, write_session
 from core.model_names import default_model
+from core.models import EnvironmentConfig, Selection, iso, utcnow
 from environments.base import DEFAULT_MODEL, EnvConfig
-from server.db import read_session, write_session
 from server.errors import BadRequest, DomainError, InvalidValue
-from server.models import EnvironmentConfig, Selection, iso, utcnow
 from server.services.catalog import Catalog, EnvEntry
 from server.services.model_check import ModelCheck
 

@@ -1,7 +1,9 @@
 """Find environment classes by reading source files as AST: nothing is imported or executed.
 
-A class counts when it derives from BaseEnv or SingleTurnEnv, directly or through classes
-defined in the scanned files. Results are cached per file by (mtime, size).
+Environments are the files directly in an environments folder; helper modules live in its
+subfolders (`environments/support/`). A class counts when it derives from BaseEnv or
+SingleTurnEnv, directly or through classes defined in the scanned files. Results are cached
+per file by (mtime, size).
 """
 
 from __future__ import annotations
@@ -36,13 +38,13 @@ _cache: dict[Path, tuple[tuple[float, int], list[_ParsedClass] | str]] = {}
 
 
 def scan(dirs: list[Path]) -> list[FoundEnv]:
-    """All environments in `dirs` (files `*.py`, not starting with `_`), sorted by name."""
+    """All environments in `dirs` (their top-level `*.py` files), sorted by name."""
     parsed: dict[Path, list[_ParsedClass] | str] = {}
     for folder in dirs:
         if not folder.is_dir():
             continue
-        for path in sorted(folder.glob("*.py")):
-            if not path.name.startswith("_"):
+        for path in sorted(folder.glob("*.py")):  # not recursive: subfolders hold helpers
+            if path.name != "__init__.py":
                 parsed[path] = _parse_cached(path)
     env_classes = _env_class_names(parsed)
     found: list[FoundEnv] = []

@@ -14,16 +14,17 @@ from typing import Any
 from sqlalchemy.engine import Engine
 from sqlmodel import col, select
 
+from core.db import read_session
 from core.model_names import LOCAL_DEFAULT_MODEL
-from server.db import read_session
-from server.errors import Conflict, DomainError, InvalidValue, NotFound, Unavailable
-from server.models import Checkpoint
+from core.models import Checkpoint
+from core.settings import Settings
+from core.spec import EnvSource, InferenceJob, WarmJob
+from server.errors import Conflict, DomainError, NotFound, Unavailable
 from server.schemas import InferenceIn
 from server.services.configs import ConfigService
 from server.services.inference_worker import InferenceWorker
 from server.services.model_check import ModelCheck
 from server.services.runs import RunService
-from server.settings import Settings
 
 log = logging.getLogger(__name__)
 WARMUP_TIMEOUT_S = 900.0  # a first start converts SmolLM2 from its GGUF (tens of seconds)
@@ -49,18 +50,12 @@ class InferenceService:
     def infer(self, body: InferenceIn) -> dict[str, Any]:
         arrived = time.time()
         budget = min(self._settings.inference_budget_s, self._settings.inference_timeout_s)
-        count = len(body.prompts) if body.prompts is not None else body.num_items or 0
-        if count > self._settings.inference_max_prompts:
-            raise InvalidValue(
-                f"prompts: at most {self._settings.inference_max_prompts} per request "
-                f"(got {count}); split them over several requests."
-            )
         adapter = None
         if body.run_id is not None:
             run = self._runs.row(body.run_id)
-            frozen = self._runs.frozen(run)
+            spec = self._runs.spec(run)
             name = body.environment or run.environment
-            base = frozen["config"] if name == run.environment else {}
+            base = spec.config if name == run.environment else {}
             entry, config = self._configs.revalidate(name, base, {})
             adapter = self._adapter(body.run_id, body.checkpoint_step)
             model = config.model_name
@@ -70,22 +65,24 @@ class InferenceService:
             model = body.model or config.model_name
             field = "model" if body.model is not None else "model_name (from the config)"
             self._models.check(model, config.backend, field, "sample", error=NotFound)
-        payload = {
-            "env_file": str(entry.path),
-            "env_class": entry.class_name,
-            "config": config.model_dump(mode="json"),
-            "model": model,
-            "adapter": adapter,
-            "prompts": body.prompts,
-            "num_items": body.num_items,
-            "max_tokens": body.max_tokens,
-            "temperature": body.temperature,
-            "seed": body.seed,
-            "deadline": arrived + budget,
-            "budget_s": budget,
-        }
+        job = InferenceJob(
+            source=EnvSource(
+                env_file=str(entry.path),
+                env_class=entry.class_name,
+                config=config.model_dump(mode="json"),
+            ),
+            model=model,
+            adapter=adapter,
+            prompts=body.prompts,
+            num_items=body.num_items,
+            max_tokens=body.max_tokens,
+            temperature=body.temperature,
+            seed=body.seed,
+            deadline=arrived + budget,
+            budget_s=budget,
+        )
         answer = self.worker.request(
-            payload,
+            job,
             self._settings.inference_timeout_s,
             queue_s=budget - (time.time() - arrived),
         )
@@ -112,9 +109,7 @@ class InferenceService:
         try:
             model = self._default_model()
             started = time.monotonic()
-            answer = self.worker.request(
-                {"op": "warm", "model": model, "backend": "local"}, WARMUP_TIMEOUT_S
-            )
+            answer = self.worker.request(WarmJob(model=model, backend="local"), WARMUP_TIMEOUT_S)
         except Exception as exc:  # a failed warm-up only costs the first request its speed
             log.warning("inference warm-up did not finish: %s", exc)
             return

@@ -13,10 +13,11 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from core import procs
+from core.run_folder import tail_lines
+from core.settings import PROJECT_ROOT, Settings
+from core.spec import InferenceJob, WarmJob
 from server.errors import Unavailable
-from server.services import procs
-from server.services.runs import tail_lines
-from server.settings import PROJECT_ROOT, Settings
 
 log = logging.getLogger(__name__)
 WORKER_MODULE = "runners.infer"
@@ -38,7 +39,7 @@ class InferenceWorker:
         return self._proc.pid if self._proc is not None and self._proc.poll() is None else None
 
     def request(
-        self, payload: dict[str, Any], timeout_s: float, queue_s: float | None = None
+        self, job: InferenceJob | WarmJob, timeout_s: float, queue_s: float | None = None
     ) -> dict[str, Any]:
         """Send one request and wait for its answer; a missed deadline restarts the worker.
 
@@ -50,16 +51,17 @@ class InferenceWorker:
                 "at start-up, or answering another request); try again in a moment."
             )
         try:
-            return self._request_locked(payload, timeout_s)
+            return self._request_locked(job, timeout_s)
         finally:
             self._lock.release()
 
-    def _request_locked(self, payload: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+    def _request_locked(self, job: InferenceJob | WarmJob, timeout_s: float) -> dict[str, Any]:
         proc = self._ensure_started()
         request_id = next(self._ids)
         assert proc.stdin is not None
         try:
-            proc.stdin.write(json.dumps({**payload, "id": request_id}) + "\n")
+            line = json.dumps({"id": request_id, "job": job.model_dump(mode="json")})
+            proc.stdin.write(line + "\n")
             proc.stdin.flush()
         except (BrokenPipeError, OSError):
             self._stop_locked()
@@ -97,6 +99,7 @@ class InferenceWorker:
             return self._proc
         if self._proc is not None:
             log.warning("inference worker exited (%s); starting a new one", self._proc.returncode)
+            _end(self._proc)  # closes its pipes
         self._answers = queue.Queue()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("a") as log_file:
@@ -119,8 +122,9 @@ class InferenceWorker:
     @staticmethod
     def _read(proc: subprocess.Popen[str], answers: queue.Queue[str | None]) -> None:
         assert proc.stdout is not None
-        for line in proc.stdout:
-            answers.put(line)
+        with proc.stdout:
+            for line in proc.stdout:
+                answers.put(line)
         answers.put(None)  # end of output: the worker is gone
 
     def _stop_locked(self) -> None:
@@ -137,8 +141,6 @@ class InferenceWorker:
 
 def _end(proc: subprocess.Popen[str]) -> None:
     """Close the worker's input (it exits on end of input); kill its group if it lingers."""
-    if proc.poll() is not None:
-        return
     try:
         assert proc.stdin is not None
         proc.stdin.close()

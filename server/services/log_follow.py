@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from server.models import FINISHED, RunStatus
+from core.models import FINISHED, RunStatus
 from server.services.runs import RunService
 
 

@@ -13,8 +13,8 @@ from typing import Any
 from sqlalchemy.engine import Engine
 from sqlmodel import col, select
 
-from server.db import read_session
-from server.models import Checkpoint, Metric, Run, iso
+from core.db import read_session
+from core.models import Checkpoint, Metric, Run, iso
 from server.services.wandb_reader import WandbReader
 
 # Names in answers (the reference client's) -> metric keys the runner logs (DESIGN §7).

@@ -12,8 +12,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from core.model_names import model_available
+from core.settings import Settings
 from server.errors import DomainError, InvalidValue
-from server.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -150,8 +151,6 @@ class ModelCheck:
             hit = self._local.get(model)
             if hit is not None and now - hit[0] < LOCAL_TTL_S:
                 return hit[1], hit[2]
-        from runners.models import model_available
-
         # A hub id that is neither cached nor answered by the hub in a short probe is refused.
         ok, why = model_available(model, self._settings.models_dir, check_hub=True)
         with self._lock:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from server.models import Run, RunStatus, iso, utcnow
+from core.models import Run, RunStatus, iso, utcnow
+from core.settings import Settings
 from server.services.metrics import MetricsService
-from server.settings import Settings
 
 
 class RunViews:

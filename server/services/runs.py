@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
-import re
 import secrets
 import shutil
 import signal
@@ -16,20 +13,19 @@ from typing import Any
 from sqlalchemy import delete, func
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
-from sqlmodel import Session, col, select
+from sqlmodel import col, select
 
-from server import lifecycle
-from server.db import read_session, write_session
+from core import lifecycle, procs
+from core.db import read_session, write_session
+from core.models import FINISHED, RUN_ID, Checkpoint, Metric, Run, RunStatus
+from core.run_folder import RunFolder, hash_config
+from core.settings import Settings
+from core.spec import EnvSource, ResumePoint, RunSpec
 from server.errors import Conflict, InvalidValue, NotFound
-from server.lifecycle import CONFIG_FILE, LOG_FILE, RESUME_FILE
-from server.models import ACTIVE, FINISHED, Checkpoint, Metric, Run, RunStatus
-from server.services import procs
 from server.services.configs import ConfigService
 from server.services.metrics import MetricsService
 from server.services.run_views import RunViews
-from server.settings import Settings
 
-RUN_ID = re.compile(r"^r-[0-9a-f]{8}$")
 SUMMARY_COLUMNS = (
     "id",
     "environment",
@@ -80,20 +76,23 @@ class RunService:
         config_hash = hash_config(values)
         run_id = self._new_id()
         run_dir = self._settings.runs_dir / run_id
-        frozen = {
-            "run_id": run_id,
-            "environment": entry.name,
-            "env_file": str(entry.path),
-            "env_class": entry.class_name,
-            "config_hash": config_hash,
-            "config": values,
-        }
-        if config.environments:
-            frozen["mix"] = self._configs.mix(entry.name, config)
-        # The folder and its frozen config exist before the row, and the row before any process.
-        run_dir.mkdir(parents=True, exist_ok=False)
-        write_json_atomic(run_dir / CONFIG_FILE, frozen)
-        (run_dir / LOG_FILE).touch()
+        assert entry.class_name is not None  # resolve() imported it
+        spec = RunSpec(
+            run_id=run_id,
+            environment=entry.name,
+            env_file=str(entry.path),
+            env_class=entry.class_name,
+            config_hash=config_hash,
+            config=values,
+            mix={
+                name: EnvSource.model_validate(source)
+                for name, source in self._configs.mix(entry.name, config).items()
+            }
+            if config.environments
+            else None,
+        )
+        # The folder and its frozen spec exist before the row, and the row before any process.
+        RunFolder(run_dir).create(spec)
         run = Run(
             id=run_id,
             environment=entry.name,
@@ -155,12 +154,12 @@ class RunService:
         with read_session(self._engine) as session:
             run = session.get(Run, run_id)
         if run is None:
-            raise NotFound(f"No run '{run_id}'. GET /runs lists the runs.")
+            raise no_such_run(run_id)
         return run
 
     def count_active(self) -> int:
         with read_session(self._engine) as session:
-            return _count(session, ACTIVE)
+            return lifecycle.count_active(session)
 
     def _queue_position(self, run: Run) -> tuple[int, int] | None:
         if run.status != RunStatus.queued:
@@ -171,7 +170,7 @@ class RunService:
                 .select_from(Run)
                 .where(Run.status == RunStatus.queued, col(Run.created_at) < run.created_at)
             ).one()
-            active = _count(session, ACTIVE)
+            active = lifecycle.count_active(session)
         return ahead + 1, active
 
     # Results ----------------------------------------------------------------------------
@@ -209,9 +208,9 @@ class RunService:
         return self._metrics.checkpoints(self.row(run_id).id)
 
     @staticmethod
-    def frozen(run: Run) -> dict[str, Any]:
-        """What the server froze into the run's folder: environment, config and hash."""
-        return json.loads((Path(run.run_dir) / CONFIG_FILE).read_text())
+    def spec(run: Run) -> RunSpec:
+        """What the server froze into the run's folder: environment(s), config and hash."""
+        return RunFolder(run.run_dir).spec()
 
     # Stopping ----------------------------------------------------------------------------
 
@@ -221,7 +220,7 @@ class RunService:
         with write_session(self._engine) as session:
             run = session.get(Run, run_id)
             if run is None:
-                raise NotFound(f"No run '{run_id}'. GET /runs lists the runs.")
+                raise no_such_run(run_id)
             status = RunStatus(run.status)
             if status in FINISHED or status == RunStatus.stopping:
                 return {"run_id": run_id, "status": status.value}
@@ -261,25 +260,21 @@ class RunService:
                 f"(stop it first with POST /runs/{run_id}/stop)."
             )
         checkpoint = self._state_checkpoint(run_id, checkpoint_step)
-        frozen = self.frozen(run)
-        _, config = self._configs.revalidate(run.environment, frozen["config"], overrides)
+        spec = self.spec(run)
+        _, config = self._configs.revalidate(run.environment, spec.config, overrides)
         values = config.model_dump(mode="json")
         new_hash = hash_config(values)
         if new_hash != run.config_hash and not force:
-            changed = sorted(k for k in values if values[k] != frozen["config"].get(k))
+            changed = sorted(k for k in values if values[k] != spec.config.get(k))
             raise Conflict(
                 f"The config would change ({', '.join(changed) or 'environment defaults'}): "
                 f"its hash {new_hash} differs from the run's {run.config_hash}. Resume with "
                 '"force": true to continue the checkpoint under the new config.',
                 changed_fields=changed,
             )
-        run_dir = Path(run.run_dir)
-        write_json_atomic(
-            run_dir / CONFIG_FILE, {**frozen, "config": values, "config_hash": new_hash}
-        )
-        write_json_atomic(
-            run_dir / RESUME_FILE, {"state_path": checkpoint.path, "step": checkpoint.step}
-        )
+        folder = RunFolder(run.run_dir)
+        folder.write_spec(spec.with_config(values, new_hash))
+        folder.write_resume(ResumePoint(state_path=checkpoint.path, step=checkpoint.step))
         with write_session(self._engine) as session:
             row = session.get(Run, run_id)
             if row is None or not lifecycle.reopen(session, row):
@@ -329,18 +324,16 @@ class RunService:
     # Logs --------------------------------------------------------------------------------
 
     def log_path(self, run_id: str) -> Path:
-        return Path(self.row(run_id).run_dir) / LOG_FILE
+        return RunFolder(self.row(run_id).run_dir).log
 
     def logs(self, run_id: str, tail: int) -> dict[str, Any]:
         run = self.row(run_id)
-        lines = tail_lines(Path(run.run_dir) / LOG_FILE, tail)
+        lines = RunFolder(run.run_dir).log_tail(tail)
         return {"run_id": run_id, "status": run.status.value, "lines": lines}
 
 
-def _count(session: Session, statuses: frozenset[RunStatus]) -> int:
-    return session.exec(
-        select(func.count()).select_from(Run).where(col(Run.status).in_(list(statuses)))
-    ).one()
+def no_such_run(run_id: str) -> NotFound:
+    return NotFound(f"No run '{run_id}'. GET /runs lists the runs.")
 
 
 def check_run_id(run_id: str) -> None:
@@ -349,28 +342,3 @@ def check_run_id(run_id: str) -> None:
             f"run_id: '{run_id[:40]}' is not a run id; run ids look like r-3f9c2a1b "
             "(GET /runs lists them)."
         )
-
-
-def hash_config(values: dict[str, Any]) -> str:
-    return hashlib.sha256(json.dumps(values, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True))
-    os.replace(tmp, path)
-
-
-def tail_lines(path: Path, count: int, max_bytes: int = 1 << 20) -> list[str]:
-    """The last `count` lines of a file, reading at most `max_bytes` from its end."""
-    if count <= 0:
-        return []
-    try:
-        with path.open("rb") as fh:
-            fh.seek(0, os.SEEK_END)
-            size = fh.tell()
-            fh.seek(max(0, size - max_bytes))
-            data = fh.read()
-    except FileNotFoundError:
-        return []
-    return data.decode("utf-8", errors="replace").splitlines()[-count:]

@@ -18,17 +18,14 @@ from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
-from sqlalchemy import func
 from sqlalchemy.engine import Engine
 from sqlmodel import col, select
 
-from server import lifecycle
-from server.db import read_session, write_session
-from server.lifecycle import LOG_FILE
-from server.models import ACTIVE, FINISHED, Run, RunStatus, utcnow
-from server.services import procs
-from server.services.runs import tail_lines
-from server.settings import PROJECT_ROOT, Settings
+from core import lifecycle, procs
+from core.db import read_session, write_session
+from core.models import ACTIVE, FINISHED, Run, RunStatus, utcnow
+from core.run_folder import RunFolder
+from core.settings import PROJECT_ROOT, Settings
 
 log = logging.getLogger(__name__)
 LOG_TAIL_LINES = 20
@@ -71,6 +68,15 @@ class Supervisor:
                 await self._task
             except asyncio.CancelledError:
                 pass
+        self._hand_over()
+
+    def _hand_over(self) -> None:
+        """Runs we started outlive us; while this process lives on (a test, an embedding app),
+        each is still reaped when it exits, so none lingers as a zombie."""
+        with self._lock:
+            procs_left = [w.proc for w in self._watched.values() if w.proc is not None]
+        for proc in procs_left:
+            _reap_in_background(proc)
 
     def wake(self) -> None:
         """Ask for a tick now (thread-safe); used when a run is queued or stopped."""
@@ -164,10 +170,7 @@ class Supervisor:
 
     def _start_queued(self) -> None:
         with read_session(self._engine) as session:
-            active = session.exec(
-                select(func.count()).select_from(Run).where(col(Run.status).in_(list(ACTIVE)))
-            ).one()
-            free = self._settings.max_concurrent_runs - active
+            free = self._settings.max_concurrent_runs - lifecycle.count_active(session)
             if free <= 0:
                 return
             queued = session.exec(
@@ -193,7 +196,7 @@ class Supervisor:
             str(run_dir),
         ]
         try:
-            with (run_dir / LOG_FILE).open("ab") as logfile:
+            with RunFolder(run_dir).log.open("ab") as logfile:
                 proc = subprocess.Popen(
                     argv,
                     cwd=PROJECT_ROOT,
@@ -214,6 +217,10 @@ class Supervisor:
             )
             return
         start = procs.process_start_time(proc.pid)
+        earlier = self._watched.get(run_id)
+        if earlier is not None and earlier.proc is not None:
+            # The last attempt recorded its end and is still exiting: reap it when it does.
+            _reap_in_background(earlier.proc)
         self._watched[run_id] = _Watched(proc.pid, start, proc)
         with write_session(self._engine) as session:
             run = session.get(Run, run_id)
@@ -283,7 +290,12 @@ class Supervisor:
 
 
 def _with_log_tail(summary: str, run_dir: str) -> str:
-    lines = tail_lines(Path(run_dir) / LOG_FILE, LOG_TAIL_LINES)
+    lines = RunFolder(run_dir).log_tail(LOG_TAIL_LINES)
     if not lines:
         return f"{summary}. The log is empty."
     return f"{summary}. Last lines of train.log:\n" + "\n".join(lines)[-4000:]
+
+
+def _reap_in_background(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        threading.Thread(target=proc.wait, name=f"reap-{proc.pid}", daemon=True).start()

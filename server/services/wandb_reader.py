@@ -10,11 +10,12 @@ import math
 import re
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from server.settings import Settings
+    from core.settings import Settings
 
 DEFAULT_BASE_URL = "https://api.wandb.ai"
 BACKOFF_START_S = 5.0
@@ -74,6 +75,7 @@ class _Entry:
     fetched_at: float | None = None  # monotonic time of the last successful fetch
     checked_at: float | None = None  # monotonic time of the last finished attempt
     failure: _Failure | None = None  # the last attempt's failure; None after a success
+    attempts: int = 0  # finished attempts: tells a waiter whether its own fetch has ended
     done: threading.Event = field(default_factory=_finished_event)  # set: nothing pending
 
 
@@ -105,6 +107,7 @@ class WandbReader:
         *,
         backoff_start_s: float = BACKOFF_START_S,
         backoff_max_s: float = BACKOFF_MAX_S,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._api_key = api_key or None
         self._base_url = (base_url or DEFAULT_BASE_URL).rstrip("/")
@@ -113,7 +116,11 @@ class WandbReader:
         self._wait_s = max(0.0, wait_s)
         self._backoff_start_s = backoff_start_s
         self._backoff_max_s = backoff_max_s
+        # Ages, cache windows and backoffs run on this clock (tests pass their own); the
+        # bound on a W&B call is real time, as wandb's own timeout is.
+        self._clock = clock
         self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)  # notified when a fetch thread ends
         self._runs: dict[str, _RunState] = {}
         self._wandb_runs: dict[str, Any] = {}  # path -> wandb Run object, reloaded on refresh
         self._api: Any = None
@@ -142,13 +149,15 @@ class WandbReader:
     def configured(self) -> bool:
         return self._api_key is not None
 
-    def warm_up(self) -> None:
+    def warm_up(self) -> threading.Thread | None:
         """Import wandb, start wandb-core and log in from a background thread (about 1-2 s
         cold), so the first read needn't spend its `wait_s` on that. Failures are left to the
-        first read to report."""
+        first read to report. Returns the thread, for whoever wants to wait on it."""
         if self._api_key is None or self._closed:
-            return
-        threading.Thread(target=self._warm, name="wandb-warm-up", daemon=True).start()
+            return None
+        thread = threading.Thread(target=self._warm, name="wandb-warm-up", daemon=True)
+        thread.start()
+        return thread
 
     def _warm(self) -> None:
         try:
@@ -160,6 +169,13 @@ class WandbReader:
         """No new fetches; threads in flight finish their current call and exit."""
         with self._lock:
             self._closed = True
+
+    def wait_idle(self, timeout_s: float) -> bool:
+        """Block until no fetch is in flight (True), or `timeout_s` passed (False)."""
+        with self._idle:
+            return self._idle.wait_for(
+                lambda: all(state.worker is None for state in self._runs.values()), timeout_s
+            )
 
     # Public reads ------------------------------------------------------------------------
 
@@ -188,7 +204,7 @@ class WandbReader:
         with self._lock:
             state = self._state_for(run_key, path)
             entry = state.entries.setdefault(item, _Entry())
-            now = time.monotonic()
+            now = self._clock()
             if entry.fetched_at is not None and now - entry.fetched_at < self._cache_s:
                 return self._answer(entry, item, now)
             blocked = self._blocked(state, now)
@@ -207,13 +223,14 @@ class WandbReader:
                 entry.done = threading.Event()
                 self._ensure_worker(run_key, state)
             done = entry.done
-            asked_at = now
+            attempts_before = entry.attempts
         done.wait(self._wait_s)
         with self._lock:
-            now = time.monotonic()
-            if entry.fetched_at is not None and entry.fetched_at >= asked_at:
+            now = self._clock()
+            answered = entry.attempts > attempts_before
+            if answered and entry.failure is None:
                 return self._answer(entry, item, now)
-            failed_now = entry.checked_at is not None and entry.checked_at >= asked_at
+            failed_now = answered and entry.failure is not None
             blocked = self._blocked(state, now)
             if blocked is not None:
                 return self._answer(entry, item, now, self._retry_note(*blocked, now))
@@ -297,13 +314,14 @@ class WandbReader:
     def _work(self, state: _RunState) -> None:
         while True:
             with self._lock:
-                blocked = self._blocked(state, time.monotonic())
+                blocked = self._blocked(state, self._clock())
                 if not state.pending or blocked is not None or self._closed:
                     # Items left behind a backoff are dropped; their callers get the note.
                     for item in state.pending:
                         state.entries[item].done.set()
                     state.pending.clear()
                     state.worker = None
+                    self._idle.notify_all()
                     return
                 item = state.pending[0]
                 path = state.path
@@ -314,9 +332,10 @@ class WandbReader:
             except Exception as exc:  # every failure becomes a note, never a crash
                 failure = self._classify(exc, path)
             with self._lock:
-                now = time.monotonic()
+                now = self._clock()
                 entry = state.entries[item]
                 entry.checked_at = now
+                entry.attempts += 1
                 if failure is None:
                     entry.value, entry.fetched_at, entry.failure = value, now, None
                     state.backoff_s, state.backoff_until, state.backoff_failure = 0.0, 0.0, None

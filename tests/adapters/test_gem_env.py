@@ -8,13 +8,17 @@ import logging
 import random
 import re
 import sys
+from functools import partial
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from environments import _gem_catalog
-from environments._quiet_import import import_quietly
+from environments.base import EnvContext
 from environments.gem_env import GemConfig, GemEnv
+from environments.support import gem_catalog
+from environments.support.quiet_import import import_quietly
+from runners.models import load_tokenizer
 
 HINT = re.compile(r"target number is (higher|lower) than (\d+)")
 
@@ -122,10 +126,10 @@ def test_importing_gem_leaves_root_logging_alone() -> None:
 
 def test_catalog_read_from_source_matches_gem_registry() -> None:
     registry = import_quietly("gem.envs.registration").ENV_REGISTRY
-    assert _gem_catalog.registry() == {k: v.entry_point for k, v in registry.items()}
+    assert gem_catalog.registry() == {k: v.entry_point for k, v in registry.items()}
     factory = import_quietly("gem.wrappers.wrapper_factory")
-    assert set(_gem_catalog.wrappers()) == set(factory.WRAPPER_FACTORY)
-    chat = {n for n, w in _gem_catalog.wrappers().items() if w.needs_tokenizer}
+    assert set(gem_catalog.wrappers()) == set(factory.WRAPPER_FACTORY)
+    chat = {n for n, w in gem_catalog.wrappers().items() if w.needs_tokenizer}
     assert chat == set(factory.TOKENIZER_REQUIRED)
 
 
@@ -158,14 +162,16 @@ def test_concat_with_action_shows_the_model_its_actions() -> None:
 
 
 @pytest.mark.slow  # loads transformers for the tokenizer (several seconds)
-def test_chat_wrapper_uses_the_run_models_tokenizer() -> None:
+def test_chat_wrapper_uses_the_run_models_tokenizer(tmp_path: Path) -> None:
     chat = GemConfig(
         wrappers="concat_chat",
         model_name="tiny-random",
         prompt_template="plain",
         observation_template="none",
     )
-    env = GemEnv(chat)
+    # The runner hands environments its tokenizer loader; GEM's chat wrapper uses it.
+    context = EnvContext(load_tokenizer=partial(load_tokenizer, models_dir=tmp_path))
+    env = GemEnv(chat, context)
     first = asyncio.run(env.reset(0))
     # GEM appends the game's suffix after the template, inside the assistant turn (its quirk).
     assert first.startswith("<|im_start|>user") and "<|im_end|>\n<|im_start|>assistant" in first

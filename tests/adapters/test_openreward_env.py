@@ -12,9 +12,9 @@ import pytest
 import uvicorn
 from fastapi import FastAPI, Request
 
-from environments import _openreward_upload
-from environments.base import StepResult
-from environments.openreward_env import OpenRewardConfig, OpenRewardEnv
+from environments.base import EnvContext, StepResult
+from environments.openreward_env import API_KEY_NAME, OpenRewardConfig, OpenRewardEnv
+from environments.support import openreward_upload
 from tests.adapters.loopback_openreward import MAX_NUMBER, free_port
 from tests.helpers import wait_for
 
@@ -26,9 +26,11 @@ def call(guess: object) -> str:
     return f'Let me try.\n<tool_call>\n{{"name": "guess", "arguments": {arguments}}}\n</tool_call>'
 
 
-async def play(config: OpenRewardConfig, scripted: list[str], seed: int = 2) -> list[StepResult]:
+async def play(
+    config: OpenRewardConfig, scripted: list[str], seed: int = 2, api_key: str | None = None
+) -> list[StepResult]:
     """Send the scripted replies, then binary-search until the episode ends."""
-    env = OpenRewardEnv(config)
+    env = OpenRewardEnv(config, EnvContext(api_keys={API_KEY_NAME: api_key} if api_key else {}))
     results: list[StepResult] = []
     try:
         first = await env.reset(seed)
@@ -188,13 +190,13 @@ def test_trajectories_are_uploaded_when_a_key_is_set(
     openreward_url: str, upload_stub: tuple[str, list[dict]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     api_url, received = upload_stub
-    monkeypatch.setenv("OPENREWARD_API_KEY", "test-key")
     monkeypatch.setenv("OPENREWARD_API_URL", api_url)
     config = OpenRewardConfig(
         env_name="guessenv", base_url=openreward_url, upload_run_name="adapter-test"
     )
-    results = asyncio.run(play(config, ["no call here"]))
-    assert _openreward_upload.wait_idle(20)
+    # The key comes from the run's settings through the EnvContext, not the environment.
+    results = asyncio.run(play(config, ["no call here"], api_key="test-key"))
+    assert openreward_upload.wait_idle(20)
 
     def events() -> list[dict]:
         return [e for batch in received for e in batch.get("events", [])]

@@ -7,10 +7,10 @@ import dataclasses
 
 import pytest
 
-from environments import _rg_catalog
-from environments._quiet_import import import_quietly
 from environments.base import Unscorable
 from environments.reasoning_gym_env import ReasoningGymConfig, ReasoningGymEnv
+from environments.support import rg_catalog
+from environments.support.quiet_import import import_quietly
 
 
 def env_for(dataset: str, **values: object) -> ReasoningGymEnv:
@@ -87,10 +87,10 @@ def test_dataset_config_reaches_the_dataset() -> None:
 
 def test_catalog_read_from_source_matches_reasoning_gym() -> None:
     rg = import_quietly("reasoning_gym")
-    assert set(_rg_catalog.names()) == set(rg.factory.DATASETS)
+    assert set(rg_catalog.names()) == set(rg.factory.DATASETS)
     for name, (_, config_cls) in rg.factory.DATASETS.items():
         fields = {f.name for f in dataclasses.fields(config_cls)}
-        assert _rg_catalog.config_fields(name) in (None, frozenset(fields)), name
+        assert rg_catalog.config_fields(name) in (None, frozenset(fields)), name
 
 
 @pytest.mark.parametrize(

@@ -11,9 +11,9 @@ import pytest
 import torch
 from tinker import types
 
+from core.model_names import ModelNotAvailable
 from runners.backends.local import LocalServiceClient, LocalTrainingClient
 from runners.backends.sampler import _stops
-from runners.models import ModelNotAvailable
 
 ADAM = types.AdamParams(learning_rate=1e-2, beta1=0.9, beta2=0.95, eps=1e-8)
 TEXTS = ["hello world", "the cat sat on the mat", "a b c d e f g", "RL on a CPU, why not?"]

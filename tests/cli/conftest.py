@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from cli.main import main
-from server.settings import PROJECT_ROOT
+from core.settings import PROJECT_ROOT
 from tests.live_server import LiveServer
 
 FAKE_RUNNER = "tests.fake_runners.runner"

@@ -11,7 +11,6 @@ import json
 import os
 import signal
 import threading
-import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -25,6 +24,7 @@ from cli.client import parse_sse
 from cli.main import main
 from cli.values import parse_value
 from tests.cli.conftest import Result, Rlctl, run_cli
+from tests.helpers import wait_for
 from tests.live_server import LiveServer, free_port
 
 OK, SERVER_ERROR, USAGE, UNREACHABLE, RUN_FAILED = 0, 1, 2, 3, 4
@@ -48,13 +48,11 @@ def start_run(rlctl: Rlctl, *extra: str) -> str:
 
 
 def wait_running(server: LiveServer, run_id: str, timeout: float = 15.0) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    def running() -> dict[str, Any] | None:
         run = httpx.get(f"{server.url}/runs/{run_id}").json()
-        if run["status"] == "running" and run["pid"] and run["step"] >= 1:
-            return run
-        time.sleep(0.1)
-    raise AssertionError(f"run {run_id} did not start running: {run}")
+        return run if run["status"] == "running" and run["pid"] and run["step"] >= 1 else None
+
+    return wait_for(running, timeout)
 
 
 def main_result(capsys: pytest.CaptureFixture[str], *args: str) -> Result:

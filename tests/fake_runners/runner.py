@@ -18,11 +18,11 @@ import sys
 import time
 from pathlib import Path
 
-from server import lifecycle
-from server.db import make_engine
-from server.models import RunStatus
-from server.services.procs import process_start_time
-from server.settings import Settings
+from core import lifecycle
+from core.db import make_engine
+from core.models import RunStatus
+from core.procs import process_start_time
+from core.settings import Settings
 
 
 def main() -> int:

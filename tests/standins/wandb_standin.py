@@ -261,12 +261,15 @@ class WandbStandin(WriteSide, LoopbackServer):
 
     def wait_for_requests(self, count: int, timeout_s: float = 10.0) -> bool:
         """Block until at least `count` GraphQL requests arrived (True) or time ran out."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.request_count >= count:
-                return True
-            time.sleep(0.01)
-        return self.request_count >= count
+        with self._changed:
+            return self._changed.wait_for(lambda: len(self.requests) >= count, timeout_s)
+
+    def wait_answered(self, timeout_s: float = 10.0) -> bool:
+        """Block until every GraphQL request that arrived has been answered (True)."""
+        with self._changed:
+            return self._changed.wait_for(
+                lambda: all(r.status is not None for r in self.requests), timeout_s
+            )
 
     # Request handling (called from handler threads) --------------------------------------
 
@@ -304,7 +307,13 @@ class WandbStandin(WriteSide, LoopbackServer):
                 authorized=authorized,
             )
             self.requests.append(request)
+            self._changed.notify_all()
         return request
+
+    def _answered(self, request: RecordedRequest, status: int, fault: bool = False) -> None:
+        with self._changed:
+            request.status, request.fault = status, fault
+            self._changed.notify_all()
 
     def handle_graphql(
         self, body: dict[str, Any], auth_header: str | None
@@ -319,20 +328,20 @@ class WandbStandin(WriteSide, LoopbackServer):
             self._closing.wait(self.delay_s)
         fault = self._take_fault()
         if fault is not None:
-            request.status, request.fault = fault.status, True
+            self._answered(request, fault.status, fault=True)
             headers = {}
             if fault.retry_after_s is not None:
                 headers["Retry-After"] = f"{fault.retry_after_s:g}"
             return fault.status, _errors(fault.message), headers
         if not request.authorized:
-            request.status = 401
+            self._answered(request, 401)
             return 401, _errors("user is not logged in"), {}
         try:
             data = self._answer(operation, query, variables)
         except StandinError as exc:
-            request.status = exc.status
+            self._answered(request, exc.status)
             return exc.status, _errors(exc.message), {}
-        request.status = 200
+        self._answered(request, 200)
         return 200, {"data": data}, {}
 
     def _answer(self, operation: str, query: str, variables: dict[str, Any]) -> dict[str, Any]:

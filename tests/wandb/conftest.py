@@ -38,6 +38,19 @@ HISTORY = [
 MakeReader = Callable[..., WandbReader]
 
 
+class FakeClock:
+    """The readers' clock in these tests: cache windows and backoffs pass when a test says."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _wandb_core_running() -> None:
     # A reader's first use imports wandb and starts the wandb-core process (1-6 s on a busy
@@ -58,7 +71,12 @@ def standin() -> Iterator[WandbStandin]:
 
 
 @pytest.fixture
-def make_reader(standin: WandbStandin) -> Iterator[MakeReader]:
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def make_reader(standin: WandbStandin, clock: FakeClock) -> Iterator[MakeReader]:
     readers: list[WandbReader] = []
 
     def make(**overrides: Any) -> WandbReader:
@@ -68,6 +86,7 @@ def make_reader(standin: WandbStandin) -> Iterator[MakeReader]:
             "cache_s": 30.0,
             "timeout_s": 3.0,
             "wait_s": 10.0,  # the first read also starts wandb-core and logs in
+            "clock": clock,
         }
         values.update(overrides)
         reader = WandbReader(**values)

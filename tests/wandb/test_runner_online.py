@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
+from core.db import read_session
+from core.models import Metric
 from server.app import create_app
-from server.db import read_session
-from server.models import Metric
 from tests.conftest import make_settings
 from tests.helpers import wait_for
 from tests.standins.wandb_standin import WandbStandin

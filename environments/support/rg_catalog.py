@@ -10,7 +10,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from environments._pkgsrc import package_dir, parse, unknown_name
+from environments.support.pkgsrc import package_dir, parse, unknown_name
 
 PACKAGE = "reasoning_gym"
 # Datasets whose config is not plain JSON (composite takes a list of DatasetSpec objects).

@@ -81,6 +81,6 @@ def _upload(api_key: str, transcript: Transcript) -> None:
 
 @lru_cache(maxsize=4)
 def _client(api_key: str) -> Any:
-    from environments._openreward_client import make_client
+    from environments.support.openreward_client import make_client
 
     return make_client(api_key)

@@ -5,7 +5,6 @@ Nothing else in the project reads os.environ; the runner builds the same class.
 
 from __future__ import annotations
 
-import ipaddress
 import os
 import sys
 from functools import cached_property
@@ -14,6 +13,8 @@ from typing import Literal
 
 from pydantic import AliasChoices, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from core.net import is_loopback
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
@@ -173,12 +174,3 @@ _SECRET_NAMES = frozenset(
         "RLCS_OPENREWARD_API_KEY",
     }
 )
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False

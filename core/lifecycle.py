@@ -7,21 +7,16 @@ the runner records `running`, each step, checkpoints and its own end through thi
 from __future__ import annotations
 
 import json
-import math
 from datetime import datetime
 from typing import Any
 
+from sqlalchemy import func
 from sqlalchemy.engine import Engine
-from sqlmodel import Session
+from sqlmodel import Session, col, select
 
-from server.db import write_session
-from server.models import FINISHED, Checkpoint, Metric, Run, RunStatus, utcnow
-
-# The run folder, as both sides know it: var/runs/<run_id>/...
-CONFIG_FILE = "config.json"  # frozen by the server before the run starts
-LOG_FILE = "train.log"  # the runner's stdout and stderr
-RESUME_FILE = "resume.json"  # written by a resume: {"state_path", "step"} to continue from
-CHECKPOINTS_FILE = "checkpoints.jsonl"  # one line per checkpoint the runner saved
+from core.db import write_session
+from core.models import ACTIVE, FINISHED, Checkpoint, Metric, Run, RunStatus, utcnow
+from core.run_folder import clean_metrics
 
 # Which status may follow which; a finished status is final (a resume starts a new attempt).
 ALLOWED: dict[RunStatus, frozenset[RunStatus]] = {
@@ -113,7 +108,9 @@ def record_step(
         run = session.get(Run, run_id)
         if run is None:
             return
-        session.add(Metric(run_id=run_id, step=step, values_json=json.dumps(clean(metrics))))
+        session.add(
+            Metric(run_id=run_id, step=step, values_json=json.dumps(clean_metrics(metrics)))
+        )
         run.step = max(run.step, step)
         run.last_step_at = at or utcnow()
         session.add(run)
@@ -122,7 +119,9 @@ def record_step(
 def record_metrics(engine: Engine, run_id: str, step: int, metrics: dict[str, float]) -> None:
     """Metrics that are not a training step (e.g. an evaluation) at `step`."""
     with write_session(engine) as session:
-        session.add(Metric(run_id=run_id, step=step, values_json=json.dumps(clean(metrics))))
+        session.add(
+            Metric(run_id=run_id, step=step, values_json=json.dumps(clean_metrics(metrics)))
+        )
 
 
 def record_checkpoint(
@@ -160,13 +159,8 @@ def record_end(
     return set_status(engine, run_id, status, failure_kind=failure_kind, details=details)
 
 
-def clean(metrics: dict[str, Any]) -> dict[str, float | None]:
-    """JSON-safe metric values: numbers as float, NaN and infinities as null."""
-    out: dict[str, float | None] = {}
-    for key, value in metrics.items():
-        try:
-            number = float(value)
-        except (TypeError, ValueError):
-            continue
-        out[key] = number if math.isfinite(number) else None
-    return out
+def count_active(session: Session) -> int:
+    """Runs holding a slot (starting, running or stopping): what the concurrency limit counts."""
+    return session.exec(
+        select(func.count()).select_from(Run).where(col(Run.status).in_(list(ACTIVE)))
+    ).one()

@@ -8,8 +8,14 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from environments import _rg_catalog
-from environments._pkgsrc import init_params, literal_assigns, package_dir, parse, unknown_name
+from environments.support import rg_catalog
+from environments.support.pkgsrc import (
+    init_params,
+    literal_assigns,
+    package_dir,
+    parse,
+    unknown_name,
+)
 
 PACKAGE = "gem"
 
@@ -180,7 +186,7 @@ def _loop_bindings(node: ast.For, constants: dict[str, object]) -> list[dict[str
     if isinstance(node.iter, ast.Name):
         values = constants.get(node.iter.id)
     elif "DATASETS" in ast.unparse(node.iter):
-        values = _rg_catalog.names()  # `for name in rg.factory.DATASETS.keys()`
+        values = rg_catalog.names()  # `for name in rg.factory.DATASETS.keys()`
     else:
         try:
             values = ast.literal_eval(node.iter)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime
 from enum import StrEnum
 
@@ -23,6 +24,10 @@ def iso(ts: datetime | None) -> str | None:
     return ts.astimezone(UTC).isoformat().replace("+00:00", "Z")
 
 
+# Run ids: "r-" and 8 hex digits, checked on every path that takes one.
+RUN_ID = re.compile(r"^r-[0-9a-f]{8}$")
+
+
 class RunStatus(StrEnum):
     queued = "queued"
     starting = "starting"
@@ -31,10 +36,6 @@ class RunStatus(StrEnum):
     succeeded = "succeeded"
     failed = "failed"
     stopped = "stopped"
-
-    @property
-    def finished(self) -> bool:
-        return self in FINISHED
 
 
 FINISHED = frozenset({RunStatus.succeeded, RunStatus.failed, RunStatus.stopped})

@@ -51,7 +51,7 @@ def make_engine(url: str) -> Engine:
 
 
 def init_db(engine: Engine) -> None:
-    from server import models  # noqa: F401  (registers the tables)
+    from core import models  # noqa: F401  (registers the tables)
 
     SQLModel.metadata.create_all(engine)
     # create_all skips tables that exist, and with them indexes added since: add those.

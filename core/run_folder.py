@@ -1,0 +1,96 @@
+"""A run's folder (var/runs/<run_id>/) as both sides know it: its files, and writing and
+reading them safely. Also the config hash and the metric values a run may record."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+from core.spec import ResumePoint, RunSpec
+
+CONFIG_FILE = "config.json"  # the RunSpec, frozen by the server before the run starts
+LOG_FILE = "train.log"  # the runner's stdout and stderr
+RESUME_FILE = "resume.json"  # a ResumePoint, written by a resume
+CHECKPOINTS_FILE = "checkpoints.jsonl"  # one line per checkpoint the runner saved
+
+
+class RunFolder:
+    def __init__(self, path: Path | str) -> None:
+        self.path = Path(path)
+
+    @property
+    def log(self) -> Path:
+        return self.path / LOG_FILE
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.path / CHECKPOINTS_FILE
+
+    def create(self, spec: RunSpec) -> None:
+        """The folder, its frozen spec and an empty log; fails if the folder exists."""
+        self.path.mkdir(parents=True, exist_ok=False)
+        self.write_spec(spec)
+        self.log.touch()
+
+    def write_spec(self, spec: RunSpec) -> None:
+        write_json_atomic(self.path / CONFIG_FILE, spec.model_dump(mode="json", exclude_none=True))
+
+    def spec(self) -> RunSpec:
+        return RunSpec.model_validate_json((self.path / CONFIG_FILE).read_text())
+
+    def write_resume(self, point: ResumePoint) -> None:
+        write_json_atomic(self.path / RESUME_FILE, point.model_dump(mode="json"))
+
+    def resume_point(self) -> ResumePoint | None:
+        try:
+            return ResumePoint.model_validate_json((self.path / RESUME_FILE).read_text())
+        except FileNotFoundError:
+            return None
+
+    def append_checkpoint(self, record: dict[str, Any]) -> None:
+        with self.checkpoints.open("a") as fh:
+            fh.write(json.dumps(record) + "\n")
+
+    def log_tail(self, count: int) -> list[str]:
+        return tail_lines(self.log, count)
+
+
+def hash_config(values: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(values, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=True))
+    os.replace(tmp, path)
+
+
+def tail_lines(path: Path, count: int, max_bytes: int = 1 << 20) -> list[str]:
+    """The last `count` lines of a file, reading at most `max_bytes` from its end."""
+    if count <= 0:
+        return []
+    try:
+        with path.open("rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            size = fh.tell()
+            fh.seek(max(0, size - max_bytes))
+            data = fh.read()
+    except FileNotFoundError:
+        return []
+    return data.decode("utf-8", errors="replace").splitlines()[-count:]
+
+
+def clean_metrics(metrics: dict[str, Any]) -> dict[str, float | None]:
+    """JSON-safe metric values: numbers as float, NaN and infinities as null."""
+    out: dict[str, float | None] = {}
+    for key, value in metrics.items():
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            continue
+        out[key] = number if math.isfinite(number) else None
+    return out

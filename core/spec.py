@@ -1,0 +1,79 @@
+"""What crosses from the server to a runner or the inference worker, typed: written once by
+the server, validated when read. A run's spec is its folder's frozen config.json."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class EnvSource(_Frozen):
+    """One environment a run (or an inference request) plays: its class, file and config."""
+
+    env_file: str
+    env_class: str
+    config: dict[str, Any]
+    weight: float = 1.0
+
+
+class RunSpec(_Frozen):
+    """A run as frozen at POST /runs: its environment(s) and resolved config, with its hash."""
+
+    run_id: str
+    environment: str
+    env_file: str
+    env_class: str
+    config_hash: str
+    config: dict[str, Any]
+    # Multi-environment runs: every environment of the mix by name (this one included).
+    mix: dict[str, EnvSource] | None = None
+
+    def sources(self) -> dict[str, EnvSource]:
+        """The environments to train on, by name, the run's own first."""
+        if self.mix:
+            return dict(self.mix)
+        own = EnvSource(env_file=self.env_file, env_class=self.env_class, config=self.config)
+        return {self.environment: own}
+
+    def with_config(self, config: dict[str, Any], config_hash: str) -> RunSpec:
+        """The same run under a changed config (a resume with overrides)."""
+        return self.model_copy(update={"config": config, "config_hash": config_hash})
+
+
+class ResumePoint(_Frozen):
+    """Written by POST /runs/{id}/resume: the state checkpoint the next attempt starts from."""
+
+    state_path: str
+    step: int = Field(ge=0)
+
+
+class InferenceJob(_Frozen):
+    """One /test/inference request as the worker receives it."""
+
+    op: Literal["infer"] = "infer"
+    source: EnvSource
+    model: str
+    adapter: str | None = None
+    prompts: list[str] | None = None
+    num_items: int | None = None
+    max_tokens: int
+    temperature: float
+    seed: int | None = None
+    deadline: float | None = Field(None, description="epoch seconds; sampling stops there")
+    budget_s: float | None = None
+
+
+class WarmJob(_Frozen):
+    """Load a model into the worker ahead of the first request."""
+
+    op: Literal["warm"] = "warm"
+    model: str
+    backend: Literal["local", "tinker"] = "local"
+
+
+WorkerJob = InferenceJob | WarmJob
