@@ -1,7 +1,9 @@
-"""Batched decoding with a KV cache: left-padded prompts, per-row sampling settings and stops.
+"""Continuous batching over a KV cache: rows join a running batch (their prefill done
+alongside) and leave the step they finish; token selection is one batched pass per step.
 
-The logprob reported for a sampled token is under the raw model distribution (log_softmax of
-the logits, before temperature, top-k or top-p), so it matches a training forward pass.
+Rows are left-padded: positions count real tokens only, so each row sees the positions it
+would see alone, whatever it shares the batch with. The logprob reported for a sampled token
+is under the raw model distribution (before temperature, top-k, top-p), as training sees it.
 """
 
 from __future__ import annotations
@@ -12,13 +14,15 @@ from dataclasses import dataclass, field
 
 import torch
 
+from runners.backends.selection import row_keys, select_tokens
+
 # forward(input_ids, attention_mask, position_ids, cache) -> logits of the last position [B, V]
 ForwardFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, object], torch.Tensor]
 
 
 @dataclass
 class Row:
-    """One sequence to sample, with its own settings and random stream."""
+    """One sequence to sample, with its own settings and random stream (its seed)."""
 
     prompt: list[int]
     max_tokens: int
@@ -27,49 +31,15 @@ class Row:
     top_p: float
     stop_ids: frozenset[int]
     stop_strings: tuple[str, ...]
-    generator: torch.Generator
+    seed: int
     deadline: float | None = None  # time.monotonic() after which the row stops ("length")
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     stop_reason: str | None = None
 
-
-def _filtered_logits(logits: torch.Tensor, rows: list[Row]) -> torch.Tensor:
-    """Temperature, then top-k and top-p per row (rows with temperature 0 are left alone)."""
-    temps = torch.tensor(
-        [r.temperature if r.temperature > 0 else 1.0 for r in rows], device=logits.device
-    )
-    scaled = logits / temps[:, None]
-    vocab = logits.shape[-1]
-    ks = [r.top_k if 0 < r.top_k < vocab else vocab for r in rows]
-    if all(k == vocab for k in ks) and all(r.top_p >= 1.0 for r in rows):
-        return scaled
-    sorted_logits, order = scaled.sort(dim=-1, descending=True)
-    ranks = torch.arange(vocab, device=logits.device)[None, :]
-    drop = ranks >= torch.tensor(ks, device=logits.device)[:, None]
-    top_ps = torch.tensor([r.top_p for r in rows], device=logits.device)[:, None]
-    probs = torch.softmax(sorted_logits.masked_fill(drop, float("-inf")), dim=-1)
-    # Keep the smallest prefix whose mass reaches top_p (the first token always stays).
-    before = probs.cumsum(dim=-1) - probs
-    drop |= (before >= top_ps) & (top_ps < 1.0)
-    sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
-    return torch.empty_like(scaled).scatter_(-1, order, sorted_logits)
-
-
-def pick_tokens(logits: torch.Tensor, rows: list[Row]) -> tuple[list[int], list[float]]:
-    """Sample one token per row; return the tokens and their raw-model logprobs."""
-    logits = logits.float()
-    raw_logprobs = torch.log_softmax(logits, dim=-1)
-    probs = torch.softmax(_filtered_logits(logits, rows), dim=-1)
-    greedy = logits.argmax(dim=-1).tolist()
-    tokens = []
-    for i, row in enumerate(rows):
-        if row.temperature <= 0:
-            tokens.append(greedy[i])
-        else:
-            tokens.append(int(torch.multinomial(probs[i], 1, generator=row.generator)))
-    picked = raw_logprobs.gather(-1, torch.tensor(tokens, device=logits.device)[:, None])
-    return tokens, picked[:, 0].tolist()
+    @property
+    def filtered(self) -> bool:
+        return self.temperature > 0 and (self.top_k > 0 or self.top_p < 1.0)
 
 
 def _finished(row: Row, decode: Callable[[list[int]], str], max_positions: int | None) -> bool:
@@ -87,6 +57,135 @@ def _finished(row: Row, decode: Callable[[list[int]], str], max_positions: int |
     return row.stop_reason is not None
 
 
+class RunningBatch:
+    """The rows decoding now, their KV cache, attention mask, positions and next logits."""
+
+    def __init__(
+        self,
+        forward: ForwardFn,
+        *,
+        pad_id: int,
+        device: torch.device,
+        decode: Callable[[list[int]], str],
+        max_positions: int | None = None,
+    ) -> None:
+        self._forward = forward
+        self._pad_id = pad_id
+        self._device = device
+        self._decode = decode
+        self._max_positions = max_positions
+        self.rows: list[Row] = []
+        self._cache: object = None
+        self._mask = torch.zeros((0, 0), dtype=torch.long, device=device)
+        self._positions = torch.zeros((0, 1), dtype=torch.long, device=device)
+        self._logits: torch.Tensor | None = None
+        self.prefills = 0
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def join(self, rows: list[Row]) -> None:
+        """Prefill `rows` as one left-padded batch and merge them into the running one."""
+        from transformers import DynamicCache
+
+        width = max(len(r.prompt) for r in rows)
+        ids = torch.full((len(rows), width), self._pad_id, dtype=torch.long)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, row in enumerate(rows):
+            ids[i, width - len(row.prompt) :] = torch.tensor(row.prompt)
+            mask[i, width - len(row.prompt) :] = 1
+        ids, mask = ids.to(self._device), mask.to(self._device)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        cache = DynamicCache()
+        logits = self._forward(ids, mask, positions, cache)
+        self.prefills += 1
+        if not self.rows:
+            self.rows, self._cache, self._mask = list(rows), cache, mask
+            self._positions, self._logits = positions[:, -1:], logits
+            return
+        assert self._logits is not None
+        length = max(self._mask.shape[1], width)
+        _merge_caches(self._cache, cache, length)
+        self._mask = torch.cat([_pad_left(self._mask, length), _pad_left(mask, length)])
+        self._positions = torch.cat([self._positions, positions[:, -1:]])
+        self._logits = torch.cat([self._logits, logits])
+        self.rows += rows
+
+    def step(self) -> list[Row]:
+        """Pick a token for every row; rows that finish leave. Returns the finished rows."""
+        assert self._logits is not None
+        rows = self.rows
+        picked = select_tokens(
+            self._logits,
+            self._tensor([r.temperature for r in rows], torch.float32),
+            self._tensor([r.top_k for r in rows], torch.long),
+            self._tensor([r.top_p for r in rows], torch.float32),
+            row_keys(
+                self._tensor([r.seed for r in rows], torch.long),
+                self._tensor([len(r.tokens) for r in rows], torch.long),
+            ),
+            filtered=any(r.filtered for r in rows),
+        )
+        tokens_f, logprobs = picked.tolist()  # the step's one transfer to the host
+        tokens = [int(t) for t in tokens_f]
+        keep, done = [], []
+        for slot, (row, token, logprob) in enumerate(zip(rows, tokens, logprobs, strict=True)):
+            row.tokens.append(token)
+            row.logprobs.append(logprob)
+            (done if _finished(row, self._decode, self._max_positions) else keep).append(slot)
+        if not keep:
+            self._reset()
+            return [rows[s] for s in done]
+        next_ids = torch.tensor([tokens[s] for s in keep], device=self._device)[:, None]
+        if done:
+            # Finished rows leave the batch and the cache at once, so they cost nothing more.
+            index = torch.tensor(keep, device=self._device)
+            self._cache.batch_select_indices(index)  # type: ignore[attr-defined]
+            self._mask, self._positions = self._mask[index], self._positions[index]
+            self.rows = [rows[s] for s in keep]
+            self._trim()
+        self._positions = self._positions + 1
+        self._mask = torch.cat([self._mask, torch.ones_like(self._mask[:, :1])], dim=1)
+        self._logits = self._forward(next_ids, self._mask, self._positions, self._cache)
+        return [rows[s] for s in done]
+
+    def _tensor(self, values: list, dtype: torch.dtype) -> torch.Tensor:
+        return torch.tensor(values, dtype=dtype, device=self._device)
+
+    def _trim(self) -> None:
+        """Drop leading cache columns no remaining row attends to (padding of rows now gone)."""
+        used = self._mask.any(dim=0).nonzero()
+        first = int(used[0]) if len(used) else 0
+        if first > 0:
+            self._mask = self._mask[:, first:]
+            for layer in self._cache.layers:  # type: ignore[attr-defined]
+                layer.keys = layer.keys[:, :, first:]
+                layer.values = layer.values[:, :, first:]
+
+    def _reset(self) -> None:
+        self.rows, self._cache, self._logits = [], None, None
+        self._mask = self._mask[:0, :0]
+        self._positions = self._positions[:0]
+
+
+def _pad_left(tensor: torch.Tensor, length: int, dim: int = 1) -> torch.Tensor:
+    missing = length - tensor.shape[dim]
+    if missing <= 0:
+        return tensor
+    shape = list(tensor.shape)
+    shape[dim] = missing
+    return torch.cat([tensor.new_zeros(shape), tensor], dim=dim)
+
+
+def _merge_caches(into: object, other: object, length: int) -> None:
+    """Append `other`'s rows to `into`, both left-padded to `length` positions."""
+    for mine, theirs in zip(into.layers, other.layers, strict=True):  # type: ignore[attr-defined]
+        mine.keys = torch.cat([_pad_left(mine.keys, length, 2), _pad_left(theirs.keys, length, 2)])
+        mine.values = torch.cat(
+            [_pad_left(mine.values, length, 2), _pad_left(theirs.values, length, 2)]
+        )
+
+
 def decode_batch(
     forward: ForwardFn,
     rows: list[Row],
@@ -96,40 +195,10 @@ def decode_batch(
     decode: Callable[[list[int]], str],
     max_positions: int | None = None,
 ) -> None:
-    """Fill `tokens`, `logprobs` and `stop_reason` of every row, decoding them as one batch."""
-    from transformers import DynamicCache
-
-    width = max(len(r.prompt) for r in rows)
-    input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, row in enumerate(rows):
-        input_ids[i, width - len(row.prompt) :] = torch.tensor(row.prompt)
-        mask[i, width - len(row.prompt) :] = 1
-    input_ids, mask = input_ids.to(device), mask.to(device)
-    # Left padding: positions count real tokens only, so each row sees the positions it would
-    # see alone.
-    positions = (mask.cumsum(-1) - 1).clamp(min=0)
-    cache = DynamicCache()
-    active = list(range(len(rows)))
-    logits = forward(input_ids, mask, positions, cache)
-    while True:
-        live = [rows[i] for i in active]
-        tokens, logprobs = pick_tokens(logits, live)
-        keep = []
-        for slot, (row, token, logprob) in enumerate(zip(live, tokens, logprobs, strict=True)):
-            row.tokens.append(token)
-            row.logprobs.append(logprob)
-            if not _finished(row, decode, max_positions):
-                keep.append(slot)
-        if not keep:
-            return
-        next_ids = torch.tensor(tokens, device=device)[:, None]
-        positions = positions[:, -1:] + 1
-        mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
-        if len(keep) < len(active):
-            # Drop finished rows from the batch and the cache so they cost nothing more.
-            index = torch.tensor(keep, device=device)
-            cache.batch_select_indices(index)
-            next_ids, positions, mask = next_ids[index], positions[index], mask[index]
-            active = [active[slot] for slot in keep]
-        logits = forward(next_ids, mask, positions, cache)
+    """Decode `rows` together to the end (no joins): fills tokens, logprobs, stop_reason."""
+    batch = RunningBatch(
+        forward, pad_id=pad_id, device=device, decode=decode, max_positions=max_positions
+    )
+    batch.join(rows)
+    while len(batch):
+        batch.step()

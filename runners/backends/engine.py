@@ -1,8 +1,9 @@
-"""The batching engine behind sampling clients: one thread per model, one batch per round.
+"""The sampling engine behind sampling clients: one thread per model, continuous batching.
 
-It collects the requests queued while the previous batch ran and decodes those that share a
-weights snapshot as one left-padded batch (decoding.py): N concurrent callers cost about one
-batched generation.
+Requests that share a weights snapshot decode as one running batch: a request that arrives
+while the batch decodes joins it at the next step (its prefill done alongside), and each
+request is answered the step its last row finishes. Requests for another snapshot wait until
+the running batch drains (a forward pass runs under one set of weights).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import numpy as np
 import torch
 from tinker import types
 
-from runners.backends.decoding import Row, decode_batch
+from runners.backends.decoding import Row, RunningBatch
 from runners.backends.futures import LocalFuture
 from runners.backends.host import AdapterWeights, ModelHost
 
@@ -95,46 +96,81 @@ class SamplingEngine:
             self._thread.join(timeout=60)
 
     def _run(self) -> None:
+        batch: RunningBatch | None = None
+        adapter: AdapterWeights | None = None
+        in_flight: list[SampleRequest] = []
         while True:
-            if not self._backlog:
-                item = self._queue.get()
-                if item is _STOP:
-                    return self._fail_backlog()
-                self._backlog.append(item)
-                # A short wait lets callers that fire together (asyncio.gather) share a batch.
-                time.sleep(self.batch_window_s)
-            while True:
-                try:
-                    item = self._queue.get_nowait()
-                except queue.Empty:
-                    break
-                if item is _STOP:
-                    return self._fail_backlog()
-                self._backlog.append(item)
-            adapter = self._backlog[0].adapter
-            group = [r for r in self._backlog if r.adapter is adapter]
-            self._backlog = deque(r for r in self._backlog if r.adapter is not adapter)
-            self._serve(adapter, group)
+            idle = batch is None or not len(batch)
+            if not self._pull(block=idle and not self._backlog):
+                self._fail(in_flight, RuntimeError("the sampling engine was closed"))
+                return self._fail_backlog()
+            if idle:
+                if not self._backlog:
+                    continue
+                adapter = self._backlog[0].adapter
+                batch = self._new_batch(adapter)
+            assert batch is not None
+            try:
+                joining = self._take(adapter, self.max_batch_sequences - len(batch))
+                in_flight += joining
+                rows = [row for request in joining for row in request.rows]
+                if rows:
+                    batch.join(rows)
+                    self.batches += 1
+                    self.sequences += len(rows)
+                if len(batch):
+                    batch.step()
+                # Answered the step their last row finished (at once for prompt logprobs only).
+                done = [r for r in in_flight if all(row.stop_reason for row in r.rows)]
+                for request in done:
+                    in_flight.remove(request)
+                    _settle(request.future, value=self._response(adapter, request))
+            except Exception as exc:
+                self._fail(in_flight, exc)
+                in_flight, batch = [], None
+
+    def _pull(self, block: bool) -> bool:
+        """Move queued requests to the backlog (waiting for one if `block`); False on close."""
+        if block:
+            item = self._queue.get()
+            if item is _STOP:
+                return False
+            self._backlog.append(item)
+            # A short wait lets callers that fire together (asyncio.gather) share a prefill.
+            time.sleep(self.batch_window_s)
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                return True
+            if item is _STOP:
+                return False
+            self._backlog.append(item)
+
+    def _take(self, adapter: AdapterWeights | None, room: int) -> list[SampleRequest]:
+        """Backlogged requests on `adapter` that fit in `room` rows, oldest first."""
+        taken: list[SampleRequest] = []
+        for request in list(self._backlog):
+            if request.adapter is not adapter:
+                continue
+            if taken and len(request.rows) > room:
+                break
+            if not taken and len(request.rows) > room and room < self.max_batch_sequences:
+                break  # a large request waits for room rather than overfilling the batch
+            taken.append(request)
+            room -= len(request.rows)
+            self._backlog.remove(request)
+        return taken
+
+    def _fail(self, requests: list[SampleRequest], error: BaseException) -> None:
+        for request in requests:
+            _settle(request.future, error=error)
 
     def _fail_backlog(self) -> None:
-        while self._backlog:
-            request = self._backlog.popleft()
-            _settle(request.future, error=RuntimeError("the sampling engine was closed"))
+        self._fail(list(self._backlog), RuntimeError("the sampling engine was closed"))
+        self._backlog.clear()
 
-    def _serve(self, adapter: AdapterWeights | None, group: list[SampleRequest]) -> None:
-        try:
-            rows = [row for request in group for row in request.rows]
-            for start in range(0, len(rows), self.max_batch_sequences):
-                self._decode(adapter, rows[start : start + self.max_batch_sequences])
-            for request in group:
-                _settle(request.future, value=self._response(adapter, request))
-        except Exception as exc:
-            for request in group:
-                _settle(request.future, error=exc)
-
-    def _decode(self, adapter: AdapterWeights | None, rows: list[Row]) -> None:
-        if not rows:
-            return
+    def _new_batch(self, adapter: AdapterWeights | None) -> RunningBatch:
         host = self.host
 
         def forward(ids, mask, positions, cache) -> torch.Tensor:
@@ -149,16 +185,13 @@ class SamplingEngine:
                 )
             return out.logits[:, -1, :]
 
-        decode_batch(
+        return RunningBatch(
             forward,
-            rows,
             pad_id=int(host.tokenizer.pad_token_id or 0),
             device=host.device,
             decode=lambda toks: host.tokenizer.decode(toks, skip_special_tokens=False),
             max_positions=host.max_positions,
         )
-        self.batches += 1
-        self.sequences += len(rows)
 
     def _prompt_logprobs(
         self, adapter: AdapterWeights | None, request: SampleRequest

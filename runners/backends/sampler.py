@@ -10,7 +10,6 @@ import random
 from itertools import count
 from typing import Any
 
-import torch
 from tinker import types
 
 from runners.backends.decoding import Row
@@ -168,8 +167,6 @@ class LocalSamplingClient:
         seed = params.seed if params.seed is not None else random.SystemRandom().randrange(2**62)
         rows = []
         for index in range(num_samples):
-            generator = torch.Generator(device=self._host.device)
-            generator.manual_seed(_row_seed(seed, index))
             rows.append(
                 Row(
                     prompt=tokens,
@@ -179,7 +176,7 @@ class LocalSamplingClient:
                     top_p=float(params.top_p),
                     stop_ids=stop_ids,
                     stop_strings=stop_strings,
-                    generator=generator,
+                    seed=_row_seed(seed, index),
                     deadline=deadline,
                 )
             )
