@@ -18,6 +18,7 @@ import torch
 from tinker import types
 
 from core.model_names import SMOLLM2, TINY_RANDOM
+from runners.backends.decoding import left_pad
 from runners.backends.local import LocalSamplingClient, LocalServiceClient, LocalTrainingClient
 
 ALIASES = {"tiny-random": TINY_RANDOM, "tiny": TINY_RANDOM, "smollm2": SMOLLM2}
@@ -83,16 +84,9 @@ def time_sequential(
     return time.perf_counter() - started
 
 
-def time_generate_batched(model, prompts: list[list[int]], new_tokens: int, pad_id: int) -> float:
-    """transformers' generate on all prompts as one left-padded batch (dynamic KV cache)."""
+def generate_exactly(model, ids: torch.Tensor, mask: torch.Tensor, new: int, pad_id: int) -> None:
+    """transformers' generate, sampling at temperature 1, forced to exactly `new` tokens."""
     device = next(model.parameters()).device
-    width = max(len(p) for p in prompts)
-    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for i, p in enumerate(prompts):
-        ids[i, width - len(p) :] = torch.tensor(p)
-        mask[i, width - len(p) :] = 1
-    started = time.perf_counter()
     with torch.no_grad():
         out = model.generate(
             input_ids=ids.to(device),
@@ -101,33 +95,27 @@ def time_generate_batched(model, prompts: list[list[int]], new_tokens: int, pad_
             temperature=1.0,
             top_k=0,
             top_p=1.0,
-            max_new_tokens=new_tokens,
-            min_new_tokens=new_tokens,
+            max_new_tokens=new,
+            min_new_tokens=new,
             pad_token_id=pad_id,
         )
-    assert out.shape[1] - width == new_tokens
+    assert out.shape[1] - ids.shape[1] == new
+
+
+def time_generate_batched(model, prompts: list[list[int]], new_tokens: int, pad_id: int) -> float:
+    """generate on all prompts as one left-padded batch (dynamic KV cache)."""
+    ids, mask = left_pad(prompts, pad_id)
+    started = time.perf_counter()
+    generate_exactly(model, ids, mask, new_tokens, pad_id)
     return time.perf_counter() - started
 
 
 def time_generate(model, prompts: list[list[int]], new_tokens: int, pad_id: int) -> float:
-    """transformers' generate, one prompt at a time, forced to exactly `new_tokens` tokens."""
-    device = next(model.parameters()).device
+    """generate, one prompt at a time."""
     started = time.perf_counter()
-    with torch.no_grad():
-        for p in prompts:
-            ids = torch.tensor([p], device=device)
-            out = model.generate(
-                input_ids=ids,
-                attention_mask=torch.ones_like(ids),
-                do_sample=True,
-                temperature=1.0,
-                top_k=0,
-                top_p=1.0,
-                max_new_tokens=new_tokens,
-                min_new_tokens=new_tokens,
-                pad_token_id=pad_id,
-            )
-            assert out.shape[1] - ids.shape[1] == new_tokens
+    for p in prompts:
+        ids = torch.tensor([p])
+        generate_exactly(model, ids, torch.ones_like(ids), new_tokens, pad_id)
     return time.perf_counter() - started
 
 

@@ -19,9 +19,6 @@ from core.model_names import LOCAL_DEFAULT_MODEL
 
 Split = Literal["train", "eval"]
 
-# The class default; the server puts the backend's own default in when a config names none.
-DEFAULT_MODEL = LOCAL_DEFAULT_MODEL
-
 
 class MixEntry(BaseModel):
     """One environment of a multi-environment run: its share of the batch and group size."""
@@ -65,8 +62,9 @@ class EnvConfig(BaseModel):
     wandb_project: str = Field("rl-training", min_length=1, max_length=128)
     wandb_name: str | None = Field(None, max_length=128, description="W&B run name prefix")
     # Model and backend.
-    model_name: str = Field(DEFAULT_MODEL, min_length=1, max_length=256)
-    tokenizer_name: str = Field(DEFAULT_MODEL, description="Derived from model_name")
+    # The class default; the server puts the backend's own default in when a config names none.
+    model_name: str = Field(LOCAL_DEFAULT_MODEL, min_length=1, max_length=256)
+    tokenizer_name: str = Field(LOCAL_DEFAULT_MODEL, description="Derived from model_name")
     backend: Literal["auto", "local", "tinker"] = Field(
         "auto", description="auto = tinker when TINKER_API_KEY is set, else local"
     )

@@ -18,7 +18,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, Field, TypeAdapter
+from pydantic import BaseModel, Field
 
 from core.settings import Settings
 from core.spec import InferenceJob, WarmJob
@@ -39,9 +39,6 @@ class Envelope(BaseModel):
 
     id: int
     job: InferenceJob | WarmJob = Field(discriminator="op")
-
-
-ENVELOPE = TypeAdapter(Envelope)
 
 
 class Worker:
@@ -275,7 +272,7 @@ async def serve(worker: Worker) -> None:
             return  # the server closed our stdin: it is gone or done with us
         envelope: Envelope | None = None
         try:
-            envelope = ENVELOPE.validate_json(line)
+            envelope = Envelope.model_validate_json(line)
             answer = await worker.handle(envelope.job)
         except Exception as exc:
             log.error("request failed:\n%s", traceback.format_exc())

@@ -9,26 +9,19 @@ from __future__ import annotations
 
 import base64
 import binascii
-import ipaddress
 import json
 import secrets
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from core.net import is_loopback
+from core.net import is_loopback, parse_ip
 from core.settings import Settings
 
 
 def remote_peer(host: str | None) -> bool:
     """True for an IP address off this machine. Peers without an IP (a unix socket, an
     in-process test client) and loopback addresses, IPv4-mapped ones included, are local."""
-    if not host:
-        return False
-    try:
-        ipaddress.ip_address(host.split("%", 1)[0])
-    except ValueError:
-        return False
-    return not is_loopback(host)
+    return parse_ip(host) is not None and not is_loopback(host)
 
 
 class LoopbackUnlessToken:

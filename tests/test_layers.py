@@ -81,7 +81,6 @@ def test_each_package_imports_only_the_layers_below_it() -> None:
 
 def test_no_import_circles() -> None:
     edges = graph()
-    # Package __init__ files that only re-export are not edges a reader follows.
     state: dict[str, int] = {}
     circles: list[str] = []
 

@@ -88,13 +88,9 @@ class RunningBatch:
         """Prefill `rows` as one left-padded batch and merge them into the running one."""
         from transformers import DynamicCache
 
-        width = max(len(r.prompt) for r in rows)
-        ids = torch.full((len(rows), width), self._pad_id, dtype=torch.long)
-        mask = torch.zeros((len(rows), width), dtype=torch.long)
-        for i, row in enumerate(rows):
-            ids[i, width - len(row.prompt) :] = torch.tensor(row.prompt)
-            mask[i, width - len(row.prompt) :] = 1
+        ids, mask = left_pad([r.prompt for r in rows], self._pad_id)
         ids, mask = ids.to(self._device), mask.to(self._device)
+        width = ids.shape[1]
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         cache = DynamicCache()
         logits = self._forward(ids, mask, positions, cache)
@@ -168,6 +164,17 @@ class RunningBatch:
         self._positions = self._positions[:0]
 
 
+def left_pad(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token ids and attention mask [rows, longest prompt], prompts aligned to the right."""
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    for i, prompt in enumerate(prompts):
+        ids[i, width - len(prompt) :] = torch.tensor(prompt)
+        mask[i, width - len(prompt) :] = 1
+    return ids, mask
+
+
 def _pad_left(tensor: torch.Tensor, length: int, dim: int = 1) -> torch.Tensor:
     missing = length - tensor.shape[dim]
     if missing <= 0:
@@ -184,21 +191,3 @@ def _merge_caches(into: object, other: object, length: int) -> None:
         mine.values = torch.cat(
             [_pad_left(mine.values, length, 2), _pad_left(theirs.values, length, 2)]
         )
-
-
-def decode_batch(
-    forward: ForwardFn,
-    rows: list[Row],
-    *,
-    pad_id: int,
-    device: torch.device,
-    decode: Callable[[list[int]], str],
-    max_positions: int | None = None,
-) -> None:
-    """Decode `rows` together to the end (no joins): fills tokens, logprobs, stop_reason."""
-    batch = RunningBatch(
-        forward, pad_id=pad_id, device=device, decode=decode, max_positions=max_positions
-    )
-    batch.join(rows)
-    while len(batch):
-        batch.step()

@@ -12,6 +12,7 @@ import concurrent.futures
 import queue
 import threading
 import time
+import weakref
 from collections import deque
 from dataclasses import dataclass
 from itertools import count
@@ -52,17 +53,21 @@ def _settle(future: LocalFuture, value: Any = None, error: BaseException | None 
         pass
 
 
+_engines: weakref.WeakKeyDictionary[ModelHost, SamplingEngine] = weakref.WeakKeyDictionary()
+_engines_lock = threading.Lock()
+
+
 def engine_for(host: ModelHost) -> SamplingEngine:
     """The host's one sampling engine, started on first use and closed with the host."""
-    with host.attach_lock:
-        engine = host.attached.get("sampling_engine")
-        if engine is None:
+    with _engines_lock:
+        engine = _engines.get(host)
+        if engine is None or engine.closed:
             engine = SamplingEngine(
                 host,
                 max_batch_sequences=host.max_batch_sequences,
                 batch_window_s=host.batch_window_s,
             )
-            host.attached["sampling_engine"] = engine
+            _engines[host] = engine
             host.on_close(engine.close)
         return engine
 
@@ -88,6 +93,10 @@ class SamplingEngine:
         if self._closed:
             raise RuntimeError("this sampling client's model has been closed")
         self._queue.put(request)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
 
     def close(self) -> None:
         self._closed = True

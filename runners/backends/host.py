@@ -58,11 +58,10 @@ class ModelHost:
         )
         self.max_batch_sequences = max_batch_sequences
         self.batch_window_s = batch_window_s
-        # What runs on this host and must end with it (its sampling engine), and the slot
-        # the engine module keeps that engine in; the host itself does not know engines.
-        self.attached: dict[str, Any] = {}
-        self.attach_lock = threading.RLock()
+        # What runs on this host and must end with it (its sampling engine, see
+        # engine.engine_for): the host itself does not know engines.
         self._closers: list[Callable[[], None]] = []
+        self._closers_lock = threading.Lock()
 
     @property
     def max_positions(self) -> int | None:
@@ -112,12 +111,11 @@ class ModelHost:
                     self.params[name].data = tensor
 
     def on_close(self, closer: Callable[[], None]) -> None:
-        with self.attach_lock:
+        with self._closers_lock:
             self._closers.append(closer)
 
     def close(self) -> None:
-        with self.attach_lock:
+        with self._closers_lock:
             closers, self._closers = self._closers, []
-            self.attached.clear()
         for closer in closers:
             closer()

@@ -7,7 +7,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends
 
 from server.deps import Services, services
-from server.schemas import InferenceIn, InferenceOut, inference_in
+from server.schemas import InferenceOut, inference_in
 
 
 def router_for(max_prompts: int) -> APIRouter:
@@ -23,6 +23,3 @@ def router_for(max_prompts: int) -> APIRouter:
         return svc.inference.infer(body)
 
     return router
-
-
-__all__ = ["InferenceIn", "router_for"]

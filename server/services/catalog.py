@@ -14,7 +14,9 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from core.spec import EnvSource
 from environments.base import BaseEnv
 from environments.support.loader import load_env_class
 from server.errors import Conflict, InvalidValue, NotFound
@@ -35,6 +37,14 @@ class EnvEntry:
     importable: bool | None
     error: str | None
     path: Path
+
+    def source(self, config: dict[str, Any], weight: float = 1.0) -> EnvSource:
+        """This environment with `config`, as a run or the inference worker receives it."""
+        if self.class_name is None:
+            raise ValueError(f"{self.file_path} holds no environment class")
+        return EnvSource(
+            env_file=str(self.path), env_class=self.class_name, config=config, weight=weight
+        )
 
 
 class Catalog:

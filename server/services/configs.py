@@ -15,9 +15,10 @@ from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, select
 
 from core.db import read_session, write_session
-from core.model_names import default_model
+from core.model_names import LOCAL_DEFAULT_MODEL, default_model
 from core.models import EnvironmentConfig, Selection, iso, utcnow
-from environments.base import DEFAULT_MODEL, EnvConfig
+from core.spec import EnvSource
+from environments.base import EnvConfig
 from server.errors import BadRequest, DomainError, InvalidValue
 from server.services.catalog import Catalog, EnvEntry
 from server.services.model_check import ModelCheck
@@ -110,7 +111,10 @@ class ConfigService:
         self, config_cls: type[EnvConfig], values: dict[str, Any]
     ) -> dict[str, Any]:
         """Name the backend's default model when neither the user nor the class chose one."""
-        if "model_name" in values or config_cls.model_fields["model_name"].default != DEFAULT_MODEL:
+        if (
+            "model_name" in values
+            or config_cls.model_fields["model_name"].default != LOCAL_DEFAULT_MODEL
+        ):
             return values
         backend = values.get("backend", config_cls.model_fields["backend"].default)
         if not isinstance(backend, str):
@@ -125,11 +129,11 @@ class ConfigService:
             except DomainError as exc:
                 raise InvalidValue(f"field 'environments': {exc.detail}") from None
 
-    def mix(self, name: str, config: EnvConfig) -> dict[str, dict[str, Any]]:
+    def mix(self, name: str, config: EnvConfig) -> dict[str, EnvSource]:
         """The frozen sources of a run: each environment's class, file, config and share."""
         entries = {name: {"weight": 1.0, "num_rollouts": None}}
         entries.update({k: v.model_dump() for k, v in config.environments.items()})
-        sources: dict[str, dict[str, Any]] = {}
+        sources: dict[str, EnvSource] = {}
         for env_name, share in entries.items():
             if env_name == name:
                 entry, env_config = self._catalog.load(name)[0], config
@@ -138,12 +142,7 @@ class ConfigService:
             values = env_config.model_dump(mode="json")
             if share["num_rollouts"]:
                 values["group_size"] = share["num_rollouts"]
-            sources[entry.name] = {
-                "env_file": str(entry.path),
-                "env_class": entry.class_name,
-                "weight": share["weight"],
-                "config": values,
-            }
+            sources[entry.name] = entry.source(values, share["weight"])
         return sources
 
     # Editing ---------------------------------------------------------------------------

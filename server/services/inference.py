@@ -18,7 +18,7 @@ from core.db import read_session
 from core.model_names import LOCAL_DEFAULT_MODEL
 from core.models import Checkpoint
 from core.settings import Settings
-from core.spec import EnvSource, InferenceJob, WarmJob
+from core.spec import InferenceJob, WarmJob
 from server.errors import Conflict, DomainError, NotFound, Unavailable
 from server.schemas import InferenceIn
 from server.services.configs import ConfigService
@@ -66,11 +66,7 @@ class InferenceService:
             field = "model" if body.model is not None else "model_name (from the config)"
             self._models.check(model, config.backend, field, "sample", error=NotFound)
         job = InferenceJob(
-            source=EnvSource(
-                env_file=str(entry.path),
-                env_class=entry.class_name,
-                config=config.model_dump(mode="json"),
-            ),
+            source=entry.source(config.model_dump(mode="json")),
             model=model,
             adapter=adapter,
             prompts=body.prompts,

@@ -20,7 +20,7 @@ from core.db import read_session, write_session
 from core.models import FINISHED, RUN_ID, Checkpoint, Metric, Run, RunStatus
 from core.run_folder import RunFolder, hash_config
 from core.settings import Settings
-from core.spec import EnvSource, ResumePoint, RunSpec
+from core.spec import ResumePoint, RunSpec
 from server.errors import Conflict, InvalidValue, NotFound
 from server.services.configs import ConfigService
 from server.services.metrics import MetricsService
@@ -84,12 +84,7 @@ class RunService:
             env_class=entry.class_name,
             config_hash=config_hash,
             config=values,
-            mix={
-                name: EnvSource.model_validate(source)
-                for name, source in self._configs.mix(entry.name, config).items()
-            }
-            if config.environments
-            else None,
+            mix=self._configs.mix(entry.name, config) if config.environments else None,
         )
         # The folder and its frozen spec exist before the row, and the row before any process.
         RunFolder(run_dir).create(spec)
