@@ -58,6 +58,12 @@ class Settings(BaseSettings):
     # Local backend.
     device: Literal["auto", "cpu", "cuda"] = "auto"
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    sampling_dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto",
+        description="dtype of the sampler's copy of the weights; auto: bfloat16 on a CPU with "
+        "native bf16 (2.5-3x faster decoding), else the model's; float32 on a CPU makes sampler "
+        "and trainer logprobs agree to float32 rounding",
+    )
 
     # Inference worker.
     inference_timeout_s: float = Field(
@@ -136,6 +142,7 @@ class Settings(BaseSettings):
                 "RLCS_DATABASE_URL": self.db_url,
                 "RLCS_DEVICE": self.device,
                 "RLCS_DTYPE": self.dtype,
+                "RLCS_SAMPLING_DTYPE": self.sampling_dtype,
                 "RLCS_MODELS_DIR": str(self.models_dir),
                 "RLCS_BACKEND_CALL_TIMEOUT_S": str(self.backend_call_timeout_s),
                 "RLCS_TINKER_CREATE_TIMEOUT_S": str(self.tinker_create_timeout_s),

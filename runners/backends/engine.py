@@ -25,6 +25,11 @@ from tinker import types
 from runners.backends.decoding import Row, RunningBatch
 from runners.backends.futures import LocalFuture
 from runners.backends.host import AdapterWeights, ModelHost
+from runners.backends.sampling_model import (
+    SamplingModel,
+    next_token_logits,
+    resolve_sampling_dtype,
+)
 
 _STOP = object()
 _sequence_ids = count(1)
@@ -86,6 +91,7 @@ class SamplingEngine:
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._backlog: deque[SampleRequest] = deque()
         self._closed = False
+        self._model: SamplingModel | None = None  # built by the engine thread on first use
         self._thread = threading.Thread(target=self._run, name="local-sampler", daemon=True)
         self._thread.start()
 
@@ -179,20 +185,28 @@ class SamplingEngine:
         self._fail(list(self._backlog), RuntimeError("the sampling engine was closed"))
         self._backlog.clear()
 
+    def sampling_model(self) -> SamplingModel:
+        """The engine's copy of the model in the sampling dtype (built once)."""
+        if self._model is None:
+            host = self.host
+            dtype = resolve_sampling_dtype(
+                host.sampling_dtype, next(host.model.parameters()).dtype, host.device
+            )
+            with host.lock:  # a consistent read of the weights while they are copied
+                self._model = SamplingModel(host, dtype)
+        return self._model
+
     def _new_batch(self, adapter: AdapterWeights | None) -> RunningBatch:
         host = self.host
+        sampling = self.sampling_model()
+        sampling.load(adapter)
+        model = sampling.module
 
         def forward(ids, mask, positions, cache) -> torch.Tensor:
-            with host.use(adapter) as model, torch.no_grad():
-                out = model(
-                    input_ids=ids,
-                    attention_mask=mask,
-                    position_ids=positions,
-                    past_key_values=cache,
-                    use_cache=True,
-                    logits_to_keep=1,
-                )
-            return out.logits[:, -1, :]
+            # No host lock: the copy's own buffers hold the adapter, and the base weights it
+            # may share with the trainer are frozen.
+            with torch.no_grad():
+                return next_token_logits(model, ids, mask, positions, cache)
 
         return RunningBatch(
             forward,

@@ -33,4 +33,5 @@ def create_service(backend: str, settings: Settings, checkpoint_dir: Path) -> An
         models_dir=settings.models_dir,
         device=settings.device,
         dtype=settings.dtype,
+        sampling_dtype=settings.sampling_dtype,
     )

@@ -9,9 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from tinker import types
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from runners.backends.losses import check_input_keys, compute_loss
 
@@ -76,6 +76,40 @@ def microbatches(lengths: list[int], token_budget: int) -> list[list[int]]:
     return groups
 
 
+# Rows of hidden states turned into logits at a time: [chunk, vocab] float32 at most.
+LOGIT_CHUNK_ROWS = 1024
+
+
+def target_logprobs(hidden: torch.Tensor, targets: torch.Tensor, head: nn.Module) -> torch.Tensor:
+    """log p(target) for each row of `hidden` [N, H], by chunks of rows; with gradients on,
+    each chunk's logits are recomputed in backward rather than kept (no [N, vocab] tensor)."""
+    pieces = []
+    for begin in range(0, len(hidden), LOGIT_CHUNK_ROWS):
+        rows = slice(begin, begin + LOGIT_CHUNK_ROWS)
+        if torch.is_grad_enabled():
+            piece = checkpoint(
+                _chunk_logprobs, hidden[rows], targets[rows], head, use_reentrant=False
+            )
+        else:
+            piece = _chunk_logprobs(hidden[rows], targets[rows], head)
+        pieces.append(piece)
+    return torch.cat(pieces)
+
+
+def _chunk_logprobs(hidden: torch.Tensor, targets: torch.Tensor, head: nn.Module) -> torch.Tensor:
+    logits = head(hidden).float()
+    picked = logits.gather(-1, targets[:, None])[:, 0]
+    return picked - torch.logsumexp(logits, dim=-1)
+
+
+def _autocast(device: torch.device, model: nn.Module):
+    """bf16 autocast on CUDA for a bf16 base: the float32 adapter (master weights) then runs
+    its matmuls in bf16 too; elsewhere a no-op."""
+    base_dtype = model.get_output_embeddings().weight.dtype
+    enabled = device.type == "cuda" and base_dtype == torch.bfloat16
+    return torch.autocast("cuda", dtype=torch.bfloat16, enabled=enabled)
+
+
 def run_loss(
     model: nn.Module,
     batch: DatumBatch,
@@ -88,37 +122,44 @@ def run_loss(
 ) -> types.ForwardBackwardOutput:
     """Target logprobs and the summed loss; with `backward`, gradients are added to .grad."""
     device = next(model.parameters()).device
-    outputs: list[dict[str, types.TensorData]] = [{} for _ in batch.tokens]
-    total = 0.0
-    for group in microbatches([len(t) for t in batch.tokens], token_budget):
-        width = max(len(batch.tokens[i]) for i in group)
+    lengths = [len(t) for t in batch.tokens]
+    logprobs: list[torch.Tensor | None] = [None] * len(lengths)
+    total = torch.zeros((), device=device)
+    decoder, head = model.get_decoder(), model.get_output_embeddings()
+    for group in microbatches(lengths, token_budget):
+        width = max(lengths[i] for i in group)
         ids = torch.full((len(group), width), pad_id, dtype=torch.long)
-        targets = torch.zeros((len(group), width), dtype=torch.long)
+        real = torch.zeros((len(group), width), dtype=torch.bool)
         for row, i in enumerate(group):
-            n = len(batch.tokens[i])
-            ids[row, :n] = torch.tensor(batch.tokens[i])
-            targets[row, :n] = batch.targets[i]
-        with torch.set_grad_enabled(backward):
+            ids[row, : lengths[i]] = torch.tensor(batch.tokens[i])
+            real[row, : lengths[i]] = True
+        targets = torch.cat([batch.targets[i] for i in group]).to(device)
+        with torch.set_grad_enabled(backward), _autocast(device, model):
             # Right padding needs no mask: causal attention keeps pads out of real positions.
-            logits = model(input_ids=ids.to(device), use_cache=False).logits
-            vocab = logits.shape[-1]
-            token_lp = -F.cross_entropy(
-                logits.float().reshape(-1, vocab),
-                targets.to(device).reshape(-1),
-                reduction="none",
-            ).view(len(group), width)
-            pieces = [token_lp[row, : len(batch.tokens[i])] for row, i in enumerate(group)]
+            hidden = decoder(input_ids=ids.to(device), use_cache=False).last_hidden_state
+            # Row-major selection keeps datum order: datum group[0]'s positions, then the next.
+            token_lp = target_logprobs(hidden[real.to(device)], targets, head)
             inputs = {
                 key: torch.cat([batch.inputs[i][key] for i in group]).to(device)
                 for key in batch.inputs[group[0]]
             }
-            loss = compute_loss(loss_fn, torch.cat(pieces), inputs, config)
+            loss = compute_loss(loss_fn, token_lp, inputs, config)
         if backward:
             loss.backward()
-        total += float(loss.detach())
-        for piece, i in zip(pieces, group, strict=True):
-            lp = piece.detach().float().cpu().numpy()
-            outputs[i] = {"logprobs": types.TensorData.from_numpy(lp)}
+        total += loss.detach()
+        for i, piece in zip(
+            group, token_lp.detach().split([lengths[i] for i in group]), strict=True
+        ):
+            logprobs[i] = piece
+    # One transfer to the host for the whole call, then split per datum.
+    flat = torch.cat([lp for lp in logprobs if lp is not None]).float().cpu().numpy()
+    outputs: list[dict[str, types.TensorData]] = []
+    offset = 0
+    for n in lengths:
+        outputs.append({"logprobs": types.TensorData.from_numpy(flat[offset : offset + n])})
+        offset += n
     return types.ForwardBackwardOutput(
-        loss_fn_output_type="ArrayRecord", loss_fn_outputs=outputs, metrics={"loss:sum": total}
+        loss_fn_output_type="ArrayRecord",
+        loss_fn_outputs=outputs,
+        metrics={"loss:sum": float(total)},
     )

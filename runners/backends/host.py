@@ -39,6 +39,7 @@ class ModelHost:
         *,
         max_batch_sequences: int = 64,
         batch_window_s: float = 0.005,
+        sampling_dtype: str = "auto",
     ) -> None:
         self.base_model = base_model
         self.model = model
@@ -58,6 +59,7 @@ class ModelHost:
         )
         self.max_batch_sequences = max_batch_sequences
         self.batch_window_s = batch_window_s
+        self.sampling_dtype = sampling_dtype  # see sampling_model.resolve_sampling_dtype
         # What runs on this host and must end with it (its sampling engine, see
         # engine.engine_for): the host itself does not know engines.
         self._closers: list[Callable[[], None]] = []

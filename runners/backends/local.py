@@ -35,9 +35,11 @@ class LocalServiceClient:
         dtype: str = "auto",
         max_batch_sequences: int = 64,
         batch_window_s: float = 0.005,
+        sampling_dtype: str = "auto",
         tokens_per_microbatch: int = 4096,
     ) -> None:
         validate_device_dtype(device, dtype)
+        validate_device_dtype(device, sampling_dtype)
         torch_device = models.resolve_device(device)
         self.device = str(torch_device)
         self.dtype = str(models.resolve_dtype(dtype, torch_device)).removeprefix("torch.")
@@ -46,6 +48,7 @@ class LocalServiceClient:
         self._host_options = {
             "max_batch_sequences": max_batch_sequences,
             "batch_window_s": batch_window_s,
+            "sampling_dtype": sampling_dtype,
         }
         self._tokens_per_microbatch = tokens_per_microbatch
         self._lock = threading.Lock()

@@ -12,8 +12,13 @@ from runners.backends.local import LocalServiceClient, LocalTrainingClient
 
 @pytest.fixture
 def service(tmp_path: Path) -> Iterator[LocalServiceClient]:
+    # float32 sampling: these tests compare sampler and trainer logprobs to float32 rounding
+    # (test_sampling_model.py covers the bfloat16 sampler that `auto` picks on most CPUs).
     svc = LocalServiceClient(
-        checkpoint_dir=tmp_path / "checkpoints", models_dir=tmp_path / "models", device="cpu"
+        checkpoint_dir=tmp_path / "checkpoints",
+        models_dir=tmp_path / "models",
+        device="cpu",
+        sampling_dtype="float32",
     )
     yield svc
     svc.close()

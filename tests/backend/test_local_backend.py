@@ -322,7 +322,10 @@ def test_sampler_weights_reload_to_identical_samples(trainer, tmp_path):
     # Reloaded into the same service (shares the training model) and into a fresh one.
     same = trainer.create_sampling_client(saved.path).result()
     fresh_service = LocalServiceClient(
-        checkpoint_dir=tmp_path / "other", models_dir=tmp_path / "models", device="cpu"
+        checkpoint_dir=tmp_path / "other",
+        models_dir=tmp_path / "models",
+        device="cpu",
+        sampling_dtype="float32",
     )
     try:
         fresh = fresh_service.create_sampling_client(model_path=saved.path).result()
