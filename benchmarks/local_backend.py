@@ -1,7 +1,10 @@
-"""Local backend throughput: batched KV-cache sampling against `generate` one prompt at a time.
+"""Local backend throughput: our sampling engine against transformers' `generate` (one at a
+time, batched, and with a static cache compiled), per decode step and overall; training tokens
+per second; and one RL step of the backend (sample, train, refresh the sampler).
 
-Also training tokens per second for forward_backward (+ optim_step). Run from the repo root:
+Run from the repo root:
     .venv/bin/python -m benchmarks.local_backend --models tiny-random,smollm2
+On a GPU, random-initialised shapes need no download: --models random-135m,random-1.5b
 """
 
 from __future__ import annotations
@@ -22,6 +25,56 @@ from runners.backends.decoding import left_pad
 from runners.backends.local import LocalSamplingClient, LocalServiceClient, LocalTrainingClient
 
 ALIASES = {"tiny-random": TINY_RANDOM, "tiny": TINY_RANDOM, "smollm2": SMOLLM2}
+# Shapes of real models, built with random weights (speed does not depend on the values).
+RANDOM_SHAPES = {
+    "random-135m": dict(  # SmolLM2-135M
+        model_type="llama",
+        hidden_size=576,
+        intermediate_size=1536,
+        num_hidden_layers=30,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        vocab_size=49152,
+        tie_word_embeddings=True,
+        max_position_embeddings=8192,
+    ),
+    "random-1.5b": dict(  # Qwen2-1.5B
+        model_type="qwen2",
+        hidden_size=1536,
+        intermediate_size=8960,
+        num_hidden_layers=28,
+        num_attention_heads=12,
+        num_key_value_heads=2,
+        vocab_size=151936,
+        tie_word_embeddings=True,
+        max_position_embeddings=32768,
+    ),
+}
+BF16_PEAK_FLOPS = {"H100": 989e12, "H200": 989e12}  # dense, SXM
+
+
+def build_random(alias: str, folder: Path) -> str:
+    """Save a random-initialised model of a known shape (and a byte-level tokenizer)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from runners.tiny_model import build_tiny_tokenizer
+
+    shape = dict(RANDOM_SHAPES[alias])
+    config = AutoConfig.for_model(shape.pop("model_type"), **shape)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    path = folder / alias
+    model.save_pretrained(path)
+    build_tiny_tokenizer().save_pretrained(path)
+    return str(path)
+
+
+def random_prompts(count: int, vocab: int) -> list[list[int]]:
+    generator = torch.Generator().manual_seed(0)
+    lengths = torch.randint(32, 49, (count,), generator=generator)
+    return [torch.randint(100, vocab, (int(n),), generator=generator).tolist() for n in lengths]
+
+
 QUESTIONS = [
     "What is 7 times 8?",
     "Name a primary colour.",
@@ -73,19 +126,14 @@ def time_batched(sampler: LocalSamplingClient, prompts: list[list[int]], new_tok
     return elapsed
 
 
-def time_sequential(
-    sampler: LocalSamplingClient, prompts: list[list[int]], new_tokens: int
-) -> float:
-    """Our sampler again, but one prompt at a time (no batching to gain from)."""
-    started = time.perf_counter()
-    for i, p in enumerate(prompts):
-        params = types.SamplingParams(max_tokens=new_tokens, temperature=1.0, seed=i, stop=[])
-        sampler.sample(types.ModelInput.from_ints(p), 1, params).result()
-    return time.perf_counter() - started
 
 
-def generate_exactly(model, ids: torch.Tensor, mask: torch.Tensor, new: int, pad_id: int) -> None:
-    """transformers' generate, sampling at temperature 1, forced to exactly `new` tokens."""
+def generate_exactly(
+    model, ids: torch.Tensor, mask: torch.Tensor, new: int, pad_id: int, static: bool = False
+) -> None:
+    """transformers' generate, sampling at temperature 1, forced to exactly `new` tokens
+    (`static`: a static cache, which generate compiles with CUDA graphs)."""
+    extra = {"cache_implementation": "static"} if static else {}
     device = next(model.parameters()).device
     with torch.no_grad():
         out = model.generate(
@@ -98,16 +146,37 @@ def generate_exactly(model, ids: torch.Tensor, mask: torch.Tensor, new: int, pad
             max_new_tokens=new,
             min_new_tokens=new,
             pad_token_id=pad_id,
+            **extra,
         )
     assert out.shape[1] - ids.shape[1] == new
 
 
-def time_generate_batched(model, prompts: list[list[int]], new_tokens: int, pad_id: int) -> float:
-    """generate on all prompts as one left-padded batch (dynamic KV cache)."""
+def time_generate_batched(
+    model, prompts: list[list[int]], new_tokens: int, pad_id: int, static: bool = False
+) -> float:
+    """generate on all prompts as one left-padded batch (dynamic or static KV cache)."""
     ids, mask = left_pad(prompts, pad_id)
+    sync()
     started = time.perf_counter()
-    generate_exactly(model, ids, mask, new_tokens, pad_id)
+    generate_exactly(model, ids, mask, new_tokens, pad_id, static)
+    sync()
     return time.perf_counter() - started
+
+
+def sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def per_step(timer, new_tokens: int) -> tuple[float, float, float]:
+    """Seconds for `new_tokens`, ms per decode step ((t(new) - t(1)) / (new - 1)), peak GiB."""
+    timer(1)
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
+    full = timer(new_tokens)
+    peak = torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else 0.0
+    one = min(timer(1) for _ in range(3))
+    return full, (full - one) / (new_tokens - 1) * 1e3, peak
 
 
 def time_generate(model, prompts: list[list[int]], new_tokens: int, pad_id: int) -> float:
@@ -150,64 +219,153 @@ def time_training(
     return fb, step, tokens
 
 
-def bench_model(name: str, args: argparse.Namespace) -> None:
+def time_rl_step(trainer, prompts: list[list[int]], episodes: int, new_tokens: int) -> float:
+    """One RL step on the backend alone: sample `episodes` (groups of 16 over the prompts),
+    importance-sampling forward_backward, optim_step, and a fresh sampler on the new weights."""
+    sampler = trainer.save_weights_and_get_sampling_client().result()
+    groups = max(1, episodes // 16)
+    params = types.SamplingParams(max_tokens=new_tokens, temperature=1.0, seed=0, stop=[])
+    started = time.perf_counter()
+
+    async def sample_all() -> list[types.SampleResponse]:
+        calls = [
+            sampler.sample(types.ModelInput.from_ints(prompts[g % len(prompts)]), 16, params)
+            for g in range(groups)
+        ]
+        return await asyncio.gather(*calls)
+
+    data = []
+    for g, response in enumerate(asyncio.run(sample_all())):
+        p = prompts[g % len(prompts)]
+        for i, seq in enumerate(response.sequences):
+            full, pad = p + list(seq.tokens), [0.0] * (len(p) - 1)
+            data.append(
+                types.Datum(
+                    model_input=types.ModelInput.from_ints(full[:-1]),
+                    loss_fn_inputs={
+                        "target_tokens": full[1:],
+                        "logprobs": pad + list(seq.logprobs),
+                        "advantages": pad + [1.0 if i % 2 else -1.0] * len(seq.tokens),
+                    },
+                )
+            )
+    trainer.forward_backward(data, "importance_sampling")
+    trainer.optim_step(types.AdamParams(learning_rate=1e-5)).result()
+    trainer.save_weights_and_get_sampling_client().result()
+    return time.perf_counter() - started
+
+
+def bench_model(alias: str, args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory() as tmp:
+        randomised = alias in RANDOM_SHAPES
+        name = build_random(alias, Path(tmp)) if randomised else ALIASES.get(alias, alias)
         service = LocalServiceClient(
-            checkpoint_dir=Path(tmp), models_dir=Path(args.models_dir), device=args.device
+            checkpoint_dir=Path(tmp) / "checkpoints",
+            models_dir=Path(args.models_dir),
+            device=args.device,
+            sampling_dtype=args.sampling_dtype,
         )
         try:
             started = time.perf_counter()
             trainer = service.create_lora_training_client(name, rank=args.rank, seed=0).result()
             load_s = time.perf_counter() - started
             sampler = trainer.save_weights_and_get_sampling_client().result()
-            model = trainer._host.model  # the same peft model the sampler uses
+            model = trainer._host.model  # the peft model the trainer uses
             tokenizer = trainer.get_tokenizer()
-            prompts = chat_prompts(tokenizer, args.prompts)
-            n, new = len(prompts), args.new_tokens
-            warm = prompts[:2]
-            time_batched(sampler, warm, 4)
-            time_generate(model, warm[:1], 4, tokenizer.pad_token_id)
-
-            batched = time_batched(sampler, prompts, new)
-            generate_batched = time_generate_batched(model, prompts, new, tokenizer.pad_token_id)
-            generate = time_generate(model, prompts, new, tokenizer.pad_token_id)
-            sequential = time_sequential(sampler, prompts, new) if args.sequential else None
+            pad = int(tokenizer.pad_token_id or 0)
+            vocab = int(model.get_output_embeddings().weight.shape[0])
+            params = sum(p.numel() for p in model.parameters())
+            print(
+                f"\n## {alias}  ({params / 1e6:.0f}M parameters, load {load_s:.1f} s, "
+                f"LoRA rank {args.rank}, device {service.device}, "
+                f"sampling dtype {args.sampling_dtype})"
+            )
+            new = args.new_tokens
+            for count in (int(c) for c in args.prompts.split(",")):
+                prompts = (
+                    random_prompts(count, vocab) if randomised else chat_prompts(tokenizer, count)
+                )
+                routes = {
+                    "ours (continuous batching)": lambda k, p=prompts: time_batched(sampler, p, k),
+                    "generate, batched": lambda k, p=prompts: time_generate_batched(
+                        model, p, k, pad
+                    ),
+                }
+                if args.static:
+                    routes["generate, static cache compiled"] = lambda k, p=prompts: (
+                        time_generate_batched(model, p, k, pad, static=True)
+                    )
+                figures = {}
+                for label, timer in routes.items():
+                    timer(new)  # warm-up (compiles, for the static route)
+                    figures[label] = per_step(timer, new)
+                if args.one_at_a_time:
+                    figures["generate, one at a time"] = (
+                        time_generate(model, prompts, new, pad),
+                        float("nan"),
+                        float("nan"),
+                    )
+                print_sampling(count, new, prompts, figures)
+            prompts = random_prompts(16, vocab) if randomised else chat_prompts(tokenizer, 16)
             fb, step, train_tokens = time_training(trainer, prompts, new, args.repeats)
+            time_rl_step(trainer, prompts, args.episodes, args.episode_tokens)  # warm-up
+            rl = sorted(
+                time_rl_step(trainer, prompts, args.episodes, args.episode_tokens)
+                for _ in range(args.repeats)
+            )[args.repeats // 2]
         finally:
             service.close()
-
-    total = n * new
-    plen = sum(len(p) for p in prompts) / n
-    print(f"\n## {name}  (load {load_s:.1f} s, LoRA rank {args.rank}, device {service.device})")
-    print(f"sampling: {n} prompts (mean {plen:.0f} tokens) x {new} new tokens = {total} tokens")
-    print(f"  batched + KV cache (ours)      {batched:8.2f} s  {total / batched:9.1f} tok/s")
-    if sequential is not None:
-        print(
-            f"  ours, one prompt at a time     {sequential:8.2f} s  {total / sequential:9.1f} tok/s"
-        )
-    print(f"  HF generate, one at a time     {generate:8.2f} s  {total / generate:9.1f} tok/s")
-    print(
-        f"  HF generate, batched           {generate_batched:8.2f} s  "
-        f"{total / generate_batched:9.1f} tok/s"
-    )
-    print(f"  ours vs generate one at a time: {generate / batched:.2f}x")
-    print(f"  ours vs generate batched:       {generate_batched / batched:.2f}x")
-    print(f"training: {n} sequences, {train_tokens} tokens per call")
+    print(f"training: 16 sequences, {train_tokens} tokens per call")
     print(f"  forward_backward               {fb:8.2f} s  {train_tokens / fb:9.1f} tok/s")
     print(f"  forward_backward + optim_step  {step:8.2f} s  {train_tokens / step:9.1f} tok/s")
+    if torch.cuda.is_available():
+        gpu = torch.cuda.get_device_name()
+        peak = next((v for k, v in BF16_PEAK_FLOPS.items() if k in gpu), None)
+        if peak:
+            share = 6 * params * train_tokens / fb / peak
+            print(f"  share of the bf16 peak (6 x params x tokens/s): {share:.1%}")
+    print(
+        f"RL step on the backend ({args.episodes} episodes x {args.episode_tokens} tokens: "
+        f"sample, forward_backward, optim_step, new sampler): {rl:.2f} s (median)"
+    )
+
+
+def print_sampling(count: int, new: int, prompts: list[list[int]], figures: dict) -> None:
+    plen = sum(len(p) for p in prompts) / count
+    total = count * new
+    ours_s, ours_ms, _ = figures["ours (continuous batching)"]
+    print(f"sampling: {count} prompts (mean {plen:.0f} tokens) x {new} new tokens")
+    print(
+        f"  {'route':34} {'total s':>8} {'tok/s':>9} {'ms/step':>8} {'peak GiB':>8} "
+        f"{'ours x faster':>15} {'per step':>10}"
+    )
+    for label, (seconds, ms, peak) in figures.items():
+        print(
+            f"  {label:34} {seconds:8.2f} {total / seconds:9.1f} {ms:8.2f} {peak:8.2f} "
+            f"{seconds / ours_s:14.2f}x {ms / ours_ms:9.2f}x"
+        )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="tiny-random,smollm2")
-    parser.add_argument("--prompts", type=int, default=16)
+    parser.add_argument("--prompts", default="16", help="comma-separated batch sizes")
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--rank", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--device", default="auto")
+    parser.add_argument("--sampling-dtype", default="auto")
     parser.add_argument("--models-dir", default="var/models")
+    parser.add_argument("--episodes", type=int, default=64)
+    parser.add_argument("--episode-tokens", type=int, default=64)
     parser.add_argument(
-        "--sequential", action="store_true", help="also time our sampler one prompt at a time"
+        "--static",
+        action=argparse.BooleanOptionalAction,
+        default=torch.cuda.is_available(),
+        help="also time generate with a static cache, compiled (default on CUDA)",
+    )
+    parser.add_argument(
+        "--one-at-a-time", action="store_true", help="also time generate one prompt at a time"
     )
     args = parser.parse_args()
     print(

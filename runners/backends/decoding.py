@@ -42,7 +42,7 @@ class Row:
         return self.temperature > 0 and (self.top_k > 0 or self.top_p < 1.0)
 
 
-def _finished(row: Row, decode: Callable[[list[int]], str], max_positions: int | None) -> bool:
+def finished(row: Row, decode: Callable[[list[int]], str], max_positions: int | None) -> bool:
     token = row.tokens[-1]
     if token in row.stop_ids:
         row.stop_reason = "stop"
@@ -84,8 +84,12 @@ class RunningBatch:
     def __len__(self) -> int:
         return len(self.rows)
 
-    def join(self, rows: list[Row]) -> None:
-        """Prefill `rows` as one left-padded batch and merge them into the running one."""
+    def can_take(self, rows: list[Row]) -> bool:
+        return True  # the cache grows with the rows
+
+    def join(self, rows: list[Row]) -> list[Row]:
+        """Prefill `rows` as one left-padded batch and merge them into the running one
+        (their first tokens come at the next step, so none finishes here)."""
         from transformers import DynamicCache
 
         ids, mask = left_pad([r.prompt for r in rows], self._pad_id)
@@ -98,7 +102,7 @@ class RunningBatch:
         if not self.rows:
             self.rows, self._cache, self._mask = list(rows), cache, mask
             self._positions, self._logits = positions[:, -1:], logits
-            return
+            return []
         assert self._logits is not None
         length = max(self._mask.shape[1], width)
         _merge_caches(self._cache, cache, length)
@@ -106,6 +110,7 @@ class RunningBatch:
         self._positions = torch.cat([self._positions, positions[:, -1:]])
         self._logits = torch.cat([self._logits, logits])
         self.rows += rows
+        return []
 
     def step(self) -> list[Row]:
         """Pick a token for every row; rows that finish leave. Returns the finished rows."""
@@ -128,7 +133,7 @@ class RunningBatch:
         for slot, (row, token, logprob) in enumerate(zip(rows, tokens, logprobs, strict=True)):
             row.tokens.append(token)
             row.logprobs.append(logprob)
-            (done if _finished(row, self._decode, self._max_positions) else keep).append(slot)
+            (done if finished(row, self._decode, self._max_positions) else keep).append(slot)
         if not keep:
             self._reset()
             return [rows[s] for s in done]

@@ -30,8 +30,12 @@ from runners.backends.sampling_model import (
     next_token_logits,
     resolve_sampling_dtype,
 )
+from runners.backends.slot_batch import SlotBatch
+from runners.backends.slot_batch import supports as supports_slots
 
 _STOP = object()
+# Dynamic-cache batches on the CPU; slot batches with captured decode steps on CUDA.
+Batch = RunningBatch | SlotBatch
 _sequence_ids = count(1)
 
 
@@ -77,6 +81,11 @@ def engine_for(host: ModelHost) -> SamplingEngine:
         return engine
 
 
+def slots_wanted(device: torch.device) -> bool:
+    """Slot batches where captured steps pay (CUDA); tests turn them on for the CPU too."""
+    return device.type == "cuda"
+
+
 class SamplingEngine:
     """A daemon thread that batches sample requests for one ModelHost."""
 
@@ -92,6 +101,7 @@ class SamplingEngine:
         self._backlog: deque[SampleRequest] = deque()
         self._closed = False
         self._model: SamplingModel | None = None  # built by the engine thread on first use
+        self._batch: Batch | None = None
         self._thread = threading.Thread(target=self._run, name="local-sampler", daemon=True)
         self._thread.start()
 
@@ -111,7 +121,7 @@ class SamplingEngine:
             self._thread.join(timeout=60)
 
     def _run(self) -> None:
-        batch: RunningBatch | None = None
+        batch: Batch | None = None
         adapter: AdapterWeights | None = None
         in_flight: list[SampleRequest] = []
         while True:
@@ -119,14 +129,14 @@ class SamplingEngine:
             if not self._pull(block=idle and not self._backlog):
                 self._fail(in_flight, RuntimeError("the sampling engine was closed"))
                 return self._fail_backlog()
-            if idle:
-                if not self._backlog:
-                    continue
-                adapter = self._backlog[0].adapter
-                batch = self._new_batch(adapter)
-            assert batch is not None
+            if idle and not self._backlog:
+                continue
             try:
-                joining = self._take(adapter, self.max_batch_sequences - len(batch))
+                if idle:
+                    adapter = self._backlog[0].adapter
+                    batch = self._batch_for(adapter)
+                assert batch is not None
+                joining = self._take(batch, adapter, self.max_batch_sequences - len(batch))
                 in_flight += joining
                 rows = [row for request in joining for row in request.rows]
                 if rows:
@@ -141,8 +151,13 @@ class SamplingEngine:
                     in_flight.remove(request)
                     _settle(request.future, value=self._response(adapter, request))
             except Exception as exc:
+                if idle and not in_flight:
+                    # Nothing could start on this adapter: its requests fail rather than retry.
+                    in_flight = [r for r in self._backlog if r.adapter is adapter]
+                    for request in in_flight:
+                        self._backlog.remove(request)
                 self._fail(in_flight, exc)
-                in_flight, batch = [], None
+                in_flight, batch, self._batch = [], None, None
 
     def _pull(self, block: bool) -> bool:
         """Move queued requests to the backlog (waiting for one if `block`); False on close."""
@@ -162,7 +177,7 @@ class SamplingEngine:
                 return False
             self._backlog.append(item)
 
-    def _take(self, adapter: AdapterWeights | None, room: int) -> list[SampleRequest]:
+    def _take(self, batch: Batch, adapter: AdapterWeights | None, room: int) -> list[SampleRequest]:
         """Backlogged requests on `adapter` that fit in `room` rows, oldest first."""
         taken: list[SampleRequest] = []
         for request in list(self._backlog):
@@ -172,6 +187,8 @@ class SamplingEngine:
                 break
             if not taken and len(request.rows) > room and room < self.max_batch_sequences:
                 break  # a large request waits for room rather than overfilling the batch
+            if len(batch) and not batch.can_take(request.rows):
+                break  # it waits for the running rows to drain (a longer cache, say)
             taken.append(request)
             room -= len(request.rows)
             self._backlog.remove(request)
@@ -196,11 +213,24 @@ class SamplingEngine:
                 self._model = SamplingModel(host, dtype)
         return self._model
 
-    def _new_batch(self, adapter: AdapterWeights | None) -> RunningBatch:
-        host = self.host
+    def _batch_for(self, adapter: AdapterWeights | None) -> Batch:
+        """The engine's batch (built once, kept across adapters), `adapter` loaded."""
         sampling = self.sampling_model()
         sampling.load(adapter)
-        model = sampling.module
+        if self._batch is None:
+            self._batch = self._make_batch(sampling.module)
+        return self._batch
+
+    def _make_batch(self, model: torch.nn.Module) -> Batch:
+        host = self.host
+        options = {
+            "pad_id": int(host.tokenizer.pad_token_id or 0),
+            "device": host.device,
+            "decode": lambda toks: host.tokenizer.decode(toks, skip_special_tokens=False),
+            "max_positions": host.max_positions,
+        }
+        if slots_wanted(host.device) and supports_slots(model):
+            return SlotBatch(model, slots=self.max_batch_sequences, graphs=True, **options)
 
         def forward(ids, mask, positions, cache) -> torch.Tensor:
             # No host lock: the copy's own buffers hold the adapter, and the base weights it
@@ -208,13 +238,7 @@ class SamplingEngine:
             with torch.no_grad():
                 return next_token_logits(model, ids, mask, positions, cache)
 
-        return RunningBatch(
-            forward,
-            pad_id=int(host.tokenizer.pad_token_id or 0),
-            device=host.device,
-            decode=lambda toks: host.tokenizer.decode(toks, skip_special_tokens=False),
-            max_positions=host.max_positions,
-        )
+        return RunningBatch(forward, **options)
 
     def _prompt_logprobs(
         self, adapter: AdapterWeights | None, request: SampleRequest

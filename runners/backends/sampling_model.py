@@ -66,7 +66,8 @@ class SamplingModel:
 
     def __init__(self, host: ModelHost, dtype: torch.dtype) -> None:
         source = host.model.get_base_model() if host.is_lora else host.model
-        shared = all(p.dtype == dtype for p in source.parameters())
+        adapter = {id(p) for p in host.params.values()}
+        shared = all(p.dtype == dtype for p in source.parameters() if id(p) not in adapter)
         # Sharing: deepcopy reuses every tensor found in the memo instead of copying it.
         memo = {id(t): t for t in [*source.parameters(), *source.buffers()]} if shared else {}
         with torch.no_grad():
@@ -75,7 +76,7 @@ class SamplingModel:
         # trainer's LoRA parameters too); sampling runs under no_grad instead.
         self.slots = _replace_lora_layers(host, module)
         if not shared:
-            module.to(dtype)
+            _cast_weights(module, dtype)
         self.module = module.eval()
         self.dtype = dtype
         self.shares_weights = shared
@@ -128,6 +129,17 @@ def next_token_logits(
     # Contiguous on purpose: a strided [rows, 1, hidden] slice sends torch's matmul down a
     # batched path that copies the unembedding once per row (1 s per prefill for SmolLM2).
     return model.get_output_embeddings()(picked.contiguous())
+
+
+def _cast_weights(module: nn.Module, dtype: torch.dtype) -> None:
+    """Parameters and LoRA buffers to `dtype`; other buffers (rotary frequencies) keep theirs,
+    as the trainer's do."""
+    with torch.no_grad():
+        for param in module.parameters():
+            param.data = param.data.to(dtype)
+        for delta in module.modules():
+            if isinstance(delta, LoraDelta):
+                delta.down, delta.up = delta.down.to(dtype), delta.up.to(dtype)
 
 
 def _replace_lora_layers(host: ModelHost, module: nn.Module) -> list[_Slot]:

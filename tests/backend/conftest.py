@@ -27,3 +27,15 @@ def service(tmp_path: Path) -> Iterator[LocalServiceClient]:
 @pytest.fixture
 def trainer(service: LocalServiceClient) -> LocalTrainingClient:
     return service.create_lora_training_client("tiny-random", rank=8, seed=0).result(timeout=120)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked `gpu` are skipped, saying so, where CUDA is not available."""
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (marked gpu); none on this machine")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

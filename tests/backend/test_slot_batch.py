@@ -1,0 +1,120 @@
+"""The slot batch (static per-row cache, the step CUDA graphs capture) run eagerly on the CPU:
+the same tokens and logprobs as the dynamic-cache batch, late joins, buckets, cache reuse."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from runners.backends import engine
+from runners.backends.decoding import Row, RunningBatch
+from runners.backends.sampling_model import SamplingModel, next_token_logits
+from runners.backends.slot_batch import SlotBatch
+from tests.backend.test_continuous_batching import params, prompt
+
+
+def _rows(specs: list[tuple[list[int], int, int]], **settings) -> list[Row]:
+    base = dict(temperature=1.0, top_k=0, top_p=1.0, stop_ids=frozenset(), stop_strings=())
+    base.update(settings)
+    return [Row(prompt=p, max_tokens=n, seed=seed, **base) for p, n, seed in specs]
+
+
+def _model(trainer) -> torch.nn.Module:
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in trainer._host.params.values():
+            p.add_(torch.randn(p.shape, generator=generator) * 0.05)
+    copy = SamplingModel(trainer._host, torch.float32)
+    copy.load(trainer._host.snapshot())
+    return copy.module
+
+
+def _drain(batch, rows: list[Row]) -> None:
+    batch.join(rows)
+    while len(batch):
+        batch.step()
+
+
+def _running(model, trainer) -> RunningBatch:
+    def forward(ids, mask, positions, cache):
+        with torch.no_grad():
+            return next_token_logits(model, ids, mask, positions, cache)
+
+    return RunningBatch(
+        forward, pad_id=0, device=torch.device("cpu"), decode=trainer.get_tokenizer().decode
+    )
+
+
+def _slots(model, trainer, slots: int = 8) -> SlotBatch:
+    return SlotBatch(
+        model,
+        slots=slots,
+        pad_id=0,
+        device=torch.device("cpu"),
+        decode=trainer.get_tokenizer().decode,
+        max_positions=None,
+        graphs=True,  # no CUDA here: the captured step runs eagerly
+    )
+
+
+SPECS = [([5, 9, 2, 7, 1], 12, 3), ([4, 8], 20, 4), ([3, 3, 6], 7, 5)]
+
+
+@pytest.mark.parametrize("settings", [{}, {"top_k": 5, "top_p": 0.8}, {"temperature": 0.0}])
+def test_slot_batch_matches_the_dynamic_cache_batch(trainer, settings):
+    model = _model(trainer)
+    want, got = _rows(SPECS, **settings), _rows(SPECS, **settings)
+    _drain(_running(model, trainer), want)
+    _drain(_slots(model, trainer), got)
+    for a, b in zip(want, got, strict=True):
+        assert a.tokens == b.tokens and a.stop_reason == b.stop_reason == "length"
+        np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-4)
+
+
+def test_late_rows_join_free_slots_and_match(trainer):
+    model = _model(trainer)
+    alone = _rows(SPECS)
+    for row in alone:
+        _drain(_slots(model, trainer), [row])
+    batch = _slots(model, trainer, slots=4)
+    first, second, third = _rows(SPECS)
+    batch.join([first])
+    for _ in range(3):
+        batch.step()
+    batch.join([second])  # joins mid-way, in the next free slot
+    assert batch.rows[1] is second
+    batch.step()
+    batch.join([third])
+    while len(batch):
+        batch.step()
+    assert batch.prefills == 3
+    for a, b in zip(alone, (first, second, third), strict=True):
+        assert a.tokens == b.tokens
+        np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-4)
+
+
+def test_cache_room_decides_who_may_join(trainer):
+    model = _model(trainer)
+    batch = _slots(model, trainer, slots=2)
+    batch.join(_rows([([1, 2, 3], 50, 0)]))
+    assert batch.can_take(_rows([([1], 10, 1)]))
+    assert not batch.can_take(_rows([([1], 10, 1), ([2], 10, 2)]))  # one slot free
+    assert not batch.can_take(_rows([([1], 1000, 1)]))  # longer than the cache
+    while len(batch):
+        batch.step()
+    assert batch.can_take(_rows([([1], 1000, 1), ([2], 10, 2)]))  # empty: the cache resizes
+
+
+def test_engine_with_slot_batches_samples_as_before(trainer, monkeypatch):
+    """The engine on slot batches (forced on for the CPU) answers as on dynamic ones."""
+    sampler = trainer.save_weights_and_get_sampling_client().result()
+    tokens = trainer.get_tokenizer().encode("slots")
+    want = sampler.sample(prompt(tokens), 3, params(7, 16)).result(timeout=60)
+    trainer._host.close()  # a fresh engine, built the other way
+    monkeypatch.setattr(engine, "slots_wanted", lambda device: True)
+    got = sampler.sample(prompt(tokens), 3, params(7, 16)).result(timeout=60)
+    assert isinstance(engine.engine_for(trainer._host)._batch, SlotBatch)
+    for a, b in zip(want.sequences, got.sequences, strict=True):
+        assert a.tokens == b.tokens
+        np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-4)
