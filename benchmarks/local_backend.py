@@ -17,6 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 from tinker import types
 
@@ -124,8 +125,6 @@ def time_batched(sampler: LocalSamplingClient, prompts: list[list[int]], new_tok
     elapsed = time.perf_counter() - started
     assert all(len(r.sequences[0].tokens) == new_tokens for r in responses)
     return elapsed
-
-
 
 
 def generate_exactly(
@@ -255,6 +254,28 @@ def time_rl_step(trainer, prompts: list[list[int]], episodes: int, new_tokens: i
     return time.perf_counter() - started
 
 
+def exactness(trainer, sampler, prompts: list[list[int]], new_tokens: int) -> tuple[float, ...]:
+    """Sampler logprobs against the trainer's for the same tokens: max and mean |difference|,
+    and the mean of (sampler - trainer), what train/kl_sample_train estimates."""
+    params = types.SamplingParams(max_tokens=new_tokens, temperature=1.0, seed=1, stop=[])
+    data, sampled = [], []
+    for p in prompts:
+        seq = sampler.sample(types.ModelInput.from_ints(p), 1, params).result().sequences[0]
+        full = p + list(seq.tokens)
+        data.append(
+            types.Datum(
+                model_input=types.ModelInput.from_ints(full[:-1]),
+                loss_fn_inputs={"target_tokens": full[1:], "weights": [1.0] * (len(full) - 1)},
+            )
+        )
+        sampled.append(np.asarray(seq.logprobs))
+    out = trainer.forward(data, "cross_entropy").result().loss_fn_outputs
+    diffs = np.concatenate(
+        [s - o["logprobs"].to_numpy()[-len(s) :] for s, o in zip(sampled, out, strict=True)]
+    )
+    return float(np.abs(diffs).max()), float(np.abs(diffs).mean()), float(diffs.mean())
+
+
 def bench_model(alias: str, args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         randomised = alias in RANDOM_SHAPES
@@ -308,6 +329,9 @@ def bench_model(alias: str, args: argparse.Namespace) -> None:
                 print_sampling(count, new, prompts, figures)
             prompts = random_prompts(16, vocab) if randomised else chat_prompts(tokenizer, 16)
             fb, step, train_tokens = time_training(trainer, prompts, new, args.repeats)
+            agree = exactness(
+                trainer, trainer.save_weights_and_get_sampling_client().result(), prompts[:8], new
+            )
             time_rl_step(trainer, prompts, args.episodes, args.episode_tokens)  # warm-up
             rl = sorted(
                 time_rl_step(trainer, prompts, args.episodes, args.episode_tokens)
@@ -324,6 +348,10 @@ def bench_model(alias: str, args: argparse.Namespace) -> None:
         if peak:
             share = 6 * params * train_tokens / fb / peak
             print(f"  share of the bf16 peak (6 x params x tokens/s): {share:.1%}")
+    print(
+        f"sampler vs trainer logprobs (8 x {args.new_tokens} tokens, after training): "
+        f"max |diff| {agree[0]:.2e}, mean |diff| {agree[1]:.2e}, mean diff {agree[2]:+.2e}"
+    )
     print(
         f"RL step on the backend ({args.episodes} episodes x {args.episode_tokens} tokens: "
         f"sample, forward_backward, optim_step, new sampler): {rl:.2f} s (median)"
