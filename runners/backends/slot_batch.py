@@ -102,11 +102,22 @@ class SlotBatch:
         self._decode = decode
         self._max_positions = max_positions
         self._graphs = graphs and device.type == "cuda"
+        self.prefills = 0
+        self.captures = 0
+        self._pool = None
+        self._cache: SlotCache | None = None
+        self._captured: dict[tuple[int, bool], torch.cuda.CUDAGraph] = {}
+        self._allocate_slots(slots)
+
+    def __len__(self) -> int:
+        return sum(row is not None for row in self.rows)
+
+    def _allocate_slots(self, slots: int) -> None:
+        """The per-slot step inputs and outputs (fixed tensors the graphs read and write)."""
+        device = self._device
         self.slots = slots
         self._buckets = sorted({b for b in BUCKETS if b < slots} | {slots})
         self.rows: list[Row | None] = [None] * slots
-        self.prefills = 0
-        self.captures = 0
         new = torch.zeros
         self._tok = new((slots, 1), dtype=torch.long, device=device)
         self._pos = new((slots, 1), dtype=torch.long, device=device)
@@ -116,12 +127,8 @@ class SlotBatch:
         self._top_k = new(slots, dtype=torch.long, device=device)
         self._top_p = torch.ones(slots, dtype=torch.float32, device=device)
         self._out = new((2, slots), dtype=torch.float32, device=device)
-        self._cache: SlotCache | None = None
-        self._captured: dict[tuple[int, bool], torch.cuda.CUDAGraph] = {}
-        self._pool = None
-
-    def __len__(self) -> int:
-        return sum(row is not None for row in self.rows)
+        self._cache = None  # sized at the next join; graphs read the old tensors, so go too
+        self._captured.clear()
 
     # ----- joining ------------------------------------------------------------------------
 
@@ -137,6 +144,9 @@ class SlotBatch:
         """Prefill `rows` into free slots and pick their first tokens; returns those that
         already finished (their slots are free again)."""
         if not len(self):
+            if len(rows) > self.slots:
+                # One request with more samples than slots: the batch grows to hold it.
+                self._allocate_slots(len(rows))
             self._size_cache(max(self._needed(row) for row in rows))
         assert self._cache is not None
         free = [s for s, row in enumerate(self.rows) if row is None][: len(rows)]

@@ -118,3 +118,12 @@ def test_engine_with_slot_batches_samples_as_before(trainer, monkeypatch):
     for a, b in zip(want.sequences, got.sequences, strict=True):
         assert a.tokens == b.tokens
         np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-4)
+
+
+def test_a_request_larger_than_the_slots_grows_the_batch(trainer):
+    model = _model(trainer)
+    batch = _slots(model, trainer, slots=2)
+    rows = _rows([([1, 2], 5, i) for i in range(5)])
+    _drain(batch, rows)
+    assert batch.slots == 5
+    assert all(len(r.tokens) == 5 and r.stop_reason == "length" for r in rows)
