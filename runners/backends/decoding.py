@@ -14,10 +14,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from runners.backends.sampling_model import next_token_logits
 from runners.backends.selection import row_keys, select_tokens
-
-# forward(input_ids, attention_mask, position_ids, cache) -> logits of the last position [B, V]
-ForwardFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, object], torch.Tensor]
 
 
 @dataclass
@@ -62,14 +60,14 @@ class RunningBatch:
 
     def __init__(
         self,
-        forward: ForwardFn,
+        model: torch.nn.Module,
         *,
         pad_id: int,
         device: torch.device,
         decode: Callable[[list[int]], str],
         max_positions: int | None = None,
     ) -> None:
-        self._forward = forward
+        self._model = model
         self._pad_id = pad_id
         self._device = device
         self._decode = decode
@@ -150,6 +148,10 @@ class RunningBatch:
         self._logits = self._forward(next_ids, self._mask, self._positions, self._cache)
         return [rows[s] for s in done]
 
+    def _forward(self, ids, mask, positions, cache) -> torch.Tensor:
+        with torch.no_grad():
+            return next_token_logits(self._model, ids, mask, positions, cache)
+
     def _tensor(self, values: list, dtype: torch.dtype) -> torch.Tensor:
         return torch.tensor(values, dtype=dtype, device=self._device)
 
@@ -171,12 +173,22 @@ class RunningBatch:
 
 def left_pad(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Token ids and attention mask [rows, longest prompt], prompts aligned to the right."""
+    return _pad(prompts, pad_id, left=True)
+
+
+def right_pad(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token ids and attention mask [rows, longest prompt], prompts aligned to the left."""
+    return _pad(prompts, pad_id, left=False)
+
+
+def _pad(prompts: list[list[int]], pad_id: int, left: bool) -> tuple[torch.Tensor, torch.Tensor]:
     width = max(len(p) for p in prompts)
     ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
     mask = torch.zeros((len(prompts), width), dtype=torch.long)
     for i, prompt in enumerate(prompts):
-        ids[i, width - len(prompt) :] = torch.tensor(prompt)
-        mask[i, width - len(prompt) :] = 1
+        span = slice(width - len(prompt), width) if left else slice(0, len(prompt))
+        ids[i, span] = torch.tensor(prompt)
+        mask[i, span] = 1
     return ids, mask
 
 

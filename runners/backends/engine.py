@@ -25,11 +25,7 @@ from tinker import types
 from runners.backends.decoding import Row, RunningBatch
 from runners.backends.futures import LocalFuture
 from runners.backends.host import AdapterWeights, ModelHost
-from runners.backends.sampling_model import (
-    SamplingModel,
-    next_token_logits,
-    resolve_sampling_dtype,
-)
+from runners.backends.sampling_model import SamplingModel, resolve_sampling_dtype
 from runners.backends.slot_batch import SlotBatch
 from runners.backends.slot_batch import supports as supports_slots
 
@@ -121,10 +117,10 @@ class SamplingEngine:
             self._thread.join(timeout=60)
 
     def _run(self) -> None:
-        batch: Batch | None = None
         adapter: AdapterWeights | None = None
         in_flight: list[SampleRequest] = []
         while True:
+            batch = self._batch
             idle = batch is None or not len(batch)
             if not self._pull(block=idle and not self._backlog):
                 self._fail(in_flight, RuntimeError("the sampling engine was closed"))
@@ -157,7 +153,7 @@ class SamplingEngine:
                     for request in in_flight:
                         self._backlog.remove(request)
                 self._fail(in_flight, exc)
-                in_flight, batch, self._batch = [], None, None
+                in_flight, self._batch = [], None  # its state is unknown: build it afresh
 
     def _pull(self, block: bool) -> bool:
         """Move queued requests to the backlog (waiting for one if `block`); False on close."""
@@ -202,7 +198,7 @@ class SamplingEngine:
         self._fail(list(self._backlog), RuntimeError("the sampling engine was closed"))
         self._backlog.clear()
 
-    def sampling_model(self) -> SamplingModel:
+    def _sampling_model(self) -> SamplingModel:
         """The engine's copy of the model in the sampling dtype (built once)."""
         if self._model is None:
             host = self.host
@@ -215,7 +211,7 @@ class SamplingEngine:
 
     def _batch_for(self, adapter: AdapterWeights | None) -> Batch:
         """The engine's batch (built once, kept across adapters), `adapter` loaded."""
-        sampling = self.sampling_model()
+        sampling = self._sampling_model()
         sampling.load(adapter)
         if self._batch is None:
             self._batch = self._make_batch(sampling.module)
@@ -229,16 +225,11 @@ class SamplingEngine:
             "decode": lambda toks: host.tokenizer.decode(toks, skip_special_tokens=False),
             "max_positions": host.max_positions,
         }
+        # No host lock when decoding: the copy's own buffers hold the adapter, and the base
+        # weights it may share with the trainer are frozen.
         if slots_wanted(host.device) and supports_slots(model):
             return SlotBatch(model, slots=self.max_batch_sequences, graphs=True, **options)
-
-        def forward(ids, mask, positions, cache) -> torch.Tensor:
-            # No host lock: the copy's own buffers hold the adapter, and the base weights it
-            # may share with the trainer are frozen.
-            with torch.no_grad():
-                return next_token_logits(model, ids, mask, positions, cache)
-
-        return RunningBatch(forward, **options)
+        return RunningBatch(model, **options)
 
     def _prompt_logprobs(
         self, adapter: AdapterWeights | None, request: SampleRequest

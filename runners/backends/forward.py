@@ -13,6 +13,7 @@ from tinker import types
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from runners.backends.decoding import right_pad
 from runners.backends.losses import check_input_keys, compute_loss
 
 
@@ -127,18 +128,13 @@ def run_loss(
     total = torch.zeros((), device=device)
     decoder, head = model.get_decoder(), model.get_output_embeddings()
     for group in microbatches(lengths, token_budget):
-        width = max(lengths[i] for i in group)
-        ids = torch.full((len(group), width), pad_id, dtype=torch.long)
-        real = torch.zeros((len(group), width), dtype=torch.bool)
-        for row, i in enumerate(group):
-            ids[row, : lengths[i]] = torch.tensor(batch.tokens[i])
-            real[row, : lengths[i]] = True
+        ids, real = right_pad([batch.tokens[i] for i in group], pad_id)
         targets = torch.cat([batch.targets[i] for i in group]).to(device)
         with torch.set_grad_enabled(backward), _autocast(device, model):
             # Right padding needs no mask: causal attention keeps pads out of real positions.
             hidden = decoder(input_ids=ids.to(device), use_cache=False).last_hidden_state
             # Row-major selection keeps datum order: datum group[0]'s positions, then the next.
-            token_lp = target_logprobs(hidden[real.to(device)], targets, head)
+            token_lp = target_logprobs(hidden[real.to(device).bool()], targets, head)
             inputs = {
                 key: torch.cat([batch.inputs[i][key] for i in group]).to(device)
                 for key in batch.inputs[group[0]]

@@ -95,6 +95,14 @@ class SamplingModel:
         self._loaded = adapter
 
 
+def plain_head(config: object) -> bool:
+    """The logits are the unembedding of the hidden state, nothing after (no soft-capping
+    or scaling), so it may be applied to chosen rows alone."""
+    return not (
+        getattr(config, "final_logit_softcapping", None) or getattr(config, "logit_scale", None)
+    )
+
+
 def next_token_logits(
     model: nn.Module,
     ids: torch.Tensor,
@@ -105,8 +113,7 @@ def next_token_logits(
 ) -> torch.Tensor:
     """Logits [rows, vocab] at each row's last position (`last`: per-row indices, else the
     final column), the unembedding applied to those hidden states only."""
-    config = model.config
-    if getattr(config, "final_logit_softcapping", None) or getattr(config, "logit_scale", None):
+    if not plain_head(model.config):
         # Models that post-process logits keep their own head (the final column only).
         assert last is None, "per-row last positions need a plain unembedding"
         out = model(

@@ -15,8 +15,8 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from runners.backends.decoding import Row, finished
-from runners.backends.sampling_model import next_token_logits
+from runners.backends.decoding import Row, finished, right_pad
+from runners.backends.sampling_model import next_token_logits, plain_head
 from runners.backends.selection import row_keys, select_tokens
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -52,10 +52,9 @@ class SlotCache:
     def update(self, key: torch.Tensor, value: torch.Tensor, layer_idx: int, *args, **kwargs):
         n = self.rows
         keys, values = self.keys[layer_idx][:n], self.values[layer_idx][:n]
-        column = self.positions[:n].clamp(max=self.length - 1)
-        index = column.view(n, 1, 1, 1).expand(n, key.shape[1], 1, key.shape[3])
-        keys.scatter_(2, index, key)
-        values.scatter_(2, index.expand(n, value.shape[1], 1, value.shape[3]), value)
+        column = self.positions[:n].clamp(max=self.length - 1).view(n, 1, 1, 1)
+        keys.scatter_(2, column.expand_as(key), key)
+        values.scatter_(2, column.expand_as(value), value)
         return keys, values
 
     def place(self, slots: torch.Tensor, prefill: object, width: int) -> None:
@@ -76,8 +75,7 @@ def supports(model: nn.Module) -> bool:
     layer_types = getattr(config, "layer_types", None) or ["full_attention"]
     return (
         all(t == "full_attention" for t in layer_types)
-        and not getattr(config, "final_logit_softcapping", None)
-        and not getattr(config, "logit_scale", None)
+        and plain_head(config)
         and getattr(config, "_attn_implementation", "sdpa") in ("sdpa", "eager")
     )
 
@@ -162,14 +160,7 @@ class SlotBatch:
         self._top_k[slots] = torch.tensor([r.top_k for r in rows], device=self._device)
         self._top_p[slots] = torch.tensor([r.top_p for r in rows], device=self._device)
         self._pos[slots] = lengths[:, None]
-        picked = select_tokens(
-            logits,
-            self._temp[slots],
-            self._top_k[slots],
-            self._top_p[slots],
-            row_keys(self._seed[slots], self._count[slots]),
-            filtered=any(r.filtered for r in rows),
-        )
+        picked = self._select(logits, slots, any(r.filtered for r in rows))
         self._tok[slots] = picked[0].long()[:, None]
         self._count[slots] = 1
         for slot, row in zip(free, rows, strict=True):
@@ -196,13 +187,9 @@ class SlotBatch:
         """One right-padded forward pass over the prompts: logits at each last token."""
         from transformers import DynamicCache
 
-        width = max(len(r.prompt) for r in rows)
-        ids = torch.full((len(rows), width), self._pad_id, dtype=torch.long)
-        mask = torch.zeros((len(rows), width), dtype=torch.long)
-        for i, row in enumerate(rows):
-            ids[i, : len(row.prompt)] = torch.tensor(row.prompt)
-            mask[i, : len(row.prompt)] = 1
+        ids, mask = right_pad([r.prompt for r in rows], self._pad_id)
         ids, mask = ids.to(self._device), mask.to(self._device)
+        width = ids.shape[1]
         positions = torch.arange(width, device=self._device)[None].expand(len(rows), width)
         last = mask.sum(dim=1) - 1
         cache = DynamicCache()
@@ -236,18 +223,22 @@ class SlotBatch:
         tok, pos = self._tok[:rows], self._pos[:rows]
         mask = (self._columns[None, :] <= pos).view(rows, 1, 1, -1)
         logits = next_token_logits(self._model, tok, mask, pos, self._cache.bucket(rows))
-        picked = select_tokens(
-            logits,
-            self._temp[:rows],
-            self._top_k[:rows],
-            self._top_p[:rows],
-            row_keys(self._seed[:rows], self._count[:rows]),
-            filtered=filtered,
-        )
+        picked = self._select(logits, slice(0, rows), filtered)
         self._out[:, :rows].copy_(picked)
         tok.copy_(picked[0].long()[:, None])
         pos.add_(1)
         self._count[:rows].add_(1)
+
+    def _select(self, logits: torch.Tensor, slots, filtered: bool) -> torch.Tensor:
+        """Tokens and raw logprobs [2, rows] for `slots` (an index tensor or a slice)."""
+        return select_tokens(
+            logits,
+            self._temp[slots],
+            self._top_k[slots],
+            self._top_p[slots],
+            row_keys(self._seed[slots], self._count[slots]),
+            filtered=filtered,
+        )
 
     def _graph(self, rows: int, filtered: bool) -> torch.cuda.CUDAGraph:
         key = (rows, filtered)

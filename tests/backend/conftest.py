@@ -10,16 +10,19 @@ import pytest
 from runners.backends.local import LocalServiceClient, LocalTrainingClient
 
 
+def local_service(folder: Path, **options) -> LocalServiceClient:
+    """A service with its folders under `folder`: CPU and a float32 sampler unless told, since
+    most tests compare sampler and trainer logprobs to float32 rounding
+    (test_sampling_model.py covers the bfloat16 sampler that `auto` picks on most CPUs)."""
+    settings = {"device": "cpu", "sampling_dtype": "float32", **options}
+    return LocalServiceClient(
+        checkpoint_dir=folder / "checkpoints", models_dir=folder / "models", **settings
+    )
+
+
 @pytest.fixture
 def service(tmp_path: Path) -> Iterator[LocalServiceClient]:
-    # float32 sampling: these tests compare sampler and trainer logprobs to float32 rounding
-    # (test_sampling_model.py covers the bfloat16 sampler that `auto` picks on most CPUs).
-    svc = LocalServiceClient(
-        checkpoint_dir=tmp_path / "checkpoints",
-        models_dir=tmp_path / "models",
-        device="cpu",
-        sampling_dtype="float32",
-    )
+    svc = local_service(tmp_path)
     yield svc
     svc.close()
 

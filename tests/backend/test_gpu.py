@@ -14,9 +14,9 @@ import torch
 from tinker import types
 
 from runners.backends import engine
-from runners.backends.local import LocalServiceClient
 from runners.backends.sampling_model import SamplingModel
 from runners.backends.slot_batch import SlotBatch
+from tests.backend.conftest import local_service
 from tests.backend.test_local_backend import ce_batch, ce_datum, prompt, train_steps
 from tests.backend.test_slot_batch import SPECS, _drain, _rows
 
@@ -26,9 +26,7 @@ BF16_LOGPROB_ATOL = 0.1
 
 @pytest.fixture
 def cuda_trainer(tmp_path: Path):
-    service = LocalServiceClient(
-        checkpoint_dir=tmp_path / "checkpoints", models_dir=tmp_path / "models", device="cuda"
-    )
+    service = local_service(tmp_path, device="cuda", sampling_dtype="auto")
     trainer = service.create_lora_training_client("tiny-random", rank=8, seed=0).result()
     yield service, trainer
     service.close()

@@ -14,6 +14,7 @@ from tinker import types
 from core.model_names import ModelNotAvailable
 from runners.backends.local import LocalServiceClient, LocalTrainingClient
 from runners.backends.sampler import _stops
+from tests.backend.conftest import local_service
 
 ADAM = types.AdamParams(learning_rate=1e-2, beta1=0.9, beta2=0.95, eps=1e-8)
 TEXTS = ["hello world", "the cat sat on the mat", "a b c d e f g", "RL on a CPU, why not?"]
@@ -321,12 +322,7 @@ def test_sampler_weights_reload_to_identical_samples(trainer, tmp_path):
     want = in_memory.sample(prompt(tokens), 3, params).result().sequences
     # Reloaded into the same service (shares the training model) and into a fresh one.
     same = trainer.create_sampling_client(saved.path).result()
-    fresh_service = LocalServiceClient(
-        checkpoint_dir=tmp_path / "other",
-        models_dir=tmp_path / "models",
-        device="cpu",
-        sampling_dtype="float32",
-    )
+    fresh_service = local_service(tmp_path / "other")
     try:
         fresh = fresh_service.create_sampling_client(model_path=saved.path).result()
         for client in (same, fresh):

@@ -16,6 +16,7 @@ from runners.backends.sampling_model import (
     next_token_logits,
     resolve_sampling_dtype,
 )
+from tests.backend.conftest import local_service
 from tests.backend.test_local_backend import ce_batch, ce_datum, prompt, train_steps
 
 
@@ -92,12 +93,7 @@ def test_resolve_sampling_dtype():
 
 def test_bfloat16_sampling_logprobs_stay_close_to_float32_training(tmp_path: Path):
     """What `auto` gives on a CPU with bf16: logprobs within bf16 rounding of the trainer's."""
-    service = LocalServiceClient(
-        checkpoint_dir=tmp_path / "c",
-        models_dir=tmp_path / "m",
-        device="cpu",
-        sampling_dtype="bfloat16",
-    )
+    service = local_service(tmp_path, sampling_dtype="bfloat16")
     try:
         trainer = service.create_lora_training_client("tiny-random", rank=8, seed=0).result()
         train_steps(trainer, ce_batch(trainer), 3)

@@ -9,7 +9,7 @@ import torch
 
 from runners.backends import engine
 from runners.backends.decoding import Row, RunningBatch
-from runners.backends.sampling_model import SamplingModel, next_token_logits
+from runners.backends.sampling_model import SamplingModel
 from runners.backends.slot_batch import SlotBatch
 from tests.backend.test_continuous_batching import params, prompt
 
@@ -37,12 +37,8 @@ def _drain(batch, rows: list[Row]) -> None:
 
 
 def _running(model, trainer) -> RunningBatch:
-    def forward(ids, mask, positions, cache):
-        with torch.no_grad():
-            return next_token_logits(model, ids, mask, positions, cache)
-
     return RunningBatch(
-        forward, pad_id=0, device=torch.device("cpu"), decode=trainer.get_tokenizer().decode
+        model, pad_id=0, device=torch.device("cpu"), decode=trainer.get_tokenizer().decode
     )
 
 
