@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: serve test install lint format demo bench clean
+.PHONY: serve test install lint format demo curves clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -37,3 +37,8 @@ clean:
 
 demo: $(STAMP)
 	$(BIN)/python scripts/demo.py
+
+# Learning curves (benchmarks/README.md): about 40 minutes on 2 CPU cores.
+curves: $(STAMP)
+	$(BIN)/pip install --quiet -e '.[bench]'
+	$(BIN)/python -m benchmarks.learning
