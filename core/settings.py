@@ -9,10 +9,10 @@ import os
 import sys
 from functools import cached_property
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import AliasChoices, Field, SecretStr
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import AliasChoices, Field, SecretStr, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from core.net import is_loopback
 
@@ -38,6 +38,23 @@ class Settings(BaseSettings):
     api_token: SecretStr | None = None
     insecure_no_token: bool = Field(
         False, description="Answer clients off this machine without a token (not advised)"
+    )
+    read_tokens: SecretStr | None = Field(
+        None, description="Comma-separated tokens that may list and watch, never change anything"
+    )
+    allowed_hosts: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Host names the server answers to (comma-separated, * for any); default: "
+        "the loopback names and the bound address while the server takes no token",
+    )
+    cors_origins: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Web origins (https://app.example) allowed to call from a browser; none by "
+        "default",
+    )
+    max_body_bytes: int = Field(1 << 20, ge=1024, description="Larger request bodies get 413")
+    max_streams_per_client: int = Field(
+        8, ge=1, description="Log-follow streams one client address may hold open at once"
     )
 
     # Runs.
@@ -104,6 +121,22 @@ class Settings(BaseSettings):
         None, validation_alias=AliasChoices("OPENREWARD_API_KEY", "RLCS_OPENREWARD_API_KEY")
     )
 
+    @field_validator("allowed_hosts", "cors_origins", mode="before")
+    @classmethod
+    def _comma_separated(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value
+
+    @model_validator(mode="after")
+    def _read_tokens_need_an_admin_token(self) -> Settings:
+        if self.read_tokens is not None and self.api_token is None:
+            raise ValueError(
+                "RLCS_READ_TOKENS is set without RLCS_API_TOKEN: a server with no admin token "
+                "takes no tokens at all; set RLCS_API_TOKEN too, or unset RLCS_READ_TOKENS"
+            )
+        return self
+
     @cached_property
     def db_url(self) -> str:
         return self.database_url or f"sqlite:///{self.var_dir / 'rlcs.db'}"
@@ -119,6 +152,27 @@ class Settings(BaseSettings):
     @property
     def environment_dirs(self) -> list[Path]:
         return [PROJECT_ROOT / "environments", *self.env_dirs]
+
+    @property
+    def read_token_values(self) -> list[str]:
+        raw = self.read_tokens.get_secret_value() if self.read_tokens else ""
+        return [part.strip() for part in raw.split(",") if part.strip()]
+
+    def host_allowlist(self) -> frozenset[str] | None:
+        """Host names a request may name (lower case, no port), or None for any.
+
+        The default guards the tokenless loopback server against DNS rebinding; a server
+        that takes a token (or was opened to all) has no default list: a page without the
+        token gets nothing from it anyway."""
+        if self.allowed_hosts:
+            names = {h.lower().rstrip(".").strip("[]") for h in self.allowed_hosts}
+            return None if "*" in names else frozenset(names)
+        if self.api_token is not None or self.insecure_no_token:
+            return None
+        names = {"localhost", "127.0.0.1", "::1"}
+        if self.host not in ("0.0.0.0", "::", ""):
+            names.add(self.host.lower().strip("[]"))
+        return frozenset(names)
 
     @property
     def default_backend(self) -> Literal["local", "tinker"]:

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import base64
 import binascii
-import json
 import secrets
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from core.net import is_loopback, parse_ip
 from core.settings import Settings
+from server.web_guard import send_error
 
 
 def remote_peer(host: str | None) -> bool:
@@ -43,18 +43,7 @@ class LoopbackUnlessToken:
         if scope["type"] == "websocket":
             await send({"type": "websocket.close", "code": 1008})
             return
-        body = json.dumps({"detail": refusal(host)}).encode()
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 403,
-                "headers": [
-                    (b"content-type", b"application/json"),
-                    (b"content-length", str(len(body)).encode()),
-                ],
-            }
-        )
-        await send({"type": "http.response.body", "body": body})
+        await send_error(send, 403, refusal(host))
 
 
 def refusal(host: str | None) -> str:

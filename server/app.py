@@ -13,6 +13,7 @@ from typing import Any
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse
 
 from core.db import init_db, make_engine
@@ -27,11 +28,13 @@ from server.services.catalog import Catalog
 from server.services.configs import ConfigService
 from server.services.inference import InferenceService
 from server.services.inference_worker import InferenceWorker
+from server.services.log_follow import StreamSlots
 from server.services.metrics import MetricsService
 from server.services.model_check import ModelCheck
 from server.services.runs import RunService
 from server.services.supervisor import Supervisor
 from server.services.wandb_reader import WandbReader
+from server.web_guard import BodyLimit, WebGuard
 
 log = logging.getLogger("server")
 
@@ -49,8 +52,9 @@ def build_services(settings: Settings) -> Services:
     runs_service = RunService(settings, engine, configs, metrics, supervisor.wake)
     worker = InferenceWorker(settings)
     inference = InferenceService(settings, engine, configs, runs_service, worker, models)
+    streams = StreamSlots(settings.max_streams_per_client)
     return Services(
-        settings, engine, catalog, configs, metrics, runs_service, supervisor, inference
+        settings, engine, catalog, configs, metrics, runs_service, supervisor, inference, streams
     )
 
 
@@ -81,6 +85,16 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         lifespan=lifespan,
     )
     app.state.settings = settings
+    # The last added runs first: peer check, then Host/Origin/JSON checks, then the body cap.
+    if settings.cors_origins:
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=settings.cors_origins,
+            allow_methods=["GET", "POST", "PUT", "DELETE"],
+            allow_headers=["Authorization", "Content-Type"],
+        )
+    app.add_middleware(BodyLimit, settings=settings)
+    app.add_middleware(WebGuard, settings=settings)
     app.add_middleware(LoopbackUnlessToken, settings=settings)
     app.add_exception_handler(DomainError, _domain_error)  # type: ignore[arg-type]
     app.add_exception_handler(RequestValidationError, _validation_error)  # type: ignore[arg-type]
@@ -130,7 +144,7 @@ def _document_errors(app: FastAPI) -> None:
         for path_item in schema.get("paths", {}).values():
             for operation in path_item.values():
                 responses = operation.setdefault("responses", {})
-                for code in ("400", "401", "404", "409", "422", "424"):
+                for code in ("400", "401", "403", "404", "409", "413", "415", "422", "424", "429"):
                     responses[code] = {
                         "description": "Error: what is wrong and how to fix it",
                         "content": {"application/json": {"schema": error_ref}},

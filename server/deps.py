@@ -1,4 +1,5 @@
-"""Dependencies shared by routes: the service container and the bearer-token check."""
+"""Dependencies shared by routes: the service container and the bearer-token check (the admin
+token may do anything; read tokens may list and watch)."""
 
 from __future__ import annotations
 
@@ -9,13 +10,15 @@ from sqlalchemy.engine import Engine
 
 from core.settings import Settings
 from server.access import token_matches
-from server.errors import Unauthorized
+from server.errors import Forbidden, Unauthorized
 from server.services.catalog import Catalog
 from server.services.configs import ConfigService
 from server.services.inference import InferenceService
+from server.services.log_follow import StreamSlots
 from server.services.metrics import MetricsService
 from server.services.runs import RunService
 from server.services.supervisor import Supervisor
+from server.web_guard import SAFE_METHODS
 
 
 @dataclass
@@ -28,6 +31,7 @@ class Services:
     runs: RunService
     supervisor: Supervisor
     inference: InferenceService
+    streams: StreamSlots
 
 
 def services(request: Request) -> Services:
@@ -35,10 +39,22 @@ def services(request: Request) -> Services:
 
 
 def require_token(request: Request) -> None:
-    token = request.app.state.settings.api_token
+    settings = request.app.state.settings
+    token = settings.api_token
     if token is None:
         return
-    if not token_matches(request.headers.get("authorization", ""), token.get_secret_value()):
+    given = request.headers.get("authorization", "")
+    if token_matches(given, token.get_secret_value()):
+        return
+    # Every read token is compared (no early exit), each in constant time.
+    read_only = [token_matches(given, t) for t in settings.read_token_values]
+    if not any(read_only):
         raise Unauthorized(
             "Missing or wrong token: send the header 'Authorization: Bearer <RLCS_API_TOKEN>'."
+        )
+    if request.method not in SAFE_METHODS:
+        raise Forbidden(
+            f"This token is read-only (scope: read): it may list and watch runs but not "
+            f"{request.method} {request.url.path} (start, stop, resume, select, edit or "
+            "inference). Send the admin token, RLCS_API_TOKEN, for that."
         )

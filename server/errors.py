@@ -34,6 +34,14 @@ class Unauthorized(DomainError):
     """Missing or wrong bearer token."""
 
 
+class Forbidden(DomainError):
+    """A valid token whose scope does not cover this request (a read-only token writing)."""
+
+
+class TooMany(DomainError):
+    """A per-client limit is reached (open log streams); closing one frees a place."""
+
+
 class Unavailable(DomainError):
     """A dependency (inference worker, model) is not usable right now; retrying may help."""
 
@@ -41,9 +49,11 @@ class Unavailable(DomainError):
 STATUS_FOR: dict[type[DomainError], int] = {
     BadRequest: 400,
     Unauthorized: 401,
+    Forbidden: 403,
     NotFound: 404,
     Conflict: 409,
     InvalidValue: 422,
+    TooMany: 429,
     Unavailable: 424,
 }
 

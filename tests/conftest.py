@@ -30,6 +30,8 @@ def make_settings(tmp_path: Path, **overrides: object) -> Settings:
         "stop_grace_s": 3.0,
         # Tests that want a warm worker ask for it; others must not load SmolLM2 at start-up.
         "inference_warmup": False,
+        # Starlette's TestClient names its host `testserver`; live servers use 127.0.0.1.
+        "allowed_hosts": ["testserver", "127.0.0.1", "localhost"],
     }
     values.update(overrides)
     return Settings(**values)  # type: ignore[arg-type]

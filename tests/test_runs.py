@@ -241,6 +241,29 @@ def test_logs_follow_streams_and_ends_with_status(rclient: TestClient, fake_env)
     assert events[-1][0] == "end" and json.loads(events[-1][1])["status"] == "succeeded"
 
 
+def test_log_streams_per_client_are_bounded(tmp_path: Path, fake_env) -> None:
+    fake_env.setenv("FAKE_RUNNER_STEP_S", "0.5")
+    settings = make_settings(tmp_path, runner_module=FAKE, max_streams_per_client=2)
+    with TestClient(create_app(settings)) as c:
+        c.post("/environments/arithmetic/select")
+        run_id = start(c, total_steps=100)
+        url, params = f"/runs/{run_id}/logs", {"follow": True, "tail": 0}
+        with c.stream("GET", url, params=params) as first, c.stream("GET", url, params=params):
+            assert first.status_code == 200
+            third = c.get(url, params=params)
+            assert third.status_code == 429
+            assert "RLCS_MAX_STREAMS_PER_CLIENT" in third.json()["detail"]
+            assert c.get(url, params={"tail": 5}).status_code == 200  # plain reads still work
+
+        def opens() -> bool:
+            with c.stream("GET", url, params=params) as again:
+                return again.status_code == 200
+
+        wait_for(opens, 10)  # closed streams gave their places back
+        c.post(f"/runs/{run_id}/stop")
+        final(c, run_id)
+
+
 def test_stall_is_flagged(tmp_path: Path, fake_env) -> None:
     fake_env.setenv("FAKE_RUNNER_STEP_S", "2.5")
     settings = make_settings(tmp_path, runner_module=FAKE, stall_min_s=0.5, stall_factor=2.0)

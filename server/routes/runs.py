@@ -6,7 +6,7 @@ import json
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Header, Path, Query
+from fastapi import APIRouter, Depends, Header, Path, Query, Request
 from fastapi.responses import StreamingResponse
 
 from core.models import RUN_ID, RunStatus
@@ -100,6 +100,7 @@ def resume_run(run_id: RunId, svc: Svc, body: RunResumeIn | None = None) -> dict
 def run_logs(
     run_id: RunId,
     svc: Svc,
+    request: Request,
     tail: Annotated[int, Query(ge=0, le=10_000)] = 100,
     follow_: Annotated[bool, Query(alias="follow")] = False,
 ) -> Any:
@@ -108,7 +109,10 @@ def run_logs(
     if not follow_:
         return svc.runs.logs(run_id, tail)
     svc.runs.row(run_id)  # 404/422 before the stream starts
-    return StreamingResponse(_sse(follow(svc.runs, run_id, tail)), media_type="text/event-stream")
+    client = request.client.host if request.client else "local"
+    svc.streams.take(client)  # 429 past the per-client limit
+    events = svc.streams.held(client, _sse(follow(svc.runs, run_id, tail)))
+    return StreamingResponse(events, media_type="text/event-stream")
 
 
 async def _sse(events: AsyncIterator[tuple[str, Any]]) -> AsyncIterator[str]:

@@ -1,15 +1,52 @@
-"""Follow a run's log: the last lines, then new lines as they come, then one final event."""
+"""Follow a run's log: the last lines, then new lines as they come, then one final event;
+each client address may hold a bounded number of such streams open."""
 
 from __future__ import annotations
 
 import asyncio
 import os
+import threading
+from collections import Counter
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 from core.models import FINISHED, RunStatus
+from server.errors import TooMany
 from server.services.runs import RunService
+
+
+class StreamSlots:
+    """Open follow streams per client address, so one client cannot pin every worker."""
+
+    def __init__(self, per_client: int) -> None:
+        self.per_client = per_client
+        self.open: Counter[str] = Counter()
+        self._lock = threading.Lock()  # taken in the route's thread, given back in the loop
+
+    def take(self, client: str) -> None:
+        with self._lock:
+            if self.open[client] >= self.per_client:
+                raise TooMany(
+                    f"{self.open[client]} log streams are already open from {client} (the "
+                    "limit, RLCS_MAX_STREAMS_PER_CLIENT); close one, or read "
+                    "GET /runs/{id}/logs?tail=N instead."
+                )
+            self.open[client] += 1
+
+    def give_back(self, client: str) -> None:
+        with self._lock:
+            self.open[client] -= 1
+            if self.open[client] <= 0:
+                del self.open[client]
+
+    async def held(self, client: str, events: AsyncIterator[str]) -> AsyncIterator[str]:
+        """`events`, giving the slot back however the stream ends (a client gone included)."""
+        try:
+            async for event in events:
+                yield event
+        finally:
+            self.give_back(client)
 
 
 async def follow(
