@@ -2,7 +2,9 @@
 the default model, or on first use).
 
 It keeps models and adapters loaded between requests. Protocol: one JSON request per line on
-stdin, one JSON answer per line on stdout; it exits when stdin closes (the server is gone).
+stdin, one JSON answer per line on stdout. `{"cancel": id}` on stdin stops that request's
+local sampling at the next decode step. It exits the moment stdin closes, busy or not: the
+server is gone (however it died) and nobody waits for the answer.
 A request may carry a `deadline` (epoch seconds): local sampling stops there and the answer
 says which responses were cut short, so a client with its own timeout gets an answer.
 """
@@ -12,7 +14,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import sys
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -49,7 +53,9 @@ class Worker:
         self._samplers: dict[tuple[str, str, str | None], Any] = {}
         self._renderers: dict[str, Renderer] = {}
 
-    async def handle(self, job: InferenceJob | WarmJob) -> dict[str, Any]:
+    async def handle(
+        self, job: InferenceJob | WarmJob, cancel: threading.Event | None = None
+    ) -> dict[str, Any]:
         if isinstance(job, WarmJob):
             return await self.warm(job.model, job.backend)
         started = time.monotonic()
@@ -69,6 +75,7 @@ class Worker:
             stop=renderer.stop_token_ids(),
             seed=job.seed,
             deadline=budget.deadline if backend == "local" else None,
+            cancel=cancel if backend == "local" else None,
         )
         results = await asyncio.gather(
             *(self._one(env_cls, config, renderer, policy, item, budget) for item in _items(job))
@@ -264,19 +271,67 @@ def error_answer(exc: BaseException) -> dict[str, Any]:
     return {"ok": False, "kind": kind, "error": f"{type(exc).__name__}: {exc}"}
 
 
+class Inbox:
+    """stdin, read by a thread so that its end is seen even mid-request: requests queue up
+    for the event loop, cancels set the request's event, end of input ends the process."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self.requests: asyncio.Queue[str] = asyncio.Queue()
+        self._cancels: dict[int, threading.Event] = {}
+        self._last_done = 0  # request ids only grow: a late cancel of an answered one is moot
+        self._lock = threading.Lock()
+        threading.Thread(target=self._read, name="infer-stdin", daemon=True).start()
+
+    def cancel_event(self, request_id: int) -> threading.Event:
+        with self._lock:
+            return self._cancels.setdefault(request_id, threading.Event())
+
+    def forget(self, request_id: int) -> None:
+        with self._lock:
+            self._cancels.pop(request_id, None)
+            self._last_done = max(self._last_done, request_id)
+
+    def _read(self) -> None:
+        for line in sys.stdin:
+            cancel = _cancel_id(line)
+            if cancel is not None:
+                if cancel > self._last_done:
+                    log.info("request %s cancelled by the server", cancel)
+                    self.cancel_event(cancel).set()
+            else:
+                self._loop.call_soon_threadsafe(self.requests.put_nowait, line)
+        # The server closed our stdin or died: stop now, even in the middle of a request.
+        log.info("stdin closed: the server is gone or done with us; exiting")
+        logging.shutdown()
+        os._exit(0)
+
+
+def _cancel_id(line: str) -> int | None:
+    try:
+        message = json.loads(line)
+    except ValueError:
+        return None
+    if isinstance(message, dict) and set(message) == {"cancel"}:
+        value = message["cancel"]
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+    return None
+
+
 async def serve(worker: Worker) -> None:
-    loop = asyncio.get_running_loop()
+    inbox = Inbox(asyncio.get_running_loop())
     while True:
-        line = await loop.run_in_executor(None, sys.stdin.readline)
-        if not line:
-            return  # the server closed our stdin: it is gone or done with us
+        line = await inbox.requests.get()
         envelope: Envelope | None = None
         try:
             envelope = Envelope.model_validate_json(line)
-            answer = await worker.handle(envelope.job)
+            answer = await worker.handle(envelope.job, inbox.cancel_event(envelope.id))
         except Exception as exc:
             log.error("request failed:\n%s", traceback.format_exc())
             answer = error_answer(exc)
+        finally:
+            if envelope is not None:
+                inbox.forget(envelope.id)
         answer["id"] = envelope.id if envelope is not None else None
         sys.stdout.write(json.dumps(answer) + "\n")
         sys.stdout.flush()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import threading
 from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -23,7 +24,8 @@ class Completion:
 class SamplerPolicy:
     """One completion per call; each call gets its own seed so a group's samples differ.
 
-    `deadline` (time.monotonic()) is for the local backend only: sampling stops there.
+    `deadline` (time.monotonic()) and `cancel` (an event) are for the local backend only:
+    sampling stops at the deadline, or at the next decode step once `cancel` is set.
     """
 
     def __init__(
@@ -38,9 +40,12 @@ class SamplerPolicy:
         seed: int | None,
         timeout_s: float | None = None,
         deadline: float | None = None,
+        cancel: threading.Event | None = None,
     ) -> None:
         self._client = client
-        self._extra = {"deadline": deadline} if deadline is not None else {}
+        self._extra: dict[str, Any] = {"deadline": deadline} if deadline is not None else {}
+        if cancel is not None:
+            self._extra["cancel"] = cancel
         self.max_tokens = max_tokens
         self._params = dict(
             max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, stop=stop

@@ -8,6 +8,7 @@ is under the raw model distribution (before temperature, top-k, top-p), as train
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -31,6 +32,7 @@ class Row:
     stop_strings: tuple[str, ...]
     seed: int
     deadline: float | None = None  # time.monotonic() after which the row stops ("length")
+    cancel: threading.Event | None = None  # set: the row stops at the next step ("length")
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     stop_reason: str | None = None
@@ -51,6 +53,8 @@ def finished(row: Row, decode: Callable[[list[int]], str], max_positions: int | 
     elif max_positions is not None and len(row.prompt) + len(row.tokens) >= max_positions:
         row.stop_reason = "length"
     elif row.deadline is not None and time.monotonic() >= row.deadline:
+        row.stop_reason = "length"
+    elif row.cancel is not None and row.cancel.is_set():
         row.stop_reason = "length"
     return row.stop_reason is not None
 

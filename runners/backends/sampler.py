@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import random
+import threading
 from itertools import count
 from typing import Any
 
@@ -101,9 +102,11 @@ class LocalSamplingClient:
         prompt_logprobs_last_n: int | None = None,
         *,
         deadline: float | None = None,
+        cancel: threading.Event | None = None,
     ) -> LocalFuture[types.SampleResponse]:
-        """tinker's sample(), plus one local extension: `deadline` (a time.monotonic() value)
-        after which every sequence stops where it is, with stop_reason "length"."""
+        """tinker's sample(), plus local extensions: `deadline` (a time.monotonic() value)
+        after which every sequence stops where it is, with stop_reason "length", and `cancel`,
+        an event that does the same at the next decode step once set."""
         unsupported = {
             "topk_prompt_logprobs": topk_prompt_logprobs,
             "topk_sample_logprobs": topk_sample_logprobs,
@@ -122,6 +125,7 @@ class LocalSamplingClient:
             sampling_params,
             (prompt_logprobs_last_n or 0) if wants_prompt_lp else -1,
             deadline,
+            cancel,
         )
 
     def compute_logprobs(
@@ -149,6 +153,7 @@ class LocalSamplingClient:
         params: types.SamplingParams,
         prompt_lp: int,
         deadline: float | None = None,
+        cancel: threading.Event | None = None,
     ) -> LocalFuture[types.SampleResponse]:
         tokens = _prompt_tokens(prompt, self._vocab)
         limit = self._host.max_positions
@@ -178,6 +183,7 @@ class LocalSamplingClient:
                     stop_strings=stop_strings,
                     seed=_row_seed(seed, index),
                     deadline=deadline,
+                    cancel=cancel,
                 )
             )
         future: LocalFuture[types.SampleResponse] = LocalFuture()

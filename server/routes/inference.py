@@ -4,7 +4,7 @@
 # string annotation naming a local variable would hide from it.
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter, Depends, Request
 
 from server.deps import Services, services
 from server.schemas import InferenceOut, inference_in
@@ -16,10 +16,11 @@ def router_for(max_prompts: int) -> APIRouter:
     body_model = inference_in(max_prompts)
 
     @router.post("/test/inference", response_model=InferenceOut)
-    def test_inference(
+    async def test_inference(
         body: body_model,  # type: ignore[valid-type]
         svc: Annotated[Services, Depends(services)],
+        request: Request,
     ) -> dict[str, Any]:
-        return svc.inference.infer(body)
+        return await svc.inference.infer_for(body, request.is_disconnected)
 
     return router

@@ -6,9 +6,11 @@ finished by then is returned cut short, marked so. The default model is loaded a
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from sqlalchemy.engine import Engine
@@ -28,6 +30,7 @@ from server.services.runs import RunService
 
 log = logging.getLogger(__name__)
 WARMUP_TIMEOUT_S = 900.0  # a first start converts SmolLM2 from its GGUF (tens of seconds)
+CLIENT_POLL_S = 0.25  # how often a request in flight checks that its client is still there
 
 
 class InferenceService:
@@ -47,7 +50,20 @@ class InferenceService:
         self.worker = worker
         self._models = models
 
-    def infer(self, body: InferenceIn) -> dict[str, Any]:
+    async def infer_for(
+        self, body: InferenceIn, disconnected: Callable[[], Awaitable[bool]]
+    ) -> dict[str, Any]:
+        """`infer` in a thread, cancelling the work in the worker if the client goes away."""
+        abandoned = threading.Event()
+        answer = asyncio.ensure_future(asyncio.to_thread(self.infer, body, abandoned))
+        while not answer.done():
+            await asyncio.wait({answer}, timeout=CLIENT_POLL_S)
+            if not answer.done() and await disconnected():
+                abandoned.set()  # the worker stops decoding at its next step
+                break
+        return await answer
+
+    def infer(self, body: InferenceIn, abandoned: threading.Event | None = None) -> dict[str, Any]:
         arrived = time.time()
         budget = min(self._settings.inference_budget_s, self._settings.inference_timeout_s)
         adapter = None
@@ -81,6 +97,7 @@ class InferenceService:
             job,
             self._settings.inference_timeout_s,
             queue_s=budget - (time.time() - arrived),
+            abandoned=abandoned,
         )
         if not answer.get("ok"):
             raise _error_for(answer, model)

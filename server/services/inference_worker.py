@@ -1,5 +1,6 @@
 """The inference worker process as the server sees it: started at start-up (warm-up) or on
-first use, kept warm, restarted if it dies, one request at a time, each with a deadline."""
+first use, kept warm, restarted if it dies, one request at a time, each with a deadline; a
+request whose client went away is cancelled in the worker at its next decode step."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import queue
 import signal
 import subprocess
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +23,7 @@ from server.errors import Unavailable
 
 log = logging.getLogger(__name__)
 WORKER_MODULE = "runners.infer"
+POLL_S = 0.2  # how often a waiting request looks at whether its client gave up
 
 
 class InferenceWorker:
@@ -28,6 +31,7 @@ class InferenceWorker:
         self._settings = settings
         self._lock = threading.Lock()
         self._proc: subprocess.Popen[str] | None = None
+        self._write_lock = threading.Lock()  # requests and cancels share the worker's stdin
         self._answers: queue.Queue[str | None] = queue.Queue()
         self._ids = itertools.count(1)
         self._closed = False
@@ -39,50 +43,73 @@ class InferenceWorker:
         return self._proc.pid if self._proc is not None and self._proc.poll() is None else None
 
     def request(
-        self, job: InferenceJob | WarmJob, timeout_s: float, queue_s: float | None = None
+        self,
+        job: InferenceJob | WarmJob,
+        timeout_s: float,
+        queue_s: float | None = None,
+        abandoned: threading.Event | None = None,
     ) -> dict[str, Any]:
         """Send one request and wait for its answer; a missed deadline restarts the worker.
 
         `queue_s` bounds the wait for the worker while it serves another request (or loads
-        the model at start-up); past it the request is refused rather than left waiting."""
+        the model at start-up); past it the request is refused rather than left waiting.
+        Once `abandoned` is set (the client went away), the worker is told to stop it."""
         if not self._lock.acquire(timeout=-1 if queue_s is None else max(0.0, queue_s)):
             raise Unavailable(
                 f"the inference worker is still busy after {queue_s:.0f} s (loading the model "
                 "at start-up, or answering another request); try again in a moment."
             )
         try:
-            return self._request_locked(job, timeout_s)
+            if abandoned is not None and abandoned.is_set():
+                raise Unavailable("the client went away before the request was sent")
+            return self._request_locked(job, timeout_s, abandoned)
         finally:
             self._lock.release()
 
-    def _request_locked(self, job: InferenceJob | WarmJob, timeout_s: float) -> dict[str, Any]:
+    def _request_locked(
+        self, job: InferenceJob | WarmJob, timeout_s: float, abandoned: threading.Event | None
+    ) -> dict[str, Any]:
         proc = self._ensure_started()
         request_id = next(self._ids)
-        assert proc.stdin is not None
-        try:
-            line = json.dumps({"id": request_id, "job": job.model_dump(mode="json")})
-            proc.stdin.write(line + "\n")
-            proc.stdin.flush()
-        except (BrokenPipeError, OSError):
+        if not self._send(proc, {"id": request_id, "job": job.model_dump(mode="json")}):
             self._stop_locked()
-            raise Unavailable(self._died("it exited before taking the request")) from None
+            raise Unavailable(self._died("it exited before taking the request"))
+        deadline = time.monotonic() + timeout_s
+        cancelled = False
         while True:
-            try:
-                line = self._answers.get(timeout=timeout_s)
-            except queue.Empty:
+            if abandoned is not None and abandoned.is_set() and not cancelled:
+                cancelled = self._send(proc, {"cancel": request_id})
+                log.info("inference request %s cancelled: its client went away", request_id)
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
                 # A stuck model must not hold the next request hostage.
                 self._stop_locked()
                 raise Unavailable(
                     f"inference did not finish within {timeout_s:.0f} s (the worker was "
                     "restarted); send fewer prompts or a smaller max_tokens, or raise "
                     "RLCS_INFERENCE_TIMEOUT_S."
-                ) from None
+                )
+            try:
+                line = self._answers.get(timeout=min(remaining, POLL_S))
+            except queue.Empty:
+                continue
             if line is None:
                 self._stop_locked()
                 raise Unavailable(self._died("it exited while answering"))
             answer = json.loads(line)
             if answer.get("id") == request_id:
                 return answer
+
+    def _send(self, proc: subprocess.Popen[str], message: dict[str, Any]) -> bool:
+        """One line to the worker; False when its stdin is gone."""
+        assert proc.stdin is not None
+        with self._write_lock:
+            try:
+                proc.stdin.write(json.dumps(message) + "\n")
+                proc.stdin.flush()
+            except (BrokenPipeError, OSError, ValueError):
+                return False
+        return True
 
     def stop(self) -> None:
         """End the worker now, even while a request (say the warm-up) holds it: that request

@@ -3,6 +3,8 @@ row's tokens and logprobs do not depend on when it arrived or whom it shared a b
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 from tinker import types
 
@@ -54,3 +56,19 @@ def test_staggered_requests_get_what_they_get_together(trainer: LocalTrainingCli
         for a, b in zip(alone.sequences, late.result(timeout=120).sequences, strict=True):
             assert a.tokens == b.tokens
             np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5)
+
+
+def test_a_cancelled_request_stops_at_the_next_step_and_others_go_on(
+    trainer: LocalTrainingClient,
+):
+    sampler = trainer.save_weights_and_get_sampling_client().result()
+    tokens = trainer.get_tokenizer().encode("a long one")
+    cancel = threading.Event()
+    doomed = sampler.sample(prompt(tokens), 2, params(1, 1500), cancel=cancel)
+    other = sampler.sample(prompt(tokens), 1, params(2, 300))
+    wait_for(lambda: sampler.sampling_stats()["batches"] >= 1, 30, every=0.001)
+    cancel.set()
+    stopped = doomed.result(timeout=60)
+    for sequence in stopped.sequences:
+        assert sequence.stop_reason == "length" and 1 <= len(sequence.tokens) < 1500
+    assert len(other.result(timeout=120).sequences[0].tokens) == 300  # untouched
