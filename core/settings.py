@@ -97,6 +97,11 @@ class Settings(BaseSettings):
     )
     inference_max_prompts: int = Field(64, ge=1)
 
+    # Environment inspection.
+    inspect_timeout_s: float = Field(
+        20.0, gt=0, description="Most seconds importing an environment file may take"
+    )
+
     # Metrics from W&B.
     wandb_cache_s: float = Field(5.0, ge=0.0)
     wandb_timeout_s: float = Field(3.0, gt=0.0)
@@ -212,6 +217,12 @@ class Settings(BaseSettings):
         if self.wandb_entity:
             env["WANDB_ENTITY"] = self.wandb_entity
         env.update(self.secret_env())
+        return env
+
+    def inspector_environment(self) -> dict[str, str]:
+        """An inspector runs environment code to read its Config: no service keys, no token."""
+        env = {k: v for k, v in os.environ.items() if k not in _SECRET_NAMES}
+        env.update({"PYTHONUNBUFFERED": "1", "OPENREWARD_DISABLE_UPDATE_CHECK": "1"})
         return env
 
     def secret_env(self) -> dict[str, str]:

@@ -28,6 +28,7 @@ from server.services.catalog import Catalog
 from server.services.configs import ConfigService
 from server.services.inference import InferenceService
 from server.services.inference_worker import InferenceWorker
+from server.services.inspector import Inspectors
 from server.services.log_follow import StreamSlots
 from server.services.metrics import MetricsService
 from server.services.model_check import ModelCheck
@@ -44,7 +45,7 @@ def build_services(settings: Settings) -> Services:
     settings.runs_dir.mkdir(parents=True, exist_ok=True)
     engine = make_engine(settings.db_url)
     init_db(engine)
-    catalog = Catalog(settings.environment_dirs, PROJECT_ROOT)
+    catalog = Catalog(settings.environment_dirs, PROJECT_ROOT, Inspectors(settings))
     models = ModelCheck.from_settings(settings)
     configs = ConfigService(engine, catalog, models)
     metrics = MetricsService(engine, WandbReader.from_settings(settings))
@@ -75,6 +76,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         finally:
             await svc.supervisor.stop()
             svc.inference.worker.stop()
+            svc.catalog.close()
             svc.metrics.close()
             svc.engine.dispose()
 

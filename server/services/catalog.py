@@ -1,7 +1,8 @@
-"""The environment catalog: listing by source scan, lookup by name, importing on demand.
+"""The environment catalog: listing by source scan, lookup by name, inspecting on demand.
 
-Listing never imports. An import is attempted on select, run and inference; its failure is
-remembered (per file version) and shown in the listing as `importable: false` with the error.
+Listing never imports. What needs the class (its Config) comes from an inspector subprocess
+(server.services.inspector) on select, config, run and inference; a failure is remembered
+(per file version) and shown in the listing as `importable: false` with the error.
 """
 
 from __future__ import annotations
@@ -10,17 +11,15 @@ import difflib
 import re
 import threading
 import time
-import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from core.spec import EnvSource
-from environments.base import BaseEnv
-from environments.support.loader import load_env_class
 from server.errors import Conflict, InvalidValue, NotFound
 from server.services import discovery
+from server.services.inspector import ConfigSchema, InspectFailed, Inspectors
 
 # Letters, digits, '_', '-' and single dots between them: nothing that walks a path.
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_\-]*(?:\.[A-Za-z0-9_\-]+)*$")
@@ -49,14 +48,20 @@ class EnvEntry:
 
 class Catalog:
     def __init__(
-        self, dirs: list[Path], root: Path, clock: Callable[[], float] = time.monotonic
+        self,
+        dirs: list[Path],
+        root: Path,
+        inspectors: Inspectors | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         # Resolved once, so every path discovery returns is absolute and needs no resolve().
         self._dirs = [d.resolve() for d in dirs]
         self._root = root.resolve()
+        self._inspectors = inspectors
         self._lock = threading.Lock()
-        # (path, class name) -> (file mtime, class or error text) of the last import attempt.
-        self._imports: dict[tuple[Path, str], tuple[float, type[BaseEnv] | str]] = {}
+        # (path, class name) -> (file mtime, Config schema or error text) of the last attempt.
+        self._imports: dict[tuple[Path, str], tuple[float, ConfigSchema | str]] = {}
+        self._inspecting: dict[tuple[Path, str], threading.Lock] = {}
         self._clock = clock
         self._count: tuple[float, int] | None = None  # (when, how many) of the last scan
 
@@ -87,8 +92,8 @@ class Catalog:
             close_matches=close,
         )
 
-    def load(self, name: str) -> tuple[EnvEntry, type[BaseEnv]]:
-        """Import the environment's class; an import failure becomes a 409 naming the error."""
+    def load(self, name: str) -> tuple[EnvEntry, ConfigSchema]:
+        """The environment's Config, from its inspector; a failure becomes a 409 naming it."""
         entry = self.get(name)
         if entry.class_name is None:
             raise Conflict(
@@ -96,15 +101,20 @@ class Catalog:
                 importable=False,
                 error=entry.error,
             )
+        if self._inspectors is None:
+            raise RuntimeError("this catalog lists only; it was built without inspectors")
         key = (entry.path, entry.class_name)
         with self._lock:
+            # One inspection per file at a time; other files are not held up meanwhile.
+            file_lock = self._inspecting.setdefault(key, threading.Lock())
+        with file_lock:
             mtime = _mtime(entry.path)
             hit = self._imports.get(key)
             if hit is None or hit[0] != mtime:
                 try:
-                    result: type[BaseEnv] | str = load_env_class(entry.path, entry.class_name)
-                except (Exception, SystemExit) as exc:  # user code may fail in any way
-                    result = _describe(exc)
+                    result: ConfigSchema | str = self._inspectors.inspect(*key, mtime)
+                except InspectFailed as exc:
+                    result = str(exc)
                 self._imports[key] = hit = (mtime, result)
         if isinstance(hit[1], str):
             raise Conflict(
@@ -113,6 +123,11 @@ class Catalog:
                 error=hit[1],
             )
         return self._entry_for(entry), hit[1]
+
+    def close(self) -> None:
+        """End the inspector processes (at server shutdown)."""
+        if self._inspectors is not None:
+            self._inspectors.close()
 
     def _entry(self, found: discovery.FoundEnv) -> EnvEntry:
         importable: bool | None = None
@@ -157,9 +172,3 @@ def _mtime(path: Path) -> float:
         return path.stat().st_mtime
     except OSError:
         return -1.0
-
-
-def _describe(exc: BaseException) -> str:
-    frames = traceback.extract_tb(exc.__traceback__)
-    where = f" ({Path(frames[-1].filename).name}:{frames[-1].lineno})" if frames else ""
-    return f"{type(exc).__name__}: {exc}{where}"

@@ -1,7 +1,8 @@
 """Per-environment config: defaults from the class, edits stored and versioned, validation.
 
 Only the fields a user edited are stored, so a later change of a class default still applies
-to fields nobody touched. Edits are validated strictly (JSON types, no coercion from strings).
+to fields nobody touched. Edits are validated strictly (JSON types, no coercion from strings)
+by the environment's own Config, in its inspector process (environment code never runs here).
 A config that names no model gets the default model of the backend that will run it.
 """
 
@@ -10,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from pydantic import ValidationError
+from pydantic import ConfigDict, ValidationError
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, select
 
@@ -19,9 +20,17 @@ from core.model_names import LOCAL_DEFAULT_MODEL, default_model
 from core.models import EnvironmentConfig, Selection, iso, utcnow
 from core.spec import EnvSource
 from environments.base import EnvConfig
-from server.errors import BadRequest, DomainError, InvalidValue
+from server.errors import BadRequest, Conflict, DomainError, InvalidValue
 from server.services.catalog import Catalog, EnvEntry
+from server.services.inspector import ConfigInvalid, ConfigSchema, InspectFailed
 from server.services.model_check import ModelCheck
+
+
+class ResolvedConfig(EnvConfig):
+    """An environment's whole config as its own class validated it: the fields every
+    environment has, typed for the server's use, and the environment's own fields as they are."""
+
+    model_config = ConfigDict(extra="allow", validate_assignment=False)
 
 
 class ConfigService:
@@ -33,7 +42,7 @@ class ConfigService:
     # Selection -------------------------------------------------------------------------
 
     def select(self, name: str) -> dict[str, Any]:
-        entry, cls = self._catalog.load(name)
+        entry, _ = self._catalog.load(name)
         with write_session(self._engine) as session:
             row = session.get(Selection, 1)
             if row is None:
@@ -66,10 +75,9 @@ class ConfigService:
         entry, config_cls = self._config_class(name)
         with read_session(self._engine) as session:
             stored, version, updated_at = _stored(session, entry.name)
-        config = _build(config_cls, self._with_model_default(config_cls, stored))
-        values = config.model_dump(mode="json")
-        locked = config_cls.locked_fields()
-        schema = config_cls.model_json_schema()
+        values = _build(config_cls, self._with_model_default(config_cls, stored))
+        locked = config_cls.locked
+        schema = json.loads(json.dumps(config_cls.schema))  # a copy: the cached one stays whole
         for field in locked:
             schema.get("properties", {}).pop(field, None)
         return {
@@ -83,7 +91,7 @@ class ConfigService:
 
     def resolve(
         self, name: str, overrides: dict[str, Any] | None = None
-    ) -> tuple[EnvEntry, EnvConfig]:
+    ) -> tuple[EnvEntry, ResolvedConfig]:
         """Defaults + stored edits + overrides, validated as a whole (for starting a run)."""
         entry, config_cls = self._config_class(name)
         with read_session(self._engine) as session:
@@ -92,7 +100,7 @@ class ConfigService:
 
     def revalidate(
         self, name: str, base: dict[str, Any], overrides: dict[str, Any]
-    ) -> tuple[EnvEntry, EnvConfig]:
+    ) -> tuple[EnvEntry, ResolvedConfig]:
         """`base` (e.g. a run's frozen config) with `overrides`, validated as a whole."""
         entry, config_cls = self._config_class(name)
         _check_fields(config_cls, overrides, InvalidValue)
@@ -104,19 +112,16 @@ class ConfigService:
         """422 when the backend that will run `config` cannot serve its model."""
         self._models.check(config.model_name, config.backend, "model_name", purpose)
 
-    def _validated(self, config_cls: type[EnvConfig], values: dict[str, Any]) -> EnvConfig:
+    def _validated(self, config_cls: ConfigSchema, values: dict[str, Any]) -> ResolvedConfig:
         return _validate(config_cls, self._with_model_default(config_cls, values))
 
     def _with_model_default(
-        self, config_cls: type[EnvConfig], values: dict[str, Any]
+        self, config_cls: ConfigSchema, values: dict[str, Any]
     ) -> dict[str, Any]:
         """Name the backend's default model when neither the user nor the class chose one."""
-        if (
-            "model_name" in values
-            or config_cls.model_fields["model_name"].default != LOCAL_DEFAULT_MODEL
-        ):
+        if "model_name" in values or config_cls.defaults["model_name"] != LOCAL_DEFAULT_MODEL:
             return values
-        backend = values.get("backend", config_cls.model_fields["backend"].default)
+        backend = values.get("backend", config_cls.defaults["backend"])
         if not isinstance(backend, str):
             return values  # validation reports the bad backend
         return {**values, "model_name": default_model(self._models.backend_for(backend))}
@@ -172,9 +177,8 @@ class ConfigService:
             )
         return self.view(entry.name)
 
-    def _config_class(self, name: str) -> tuple[EnvEntry, type[EnvConfig]]:
-        entry, cls = self._catalog.load(name)
-        return entry, cls.Config
+    def _config_class(self, name: str) -> tuple[EnvEntry, ConfigSchema]:
+        return self._catalog.load(name)
 
 
 def _stored(session: Session, env: str) -> tuple[dict[str, Any], int, Any]:
@@ -189,32 +193,40 @@ def _stored(session: Session, env: str) -> tuple[dict[str, Any], int, Any]:
     return json.loads(row.values_json), row.version, row.updated_at
 
 
-def _known(config_cls: type[EnvConfig], stored: dict[str, Any]) -> dict[str, Any]:
+def _known(config_cls: ConfigSchema, stored: dict[str, Any]) -> dict[str, Any]:
     # A field removed from the class since it was stored is ignored rather than fatal.
-    return {k: v for k, v in stored.items() if k in config_cls.model_fields}
+    return {k: v for k, v in stored.items() if k in config_cls.fields}
 
 
-def _build(config_cls: type[EnvConfig], stored: dict[str, Any]) -> EnvConfig:
+def _build(config_cls: ConfigSchema, stored: dict[str, Any]) -> dict[str, Any]:
     try:
-        return config_cls.model_validate(_known(config_cls, stored), strict=True)
-    except ValidationError:
+        return _check(config_cls, _known(config_cls, stored))
+    except ConfigInvalid:
         # Stored edits no longer valid under a changed class: show the defaults' view plus
         # whatever still validates field by field.
         good = {}
         for key, value in _known(config_cls, stored).items():
             try:
-                config_cls.model_validate({key: value}, strict=True)
+                _check(config_cls, {key: value})
                 good[key] = value
-            except ValidationError:
+            except ConfigInvalid:
                 pass
-        return config_cls.model_validate(good, strict=True)
+        return _check(config_cls, good)
+
+
+def _check(config_cls: ConfigSchema, values: dict[str, Any]) -> dict[str, Any]:
+    """The class's validation in its inspector; a failure of the inspector itself is a 409."""
+    try:
+        return config_cls.validate(values)
+    except InspectFailed as exc:
+        raise Conflict(f"The environment's Config could not be checked: {exc}.") from None
 
 
 def _check_fields(
-    config_cls: type[EnvConfig], changes: dict[str, Any], error: type[BadRequest | InvalidValue]
+    config_cls: ConfigSchema, changes: dict[str, Any], error: type[BadRequest | InvalidValue]
 ) -> None:
-    fields = config_cls.model_fields
-    locked = config_cls.locked_fields()
+    fields = config_cls.fields
+    locked = config_cls.locked
     editable = sorted(f for f in fields if f not in locked)
     for key in changes:
         if key in locked:
@@ -229,16 +241,24 @@ def _check_fields(
             )
 
 
-def _validate(config_cls: type[EnvConfig], values: dict[str, Any]) -> EnvConfig:
+def _validate(config_cls: ConfigSchema, values: dict[str, Any]) -> ResolvedConfig:
     try:
-        return config_cls.model_validate(values, strict=True)
+        dumped = _check(config_cls, values)
+    except ConfigInvalid as exc:
+        raise InvalidValue(describe_errors(exc.errors)) from None
+    try:
+        return ResolvedConfig.model_validate(dumped)
     except ValidationError as exc:
-        raise InvalidValue(describe_validation(exc)) from None
+        # The class loosened a field the server relies on beyond the base bounds.
+        raise InvalidValue(
+            describe_errors(exc.errors(include_url=False))
+            + " (the environment's Config allows this value; the server does not)"
+        ) from None
 
 
-def describe_validation(exc: ValidationError) -> str:
+def describe_errors(errors: list[dict[str, Any]]) -> str:
     parts = []
-    for err in exc.errors(include_url=False):
+    for err in errors:
         loc = ".".join(str(p) for p in err["loc"]) or "config"
         got = f" (got {json.dumps(err['input'], default=str)[:60]})" if "input" in err else ""
         if not err["loc"]:

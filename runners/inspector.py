@@ -1,0 +1,102 @@
+"""The environment inspector: `python -m runners.inspector FILE CLASS` imports one environment
+file in a process of its own and answers questions about its Config (fields, schema,
+validation), so environment code never runs inside the API server.
+
+Protocol: the first line it writes describes the class (or the import error); then one JSON
+request per line on stdin, one JSON answer per line. Answers go to a private copy of stdout:
+whatever the environment's code prints is thrown away, so it cannot corrupt the protocol.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import traceback
+from pathlib import Path
+from typing import Any, TextIO
+
+from pydantic import ValidationError
+
+from environments.base import EnvConfig
+from environments.support.loader import load_env_class
+
+
+def describe(config_cls: type[EnvConfig], class_name: str) -> dict[str, Any]:
+    fields = config_cls.model_fields
+    return {
+        "ok": True,
+        "class_name": class_name,
+        "fields": sorted(fields),
+        "locked": sorted(config_cls.locked_fields()),
+        "schema": config_cls.model_json_schema(),
+        "defaults": {
+            "model_name": fields["model_name"].default,
+            "backend": fields["backend"].default,
+        },
+    }
+
+
+def validate(config_cls: type[EnvConfig], values: Any) -> dict[str, Any]:
+    """Strict validation, as the server requires: JSON types, no coercion from strings."""
+    try:
+        config = config_cls.model_validate(values, strict=True)
+    except ValidationError as exc:
+        return {"ok": False, "errors": [_plain(err) for err in exc.errors(include_url=False)]}
+    return {"ok": True, "values": config.model_dump(mode="json")}
+
+
+def _plain(err: Any) -> dict[str, Any]:
+    """A validation error with only JSON in it (`ctx` may hold exception objects)."""
+    out = {"loc": list(err.get("loc", ())), "msg": str(err.get("msg", "invalid"))}
+    if "input" in err:
+        try:
+            json.dumps(err["input"])
+            out["input"] = err["input"]
+        except (TypeError, ValueError):
+            out["input"] = repr(err["input"])[:200]
+    return out
+
+
+def describe_failure(exc: BaseException) -> str:
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = f" ({Path(frames[-1].filename).name}:{frames[-1].lineno})" if frames else ""
+    return f"{type(exc).__name__}: {exc}{where}"
+
+
+def private_stdout() -> TextIO:
+    """The protocol channel: a copy of fd 1; fd 1 itself (and so print) then goes nowhere."""
+    channel = os.fdopen(os.dup(1), "w", encoding="utf-8")
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 1)
+    os.close(devnull)
+    return channel
+
+
+def send(channel: TextIO, answer: dict[str, Any]) -> None:
+    channel.write(json.dumps(answer) + "\n")
+    channel.flush()
+
+
+def main(argv: list[str]) -> int:
+    path, class_name = Path(argv[0]), argv[1]
+    channel = private_stdout()
+    try:
+        config_cls = load_env_class(path, class_name).Config
+        first = describe(config_cls, class_name)
+    except BaseException as exc:  # SystemExit and all: user code runs at import
+        send(channel, {"ok": False, "error": describe_failure(exc)})
+        return 0
+    send(channel, first)
+    for line in sys.stdin:
+        try:
+            request = json.loads(line)
+            answer = validate(config_cls, request.get("values"))
+        except BaseException as exc:  # a validator may raise anything
+            answer = {"ok": False, "error": describe_failure(exc)}
+        send(channel, answer)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
