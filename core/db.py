@@ -14,11 +14,14 @@ from sqlalchemy import event
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, SQLModel, create_engine
 
-BUSY_TIMEOUT_MS = 30_000
+BUSY_TIMEOUT_S = 30.0
 
 
-def make_engine(url: str) -> Engine:
-    """Create the engine; for SQLite set WAL, busy timeout and foreign keys on every connection."""
+def make_engine(url: str, busy_timeout_s: float = BUSY_TIMEOUT_S) -> Engine:
+    """Create the engine; for SQLite set WAL, busy timeout and foreign keys on every connection.
+
+    A writer waits up to `busy_timeout_s` for another's lock; past it SQLite raises
+    OperationalError ("database is locked"), which the API answers with 503 and a retry hint."""
     if not url.startswith("sqlite"):
         return create_engine(url, pool_pre_ping=True)
     path = url.split("///", 1)[-1]
@@ -26,7 +29,7 @@ def make_engine(url: str) -> Engine:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
     engine = create_engine(
         url,
-        connect_args={"check_same_thread": False, "timeout": BUSY_TIMEOUT_MS / 1000},
+        connect_args={"check_same_thread": False, "timeout": busy_timeout_s},
         pool_size=20,
         max_overflow=20,
     )
@@ -37,7 +40,7 @@ def make_engine(url: str) -> Engine:
         dbapi_conn.isolation_level = None
         cur = dbapi_conn.cursor()
         cur.execute("PRAGMA journal_mode=WAL")
-        cur.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+        cur.execute(f"PRAGMA busy_timeout={int(busy_timeout_s * 1000)}")
         cur.execute("PRAGMA foreign_keys=ON")
         cur.execute("PRAGMA synchronous=NORMAL")
         cur.close()

@@ -25,6 +25,9 @@ class Settings(BaseSettings):
     # Where things live.
     var_dir: Path = Field(PROJECT_ROOT / "var", description="Database, run folders, model cache")
     database_url: str | None = Field(None, description="Default: sqlite file under var_dir")
+    db_busy_timeout_s: float = Field(
+        30.0, gt=0, description="How long a write waits for another writer's lock (then 503)"
+    )
     env_dirs: list[Path] = Field(default_factory=list, description="Extra environment folders")
     models_path: Path | None = Field(
         None,

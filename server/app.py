@@ -15,6 +15,7 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse
+from sqlalchemy.exc import OperationalError
 
 from core.db import init_db, make_engine
 from core.settings import PROJECT_ROOT, Settings
@@ -38,12 +39,13 @@ from server.services.wandb_reader import WandbReader
 from server.web_guard import BodyLimit, WebGuard
 
 log = logging.getLogger("server")
+ERROR_CODES = ("400", "401", "403", "404", "409", "413", "415", "422", "424", "429", "503")
 
 
 def build_services(settings: Settings) -> Services:
     settings.var_dir.mkdir(parents=True, exist_ok=True)
     settings.runs_dir.mkdir(parents=True, exist_ok=True)
-    engine = make_engine(settings.db_url)
+    engine = make_engine(settings.db_url, settings.db_busy_timeout_s)
     init_db(engine)
     catalog = Catalog(settings.environment_dirs, PROJECT_ROOT, Inspectors(settings))
     models = ModelCheck.from_settings(settings)
@@ -100,6 +102,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(LoopbackUnlessToken, settings=settings)
     app.add_exception_handler(DomainError, _domain_error)  # type: ignore[arg-type]
     app.add_exception_handler(RequestValidationError, _validation_error)  # type: ignore[arg-type]
+    app.add_exception_handler(OperationalError, _database_busy)  # type: ignore[arg-type]
     app.include_router(health.router)
     protected = [Depends(require_token)]
     app.include_router(environments.router, dependencies=protected)
@@ -113,6 +116,18 @@ async def _domain_error(_request: Request, exc: DomainError) -> JSONResponse:
     headers = {"WWW-Authenticate": "Bearer"} if status_for(exc) == 401 else None
     return JSONResponse(
         {"detail": exc.detail, **exc.extra}, status_code=status_for(exc), headers=headers
+    )
+
+
+async def _database_busy(_request: Request, exc: OperationalError) -> JSONResponse:
+    """A database locked past the busy timeout (or unreachable) is a retry, not a 500."""
+    log.warning("database unavailable: %s", str(exc.orig)[:200])
+    locked = "locked" in str(exc.orig).lower() or "busy" in str(exc.orig).lower()
+    why = "another writer holds its lock" if locked else "it cannot be reached"
+    return JSONResponse(
+        {"detail": f"The database is busy ({why}). Retry in a few seconds."},
+        status_code=503,
+        headers={"Retry-After": "2"},
     )
 
 
@@ -146,7 +161,19 @@ def _document_errors(app: FastAPI) -> None:
         for path_item in schema.get("paths", {}).values():
             for operation in path_item.values():
                 responses = operation.setdefault("responses", {})
-                for code in ("400", "401", "403", "404", "409", "413", "415", "422", "424", "429"):
+                for code in (
+                    "400",
+                    "401",
+                    "403",
+                    "404",
+                    "409",
+                    "413",
+                    "415",
+                    "422",
+                    "424",
+                    "429",
+                    "503",
+                ):
                     responses[code] = {
                         "description": "Error: what is wrong and how to fix it",
                         "content": {"application/json": {"schema": error_ref}},

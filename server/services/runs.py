@@ -12,7 +12,7 @@ from typing import Any
 
 from sqlalchemy import delete, func
 from sqlalchemy.engine import Engine
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlmodel import col, select
 
 from core import lifecycle, procs
@@ -107,6 +107,9 @@ class RunService:
             if existing is None:
                 raise
             return {"run_id": existing.id, "status": existing.status.value}
+        except OperationalError:  # the database stayed locked: no row, so no folder either
+            shutil.rmtree(run_dir, ignore_errors=True)
+            raise
         self._wake()
         return {"run_id": run_id, "status": RunStatus.queued.value}
 
