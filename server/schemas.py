@@ -14,6 +14,7 @@ from pydantic import (
 )
 
 from core.models import RUN_ID
+from server.errors import InvalidValue
 
 
 class Request(BaseModel):
@@ -60,13 +61,28 @@ class ConfigOut(BaseModel):
     updated_at: str | None
 
 
+MAX_FIELDS = 256  # more config fields than any environment has
+
+
+def bounded_overrides(extra: dict[str, Any] | None) -> dict[str, Any]:
+    overrides = dict(extra or {})
+    if len(overrides) > MAX_FIELDS:
+        raise InvalidValue(
+            f"body: {len(overrides)} override fields; at most {MAX_FIELDS} (no environment "
+            "has more config fields)."
+        )
+    return overrides
+
+
 class ConfigEditIn(Request):
     field: str = Field(min_length=1, max_length=128)
     value: Any = Field(description="The new value, as its JSON type")
 
 
 class ConfigPutIn(Request):
-    values: dict[str, Any] = Field(description="Fields to change, validated together")
+    values: dict[str, Any] = Field(
+        max_length=MAX_FIELDS, description="Fields to change, validated together"
+    )
 
 
 class RunCreateIn(BaseModel):
@@ -82,7 +98,7 @@ class RunCreateIn(BaseModel):
     environment: str | None = Field(None, min_length=1, max_length=128)
 
     def overrides(self) -> dict[str, Any]:
-        return dict(self.model_extra or {})
+        return bounded_overrides(self.model_extra)
 
 
 class RunCreatedOut(BaseModel):
@@ -142,7 +158,7 @@ class RunResumeIn(BaseModel):
     )
 
     def overrides(self) -> dict[str, Any]:
-        return dict(self.model_extra or {})
+        return bounded_overrides(self.model_extra)
 
 
 class RunResumedOut(BaseModel):

@@ -232,3 +232,18 @@ def test_read_tokens_may_watch_but_not_change(tmp_path: Path) -> None:
 def test_read_tokens_need_an_admin_token(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="RLCS_READ_TOKENS is set without RLCS_API_TOKEN"):
         make_settings(tmp_path, read_tokens=READER)
+
+
+def test_field_counts_are_bounded(local: TestClient) -> None:
+    local.post("/environments/arithmetic/select")
+    before = state(local)
+    many = {f"field_{i}": i for i in range(300)}
+    for method, path, body in (
+        ("POST", "/runs", many),
+        ("PUT", "/environments/arithmetic/config", {"values": many}),
+        ("POST", "/runs/r-00000000/resume", many),
+    ):
+        resp = local.request(method, path, json=body)
+        assert resp.status_code == 422, (path, resp.text)
+        assert "256" in resp.json()["detail"]
+    assert state(local) == before
