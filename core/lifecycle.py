@@ -10,7 +10,7 @@ import json
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import func
+from sqlalchemy import delete, func
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, select
 
@@ -134,6 +134,18 @@ def record_checkpoint(
             if run is not None:
                 run.weights_path = path
                 session.add(run)
+
+
+def rewind(engine: Engine, run_id: str, step: int) -> None:
+    """A resume starts from an earlier step than the one recorded (its checkpoint could not be
+    loaded): metrics past `step` belong to steps that will be done again."""
+    with write_session(engine) as session:
+        run = session.get(Run, run_id)
+        if run is None:
+            return
+        session.exec(delete(Metric).where(col(Metric.run_id) == run_id, col(Metric.step) > step))
+        run.step = step
+        session.add(run)
 
 
 def record_fields(engine: Engine, run_id: str, **fields: Any) -> None:

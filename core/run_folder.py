@@ -1,5 +1,5 @@
-"""A run's folder (var/runs/<run_id>/) as both sides know it: its files, and writing and
-reading them safely. Also the config hash and the metric values a run may record."""
+"""A run's folder (var/runs/<run_id>/) as both sides know it: its files, written so that a crash
+leaves each whole (core.durable). Also the config hash and the metric values a run may record."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from core import durable
 from core.spec import ResumePoint, RunSpec
 
 CONFIG_FILE = "config.json"  # the RunSpec, frozen by the server before the run starts
@@ -32,9 +33,12 @@ class RunFolder:
 
     def create(self, spec: RunSpec) -> None:
         """The folder, its frozen spec and an empty log; fails if the folder exists."""
-        self.path.mkdir(parents=True, exist_ok=False)
+        durable.make_dirs(self.path.parent)
+        self.path.mkdir(exist_ok=False)
         self.write_spec(spec)
         self.log.touch()
+        durable.fsync_dir(self.path)  # the log's entry; the spec's was synced by its rename
+        durable.fsync_dir(self.path.parent)  # the folder itself
 
     def write_spec(self, spec: RunSpec) -> None:
         write_json_atomic(self.path / CONFIG_FILE, spec.model_dump(mode="json", exclude_none=True))
@@ -52,8 +56,26 @@ class RunFolder:
             return None
 
     def append_checkpoint(self, record: dict[str, Any]) -> None:
-        with self.checkpoints.open("a") as fh:
-            fh.write(json.dumps(record) + "\n")
+        """Add a line to the index by rewriting it whole (it is small): an append cut short by
+        a crash would leave a torn last line."""
+        lines = [json.dumps(r) for r in self.checkpoint_records()]
+        lines.append(json.dumps(record))
+        durable.write_bytes_atomic(self.checkpoints, ("\n".join(lines) + "\n").encode())
+
+    def checkpoint_records(self) -> list[dict[str, Any]]:
+        """The index's records; a torn line (left by an append before writes were atomic) is
+        dropped."""
+        try:
+            text = self.checkpoints.read_text()
+        except FileNotFoundError:
+            return []
+        records = []
+        for line in text.splitlines():
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+        return records
 
     def log_tail(self, count: int) -> list[str]:
         return tail_lines(self.log, count)
@@ -64,9 +86,7 @@ def hash_config(values: dict[str, Any]) -> str:
 
 
 def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True))
-    os.replace(tmp, path)
+    durable.write_json_atomic(path, data)
 
 
 def tail_lines(path: Path, count: int, max_bytes: int = 1 << 20) -> list[str]:

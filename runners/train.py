@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
 from core import lifecycle
+from core.checkpoint_check import CheckpointUnusable
 from core.db import make_engine
 from core.models import RunStatus
 from core.procs import process_start_time
@@ -30,7 +31,9 @@ from core.spec import RunSpec
 from environments.base import EnvConfig
 from runners.advantages import Weighted, grpo_advantages, rebn_advantages
 from runners.datums import kl_metrics, make_datums
+from runners.disk_full import full_errno
 from runners.policy import SamplerPolicy, bounded
+from runners.resume import loadable_state
 from runners.rollouts import Collected, Episode
 from runners.sources import env_context, load_sources
 
@@ -113,8 +116,8 @@ class Trainer:
         )
 
         own_resume = self.folder.resume_point()  # a new attempt of this run
-        state_path = own_resume.state_path if own_resume else cfg.resume_from
-        if state_path is None:
+        wanted = own_resume.state_path if own_resume else cfg.resume_from
+        if wanted is None:
             training = await self._call(
                 service.create_lora_training_client(
                     base_model=cfg.model_name, rank=cfg.lora_rank, seed=cfg.seed
@@ -122,7 +125,10 @@ class Trainer:
                 "create_lora_training_client",
             )
         else:
-            self.step = own_resume.step if own_resume else step_from_name(state_path)
+            wanted_step = own_resume.step if own_resume else step_from_name(wanted)
+            state_path, self.step = loadable_state(wanted, wanted_step)
+            if own_resume and self.step != wanted_step:
+                lifecycle.rewind(self.engine, self.run_id, self.step)
             self.saved_step = self.step
             log.info("resuming from %s at step %s", state_path, self.step)
             training = await self._call(
@@ -318,11 +324,14 @@ def main(argv: list[str] | None = None) -> int:
         return asyncio.run(_run(Trainer(settings, folder, spec, engine)))
     except Exception as exc:
         kind, summary = classify(exc)
-        log.error("run failed: %s", summary)
-        traceback.print_exc()
-        lifecycle.record_end(
-            engine, spec.run_id, RunStatus.failed, failure_kind=kind, details=summary
-        )
+        try:
+            lifecycle.record_end(
+                engine, spec.run_id, RunStatus.failed, failure_kind=kind, details=summary
+            )
+        finally:
+            # Printed after the record: on a full disk, writing the log may fail as well.
+            log.error("run failed: %s", summary)
+            traceback.print_exc()
         return 1
 
 
@@ -344,6 +353,13 @@ async def _run(trainer: Trainer) -> int:
 def classify(exc: Exception) -> tuple[str, str]:
     """A failure kind and a one-line reason a user can act on."""
     name = type(exc).__name__
+    if full_errno(exc) is not None:
+        return "disk_full", disk_full_reason(exc)
+    if isinstance(exc, CheckpointUnusable):
+        return "checkpoint", (
+            f"{exc}. Resume from an earlier checkpoint (checkpoint_step), or point resume_from "
+            "at another one."
+        )
     if name in ("TinkerUnavailable", "TinkerUnreachable"):
         return "backend", str(exc)
     if name == "ModelNotAvailable":
@@ -351,6 +367,16 @@ def classify(exc: Exception) -> tuple[str, str]:
     if name in ("ImportError", "ModuleNotFoundError"):
         return "environment", f"the environment could not be imported: {exc}"
     return "error", f"{name}: {exc}"
+
+
+def disk_full_reason(exc: BaseException) -> str:
+    where = getattr(exc, "filename", None)
+    what = f"while writing {where}" if where else f"({type(exc).__name__}: {exc})"
+    return (
+        f"the disk is full (or its quota used up): the run stopped {what}. Free space on that "
+        "disk, or save checkpoints less often (save_every), then resume the run: it continues "
+        "from its last complete checkpoint, which the failed write left intact."
+    )
 
 
 if __name__ == "__main__":

@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import TypeVar
+
+import pytest
 
 T = TypeVar("T")
 
@@ -32,3 +37,23 @@ def pid_alive(pid: int) -> bool:
             return fh.read().rsplit(")", 1)[-1].split()[0] != "Z"
     except OSError:
         return False
+
+
+@contextmanager
+def small_tmpfs(folder: Path, size: str) -> Iterator[Path]:
+    """A real tmpfs of `size` on `folder`, to fill up; the test is skipped where mount is
+    refused (it needs root or CAP_SYS_ADMIN)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)],
+        capture_output=True,
+        text=True,
+    )
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs to fill up here: {done.stderr.strip()}")
+    try:
+        yield folder
+    finally:
+        # Lazily if busy, so a failed test never leaves a mount behind for the next.
+        if subprocess.run(["umount", str(folder)]).returncode != 0:
+            subprocess.run(["umount", "-l", str(folder)], check=True)

@@ -164,7 +164,9 @@ class LocalServiceClient:
         self, path: str, base_model: str | None, *, with_optimizer: bool
     ) -> LocalFuture[LocalTrainingClient]:
         self._check_open()
-        folder, record = ckpt.find_state(path)
+        # The record only, at once (a wrong path or model fails here); the files are checked
+        # against the manifest on the loader thread, before any model is loaded.
+        folder, record = ckpt.find_state(path, verify=False)
         if base_model is not None and base_model != record["base_model"]:
             raise ValueError(
                 f"{path} holds an adapter for {record['base_model']!r}, not {base_model!r}"
@@ -172,8 +174,9 @@ class LocalServiceClient:
         spec = lora.LoraSpec(**record["lora"])
 
         def create() -> LocalTrainingClient:
+            ckpt.find_state(folder)
             client = self._new_training_client(record["base_model"], spec, record.get("seed"))
-            client.restore(str(folder), with_optimizer)
+            client.restore(str(folder), with_optimizer, verify=False)
             return client
 
         return submit(self._loader, create)

@@ -258,9 +258,10 @@ class LocalTrainingClient:
             ckpt.publish(folder, build)
         return types.SaveWeightsForSamplerResponse(path=str(folder))
 
-    def restore(self, path: str, with_optimizer: bool) -> None:
-        """Load a state checkpoint into this client (runs on the caller's thread)."""
-        folder, record = ckpt.find_state(path)
+    def restore(self, path: str, with_optimizer: bool, verify: bool = True) -> None:
+        """Load a state checkpoint into this client (runs on the caller's thread). Its manifest
+        is checked first unless the caller just did (`verify=False`)."""
+        folder, record = ckpt.find_state(path, verify=verify)
         if record.get("base_model") != self._host.base_model:
             raise ValueError(
                 f"{path} was saved from {record.get('base_model')!r}, "

@@ -16,6 +16,7 @@ from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlmodel import col, select
 
 from core import lifecycle, procs
+from core.checkpoint_check import check, first_usable
 from core.db import read_session, write_session
 from core.models import FINISHED, RUN_ID, Checkpoint, Metric, Run, RunStatus
 from core.run_folder import RunFolder, hash_config
@@ -309,9 +310,24 @@ class RunService:
                 f"Run {run_id} has no state checkpoint to resume from; start a new run instead."
             )
         if step is None:
-            return rows[0]
+            # The newest one that may be loaded: a half-written or corrupted one is passed over.
+            usable, skipped = first_usable(rows, lambda r: r.path)
+            if usable is None:
+                tried = "; ".join(f"{path}: {why}" for path, why in skipped)
+                raise Conflict(
+                    f"Run {run_id} has no state checkpoint that can be loaded ({tried}); "
+                    "start a new run instead."
+                )
+            return usable
         for row in rows:
             if row.step == step:
+                verdict = check(row.path)
+                if not verdict.usable:
+                    raise Conflict(
+                        f"checkpoint_step: the checkpoint at step {step} cannot be loaded "
+                        f"({verdict.reason}); resume from another step or leave "
+                        "checkpoint_step out."
+                    )
                 return row
         steps = ", ".join(str(s) for s in sorted({r.step for r in rows}))
         raise NotFound(

@@ -26,6 +26,7 @@ from core.db import read_session, write_session
 from core.models import ACTIVE, FINISHED, Run, RunStatus, utcnow
 from core.run_folder import RunFolder
 from core.settings import PROJECT_ROOT, Settings
+from server.services import exit_cause
 
 log = logging.getLogger(__name__)
 LOG_TAIL_LINES = 20
@@ -37,6 +38,9 @@ class _Watched:
     start: float | None
     proc: subprocess.Popen[bytes] | None  # None for runs adopted after a restart
     term_sent: bool = False
+    # The kernel's oom_kill counters at spawn: a SIGKILL we did not send is an OOM kill when
+    # they rose meanwhile.
+    oom_before: exit_cause.OomCounters | None = None
 
 
 class Supervisor:
@@ -129,7 +133,7 @@ class Supervisor:
                 returncode = self._exited_child(watched)
                 if returncode is not None:
                     del self._watched[run_id]
-                    self._settle_exit(run_id, returncode)
+                    self._settle_exit(run_id, returncode, watched)
                     continue
             elif not procs.same_process_alive(watched.pid, watched.start):
                 del self._watched[run_id]
@@ -195,6 +199,7 @@ class Supervisor:
             "--run-dir",
             str(run_dir),
         ]
+        oom_before = exit_cause.read_counters()
         try:
             with RunFolder(run_dir).log.open("ab") as logfile:
                 proc = subprocess.Popen(
@@ -221,7 +226,7 @@ class Supervisor:
         if earlier is not None and earlier.proc is not None:
             # The last attempt recorded its end and is still exiting: reap it when it does.
             _reap_in_background(earlier.proc)
-        self._watched[run_id] = _Watched(proc.pid, start, proc)
+        self._watched[run_id] = _Watched(proc.pid, start, proc, oom_before=oom_before)
         with write_session(self._engine) as session:
             run = session.get(Run, run_id)
             if run is not None:
@@ -233,11 +238,22 @@ class Supervisor:
 
     # Settling ends -------------------------------------------------------------------------
 
-    def _settle_exit(self, run_id: str, returncode: int) -> None:
+    def _settle_exit(self, run_id: str, returncode: int, watched: _Watched) -> None:
         """Record how a child ended, unless the runner already recorded its own end."""
+        # The only SIGKILL we send goes to a run that is `stopping` (settled below as stopped);
+        # any other one came from elsewhere, most often the kernel's OOM killer.
+        oom = (
+            exit_cause.sigkill_evidence(watched.pid, watched.start, watched.oom_before)
+            if returncode == -signal.SIGKILL
+            else None
+        )
         with write_session(self._engine) as session:
             run = session.get(Run, run_id)
             if run is None:
+                return
+            if run.pid != watched.pid:
+                # Resumed since (a new attempt, queued with no pid yet): this exit is the end
+                # of the earlier attempt, already recorded, and says nothing about the new one.
                 return
             status = RunStatus(run.status)
             if status in FINISHED:
@@ -255,12 +271,7 @@ class Supervisor:
                     else "stopped on request",
                 )
                 return
-            kind = "killed" if returncode < 0 else ("no_end" if returncode == 0 else "crash")
-            summary = {
-                "killed": f"the runner was {how}",
-                "crash": f"the runner crashed ({how})",
-                "no_end": "the runner exited 0 without recording an end",
-            }[kind]
+            kind, summary = exit_cause.classify_exit(returncode, how, oom)
             lifecycle.transition(
                 session,
                 run,

@@ -316,6 +316,7 @@ def test_sampler_weights_reload_to_identical_samples(trainer, tmp_path):
         "adapter_model.safetensors",
         "adapter_config.json",
         "rlcs_sampler.json",
+        "rlcs_manifest.json",
     }
     tokens = trainer.get_tokenizer().encode("reload")
     params = types.SamplingParams(max_tokens=10, temperature=1.0, seed=7, stop=[])
