@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import random
 import signal
@@ -14,6 +15,7 @@ import sqlite3
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -94,10 +96,13 @@ def fire_and_kill(server: LiveServer, after: int) -> list[str]:
     return answered
 
 
-def settle(url: str, timeout_s: float) -> dict[str, dict[str, Any]]:
+def settle(
+    url: str, timeout_s: float, meanwhile: Callable[[], object] = lambda: None
+) -> dict[str, dict[str, Any]]:
     """Every run once all have ended, or as they are when `timeout_s` runs out."""
     deadline = time.monotonic() + timeout_s
     while True:
+        meanwhile()
         runs = {r["run_id"]: r for r in httpx.get(f"{url}/runs", timeout=10).json()}
         if all(r["status"] in FINISHED for r in runs.values()) or time.monotonic() > deadline:
             return runs
@@ -115,6 +120,76 @@ def end_run_groups(var: Path) -> None:
     for pid_file in (var / "runs").glob("*/grandchild.pid"):
         with contextlib.suppress(ProcessLookupError, ValueError):
             os.kill(int(pid_file.read_text()), signal.SIGKILL)
+
+
+def kill_runners(seeds: int = 10, total: int = 6) -> Outcome:
+    """kill -9 of runners paused at random points of their lives (sampling, training, in the
+    middle of a checkpoint write); each must end failed with a reason, and resume from its last
+    complete checkpoint must succeed. Uses the checkpointing fake runner (real checkpoint code)."""
+    out = Outcome(f"runner kill -9 at random points ({seeds} seeds), then resume")
+    rng = random.Random(0)
+    points = {}
+    for seed in range(seeds):
+        step = rng.randint(2, total - 1)
+        phase = ("sampling", "training", "checkpoint")[seed % 3]
+        points[str(seed)] = (
+            f"checkpoint:{step}:{rng.randint(0, 4)}"
+            if phase == "checkpoint"
+            else (f"{phase}:{step}")
+        )
+    env = {
+        "RLCS_RUNNER_MODULE": "tests.fake_runners.checkpointing",
+        "RLCS_MAX_CONCURRENT_RUNS": str(seeds),
+        "FAKE_PAUSE_AT": json.dumps(points),
+    }
+    body = {"model_name": "tiny-random", "use_wandb": False, "total_steps": total}
+    # A runner that has recorded its end may still be exiting when the server stops.
+    with tempfile.TemporaryDirectory(prefix="rlcs-faults-", ignore_cleanup_errors=True) as tmp:
+        var = Path(tmp) / "var"
+        with (
+            LiveServer(var, **env) as server,
+            httpx.Client(base_url=server.url, timeout=30) as http,
+        ):
+            http.post("/environments/arithmetic/select")
+            runs = [
+                http.post("/runs", json={**body, "seed": s}).json()["run_id"] for s in range(seeds)
+            ]
+            for run_id in runs:
+                wait_until(lambda r=run_id: (var / "runs" / r / "paused").exists(), 60)
+                os.kill(http.get(f"/runs/{run_id}").json()["pid"], signal.SIGKILL)
+                out.injected += 1
+            ended = settle(server.url, 30)
+            out.runs_affected = len(ended)
+            out.stuck += sum(1 for r in ended.values() if r["status"] not in FINISHED)
+            reasons = sum(
+                1 for r in ended.values() if r["status"] == "failed" and r["failure_kind"]
+            )
+            for run_id in runs:
+                (var / "runs" / run_id / "paused").unlink(missing_ok=True)
+                http.post(f"/runs/{run_id}/resume", json={})
+
+            def release() -> None:  # a resumed attempt reaches its pause point again: go on
+                for paused in (var / "runs").glob("*/paused"):
+                    paused.unlink(missing_ok=True)
+
+            done = settle(server.url, 60, release)
+            out.lost = len(set(runs) - set(done))
+            out.stuck += sum(1 for r in done.values() if r["status"] not in FINISHED)
+            resumed = sum(1 for r in done.values() if r["status"] == "succeeded")
+            out.notes.append(
+                f"{reasons}/{seeds} ended failed with a reason; {resumed}/{seeds} resumed to "
+                "success from their last complete checkpoint"
+            )
+            out.stuck += seeds - resumed  # a run that cannot be resumed is stuck for its user
+    return out
+
+
+def wait_until(check: Any, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        if time.monotonic() > deadline:
+            raise TimeoutError("condition not met in time")
+        time.sleep(0.05)
 
 
 def locked_database(seconds: float = 5.0) -> Outcome:
@@ -240,7 +315,7 @@ def main() -> None:
     parser.add_argument("--examples", type=int, default=25, help="schemathesis per operation")
     parser.add_argument("--no-inference", action="store_true", help="skip the SmolLM2 fault")
     args = parser.parse_args()
-    outcomes = [kill_during_starts(args.rounds), locked_database()]
+    outcomes = [kill_during_starts(args.rounds), kill_runners(), locked_database()]
     if not args.no_inference:
         outcomes.append(server_dies_during_inference(PROJECT_ROOT / "var" / "models"))
     outcomes.append(fuzz(args.examples))
