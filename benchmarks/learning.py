@@ -1,17 +1,20 @@
 """Learning curves: SmolLM2-135M trained by the real server on repeat_word and arithmetic with
 every loss and both advantage modes on the same seeds; a PNG of mean reward and percent correct
 against step, a table, and POST /runs -> first step. Needs the `bench` extra (matplotlib).
-Run from the repo root: .venv/bin/python -m benchmarks.learning [--steps 12] [--plot-only]"""
+`--e2e` instead times one real run's steps (repeat_word, 64 episodes x 64 tokens).
+Run from the repo root: .venv/bin/python -m benchmarks.learning [--steps 20] [--plot-only]"""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
 import statistics
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -106,27 +109,67 @@ def train(http: httpx.Client, curve: Curve, body: dict[str, Any], poll_s: float)
             curve.step_s.append(row.get("time/step", 0.0))
 
 
+# A real run's shape for the end-to-end figure: the config's defaults (LoRA rank 32, its
+# learning rate), 8 words x 8 tries, up to 64 new tokens each.
+E2E = {
+    "group_size": 8,
+    "batch_size": 8,
+    "max_token_length": 64,
+    "save_every": 0,
+    "steps_per_eval": 0,
+    "use_wandb": False,
+    "seed": 0,
+}
+
+
 def measure(args: argparse.Namespace) -> list[Curve]:
     curves = []
+    with serving() as http:
+        for env in args.envs:
+            select(http, env)
+            for loss in args.losses:
+                for advantage in args.advantages:
+                    curve = Curve(env, loss, advantage)
+                    train(http, curve, overrides(env, loss, advantage, args.steps), 0.1)
+                    curves.append(curve)
+                    report_one(curve)
+                    save(curves, args.out)
+    return curves
+
+
+def end_to_end(steps: int) -> None:
+    """Seconds per step of a real run and POST /runs -> step 1, through the real server."""
+    with serving() as http:
+        select(http, "repeat_word")
+        curve = Curve("repeat_word", "importance_sampling", "grpo")
+        train(http, curve, {**E2E, "total_steps": steps}, 0.05)
+    print(
+        f"run {curve.status}: POST /runs -> step 1 {curve.first_step_s:.1f} s "
+        "(start-up, model load, first step)"
+    )
+    for step, took, reward in zip(curve.steps, curve.step_s, curve.reward, strict=True):
+        print(f"  step {step}: {took:.1f} s (reward {reward:.3f})")
+    later = curve.step_s[1:] or curve.step_s
+    print(f"median step after the first: {statistics.median(later):.1f} s; {machine()}")
+
+
+@contextlib.contextmanager
+def serving() -> Iterator[httpx.Client]:
+    """The real server in a temporary var dir, sharing the converted SmolLM2 with `make serve`
+    (converting is not what is timed)."""
     with tempfile.TemporaryDirectory(prefix="rlcs-curves-") as tmp:
-        # The converted SmolLM2 is shared with `make serve`: converting is not what we time.
         models = os.environ.get("RLCS_MODELS_DIR", str(PROJECT_ROOT / "var" / "models"))
         with Server(Path(tmp), RLCS_MODELS_DIR=models) as server:
-            http = httpx.Client(base_url=server.url, timeout=60)
-            for env in args.envs:
-                selected = http.post(f"/environments/{env}/select")
-                if selected.status_code != 200:
-                    raise SystemExit(f"select {env}: HTTP {selected.status_code}")
-                for loss in args.losses:
-                    for advantage in args.advantages:
-                        curve = Curve(env, loss, advantage)
-                        train(http, curve, overrides(env, loss, advantage, args.steps), 0.1)
-                        curves.append(curve)
-                        report_one(curve)
-                        save(curves, args.out)
+            with httpx.Client(base_url=server.url, timeout=60) as http:
+                yield http
         if server.leftovers:
             print(f"left over after the server stopped (killed): {server.leftovers}")
-    return curves
+
+
+def select(http: httpx.Client, env: str) -> None:
+    selected = http.post(f"/environments/{env}/select")
+    if selected.status_code != 200:
+        raise SystemExit(f"select {env}: HTTP {selected.status_code}: {selected.text}")
 
 
 def mean_of(values: list[float], part: slice) -> float:
@@ -219,7 +262,11 @@ def main() -> None:
     parser.add_argument("--advantages", type=lambda s: s.split(","), default=list(ADVANTAGES))
     parser.add_argument("--out", type=Path, default=OUT_DIR)
     parser.add_argument("--plot-only", action="store_true", help="redraw from learning.json")
+    parser.add_argument("--e2e", action="store_true", help="time one real run's steps instead")
     args = parser.parse_args()
+    if args.e2e:
+        end_to_end(min(args.steps, 5))
+        return
     unknown = set(args.envs) - set(PER_ENV) | set(args.losses) - set(LOSSES)
     unknown |= set(args.advantages) - set(ADVANTAGES)
     if unknown:
