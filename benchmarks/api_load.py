@@ -25,7 +25,8 @@ import httpx
 from sqlalchemy.engine import Engine
 from sqlmodel import Session
 
-from core.db import init_db, make_engine
+from core import schema
+from core.db import make_engine
 from core.models import Metric, Run, RunStatus
 from core.procs import process_start_time
 from core.run_folder import hash_config
@@ -113,7 +114,7 @@ def fresh_db(var_dir: Path) -> tuple[Settings, Engine]:
     )
     settings.runs_dir.mkdir(parents=True, exist_ok=True)
     engine = make_engine(settings.db_url)
-    init_db(engine)
+    schema.upgrade(engine)
     return settings, engine
 
 

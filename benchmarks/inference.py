@@ -20,8 +20,8 @@ from typing import Any
 
 import httpx
 
-from core import lifecycle
-from core.db import init_db, make_engine, write_session
+from core import lifecycle, schema
+from core.db import make_engine, write_session
 from core.models import Run, RunStatus
 from core.settings import PROJECT_ROOT, Settings
 from tests.live_server import LiveServer
@@ -218,7 +218,7 @@ def seed_runs(var_dir: Path) -> None:
     settings = Settings(var_dir=var_dir)
     settings.runs_dir.mkdir(parents=True, exist_ok=True)
     engine = make_engine(settings.db_url)
-    init_db(engine)
+    schema.upgrade(engine)
     for run_id, path in ((RUN_WANDB, f"{ENTITY}/{PROJECT}/{WANDB_RUN}"), (RUN_LOCAL, None)):
         with write_session(engine) as session:
             session.add(

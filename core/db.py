@@ -1,7 +1,9 @@
-"""The database engine (SQLite file in WAL mode by default; any SQLAlchemy URL works).
+"""The database engine: a SQLite file in WAL mode by default, or PostgreSQL (psycopg 3).
 
-Writers open transactions with BEGIN IMMEDIATE so concurrent writers queue on the busy
-timeout instead of failing with "database is locked" when a read lock cannot be upgraded.
+Writers queue one behind another, as a single writer at a time keeps read-modify-write
+transitions simple: on SQLite by BEGIN IMMEDIATE (not failing with "database is locked" when
+a read lock cannot be upgraded), on PostgreSQL by a transaction-scoped advisory lock. Either
+waits up to the busy timeout, then raises OperationalError (the API's 503).
 """
 
 from __future__ import annotations
@@ -12,9 +14,11 @@ from pathlib import Path
 
 from sqlalchemy import event
 from sqlalchemy.engine import Engine
-from sqlmodel import Session, SQLModel, create_engine
+from sqlmodel import Session, create_engine
 
 BUSY_TIMEOUT_S = 30.0
+WRITER = {"rlcs_writer": True}  # execution options of a writing transaction
+WRITE_LOCK = 0x524C4353_0002  # PostgreSQL advisory-lock key of the writers' queue
 
 
 def make_engine(url: str, busy_timeout_s: float = BUSY_TIMEOUT_S) -> Engine:
@@ -23,7 +27,7 @@ def make_engine(url: str, busy_timeout_s: float = BUSY_TIMEOUT_S) -> Engine:
     A writer waits up to `busy_timeout_s` for another's lock; past it SQLite raises
     OperationalError ("database is locked"), which the API answers with 503 and a retry hint."""
     if not url.startswith("sqlite"):
-        return create_engine(url, pool_pre_ping=True)
+        return _server_engine(url, busy_timeout_s)
     path = url.split("///", 1)[-1]
     if path and path != ":memory:":
         Path(path).parent.mkdir(parents=True, exist_ok=True)
@@ -47,20 +51,25 @@ def make_engine(url: str, busy_timeout_s: float = BUSY_TIMEOUT_S) -> Engine:
 
     @event.listens_for(engine, "begin")
     def _on_begin(conn) -> None:  # type: ignore[no-untyped-def]
-        mode = conn.get_execution_options().get("sqlite_begin", "DEFERRED")
-        conn.exec_driver_sql(f"BEGIN {mode}")
+        writer = conn.get_execution_options().get("rlcs_writer", False)
+        conn.exec_driver_sql("BEGIN IMMEDIATE" if writer else "BEGIN DEFERRED")
 
     return engine
 
 
-def init_db(engine: Engine) -> None:
-    from core import models  # noqa: F401  (registers the tables)
+def _server_engine(url: str, busy_timeout_s: float) -> Engine:
+    engine = create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=20)
+    if engine.dialect.name != "postgresql":
+        return engine
 
-    SQLModel.metadata.create_all(engine)
-    # create_all skips tables that exist, and with them indexes added since: add those.
-    for table in SQLModel.metadata.sorted_tables:
-        for index in table.indexes:
-            index.create(engine, checkfirst=True)
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn) -> None:  # type: ignore[no-untyped-def]
+        if conn.get_execution_options().get("rlcs_writer", False):
+            # Past the busy timeout the wait ends in an error (LockNotAvailable), not forever.
+            conn.exec_driver_sql(f"SET LOCAL lock_timeout = {int(busy_timeout_s * 1000)}")
+            conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({WRITE_LOCK})")
+
+    return engine
 
 
 @contextmanager
@@ -72,6 +81,6 @@ def read_session(engine: Engine) -> Iterator[Session]:
 @contextmanager
 def write_session(engine: Engine) -> Iterator[Session]:
     """A session whose transaction takes the write lock up front, committed on success."""
-    with Session(engine.execution_options(sqlite_begin="IMMEDIATE")) as session:
+    with Session(engine.execution_options(**WRITER)) as session:
         yield session
         session.commit()

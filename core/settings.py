@@ -64,6 +64,9 @@ class Settings(BaseSettings):
     max_concurrent_runs: int = Field(2, ge=1, le=256)
     stop_grace_s: float = Field(10.0, ge=0.0)
     supervisor_interval_s: float = Field(0.5, gt=0.0)
+    leader_poll_s: float = Field(
+        2.0, gt=0.0, description="How often a standby server tries to take over supervision"
+    )
     stall_factor: float = Field(10.0, gt=1.0, description="Stalled: no step for N x step time")
     stall_min_s: float = Field(120.0, ge=0.0, description="Never stalled before this long")
     runner_module: str = Field("runners.train", description="python -m <this> --run-dir DIR")
@@ -128,6 +131,23 @@ class Settings(BaseSettings):
     openreward_api_key: SecretStr | None = Field(
         None, validation_alias=AliasChoices("OPENREWARD_API_KEY", "RLCS_OPENREWARD_API_KEY")
     )
+
+    @field_validator("database_url")
+    @classmethod
+    def _a_database_url(cls, value: str | None) -> str | None:
+        from sqlalchemy.engine import make_url
+        from sqlalchemy.exc import ArgumentError
+
+        if value is None:
+            return value
+        try:
+            make_url(value)
+        except ArgumentError:
+            raise ValueError(
+                "RLCS_DATABASE_URL is not a database URL; use sqlite:////path/to/rlcs.db or "
+                "postgresql+psycopg://user:password@host:5432/dbname"
+            ) from None
+        return value
 
     @field_validator("allowed_hosts", "cors_origins", mode="before")
     @classmethod

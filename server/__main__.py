@@ -3,15 +3,24 @@
 from __future__ import annotations
 
 import uvicorn
+from pydantic import ValidationError
+from sqlalchemy import text
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import SQLAlchemyError
 
+from core.db import make_engine
 from core.settings import Settings
 
 SHUTDOWN_WAIT_S = 3
 
 
 def main() -> None:
-    settings = Settings()
+    try:
+        settings = Settings()
+    except ValidationError as exc:
+        raise SystemExit(f"rlcs: {_first_error(exc)}") from None
     settings.check_bind()
+    check_database(settings)
     # On SIGTERM uvicorn waits for requests in flight before shutting down; inference may be
     # one of them, so the wait is bounded (runs are separate processes and carry on).
     uvicorn.run(
@@ -21,6 +30,27 @@ def main() -> None:
         log_level="info",
         timeout_graceful_shutdown=SHUTDOWN_WAIT_S,
     )
+
+
+def check_database(settings: Settings) -> None:
+    """One clear line, not a traceback, when the database cannot be used."""
+    shown = make_url(settings.db_url).render_as_string(hide_password=True)
+    try:
+        with make_engine(settings.db_url).connect() as conn:
+            conn.execute(text("SELECT 1"))
+    except (SQLAlchemyError, ModuleNotFoundError) as exc:
+        reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
+        raise SystemExit(
+            f"rlcs: RLCS_DATABASE_URL: cannot use {shown}: {reason} (the postgres extra "
+            "installs the driver: pip install -e '.[postgres]')"
+            if isinstance(exc, ModuleNotFoundError)
+            else f"rlcs: RLCS_DATABASE_URL: cannot use {shown}: {reason}"
+        ) from None
+
+
+def _first_error(exc: ValidationError) -> str:
+    err = exc.errors(include_url=False)[0]
+    return str(err["msg"]).removeprefix("Value error, ")
 
 
 if __name__ == "__main__":

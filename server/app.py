@@ -17,7 +17,8 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse
 from sqlalchemy.exc import OperationalError
 
-from core.db import init_db, make_engine
+from core.db import make_engine
+from core.schema import upgrade as upgrade_schema
 from core.settings import PROJECT_ROOT, Settings
 from server import __version__
 from server.access import LoopbackUnlessToken, insecure_warning
@@ -46,7 +47,7 @@ def build_services(settings: Settings) -> Services:
     settings.var_dir.mkdir(parents=True, exist_ok=True)
     settings.runs_dir.mkdir(parents=True, exist_ok=True)
     engine = make_engine(settings.db_url, settings.db_busy_timeout_s)
-    init_db(engine)
+    upgrade_schema(engine)
     catalog = Catalog(settings.environment_dirs, PROJECT_ROOT, Inspectors(settings))
     models = ModelCheck.from_settings(settings)
     configs = ConfigService(engine, catalog, models)

@@ -12,6 +12,9 @@ from fastapi.testclient import TestClient
 from core.settings import Settings
 from server.app import create_app
 
+# A real PostgreSQL for the tests that ask for it (started once per session, on first use).
+from tests.postgres import PostgresServer, postgres, postgres_url  # noqa: F401
+
 # Tests never talk to hosted services; the runner and worker inherit these.
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("TINKER_TELEMETRY", "0")
@@ -46,3 +49,12 @@ def settings(tmp_path: Path) -> Settings:
 def client(settings: Settings) -> Iterator[TestClient]:
     with TestClient(create_app(settings)) as test_client:
         yield test_client
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A fresh, empty database of each kind: the tests that take it run against both."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'db' / 'rlcs.db'}"
+    server: PostgresServer = request.getfixturevalue("postgres")
+    return server.new_database()

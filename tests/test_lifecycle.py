@@ -1,13 +1,16 @@
 """The run state machine, every (from, to) pair against a table written out here, on a real
-SQLite file: what is allowed moves and stamps its time, what is not changes nothing."""
+SQLite file and a real PostgreSQL: what is allowed moves and stamps its time, what is not
+changes nothing."""
 
 from __future__ import annotations
+
+from collections.abc import Iterator
 
 import pytest
 from sqlalchemy.engine import Engine
 
-from core import lifecycle
-from core.db import init_db, make_engine, read_session, write_session
+from core import lifecycle, schema
+from core.db import make_engine, read_session, write_session
 from core.models import Run, RunStatus
 
 Q, ST, R, SP = "queued", "starting", "running", "stopping"
@@ -26,12 +29,18 @@ TABLE = {
 PAIRS = [(a, b, TABLE[a][i]) for a in ORDER for i, b in enumerate(ORDER)]
 
 
-@pytest.fixture(scope="module")
-def engine(tmp_path_factory: pytest.TempPathFactory) -> Engine:
-    db = tmp_path_factory.mktemp("lifecycle") / "runs.db"
-    engine = make_engine(f"sqlite:///{db}")
-    init_db(engine)
-    return engine
+@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
+def engine(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Engine]:
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path_factory.mktemp('lifecycle') / 'runs.db'}"
+    else:
+        url = request.getfixturevalue("postgres").new_database()
+    engine = make_engine(url)
+    schema.upgrade(engine)
+    yield engine
+    engine.dispose()  # before the session's PostgreSQL stops
 
 
 def new_run(engine: Engine, run_id: str, status: str) -> None:

@@ -1,0 +1,77 @@
+"""The database schema brought up to date by Alembic migrations (core/migrations), at server
+start-up or with `python -m core.schema upgrade` (what `rlctl db upgrade` runs). Migrations run
+in a writer's transaction (core.db), so two servers starting together migrate one after the
+other, never both."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from sqlalchemy.engine import Connection, Engine
+
+from core.db import WRITER
+
+if TYPE_CHECKING:
+    from alembic.config import Config
+
+MIGRATIONS = Path(__file__).resolve().parent / "migrations"
+
+
+def upgrade(engine: Engine, revision: str = "head") -> str | None:
+    """Apply every migration up to `revision`; the revision the database is at afterwards."""
+    from alembic import command  # imported here: only start-up and the CLI need it
+
+    with engine.execution_options(**WRITER).begin() as conn:
+        command.upgrade(_config(conn), revision)
+        return current(conn)
+
+
+def current(conn: Connection) -> str | None:
+    from alembic.runtime.migration import MigrationContext
+
+    return MigrationContext.configure(conn).get_current_revision()
+
+
+def head() -> str | None:
+    from alembic.script import ScriptDirectory
+
+    return ScriptDirectory.from_config(_config(None)).get_current_head()
+
+
+def _config(conn: Connection | None) -> Config:
+    from alembic.config import Config
+
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS))
+    config.attributes["connection"] = conn
+    return config
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m core.schema upgrade`: the database of RLCS_DATABASE_URL (or the default)."""
+    import argparse
+
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from core.db import make_engine
+    from core.settings import Settings
+
+    parser = argparse.ArgumentParser(prog="python -m core.schema", description=main.__doc__)
+    parser.add_argument("action", choices=["upgrade"])
+    parser.parse_args(argv)
+    url = Settings().db_url
+    shown = make_url(url).render_as_string(hide_password=True)
+    try:
+        revision = upgrade(make_engine(url))
+    except SQLAlchemyError as exc:
+        print(f"cannot upgrade {shown}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    print(f"{shown}: schema at revision {revision} (the newest)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
