@@ -57,6 +57,32 @@ def signal_group(pgid: int, sig: signal.Signals) -> bool:
     return True
 
 
+def end_session_leftovers(sid: int, started: float | None) -> list[int]:
+    """SIGKILL what is left of a run's session after its leader (pid `sid`) ended: processes
+    of that session started no earlier than it. A run's own group is signalled by the server
+    that started it; this is for runs adopted after a restart, whose group no one reaps."""
+    killed: list[int] = []
+    leader = _stat_fields(sid)
+    if leader is not None and leader[0] != "Z":
+        return killed  # the number leads a live process again: a new session, not the run's
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        fields = _stat_fields(int(entry.name))
+        # After the state: ppid, pgrp, session (fields 4-6 overall).
+        if fields is None or len(fields) < 20 or fields[3] != str(sid):
+            continue
+        start = _start_of(fields)
+        if started is not None and start is not None and start < started:
+            continue  # an older process that happens to share the number: not the run's
+        try:
+            os.kill(int(entry.name), signal.SIGKILL)
+            killed.append(int(entry.name))
+        except ProcessLookupError:
+            pass
+    return killed
+
+
 def describe_exit(returncode: int) -> str:
     if returncode < 0:
         try:

@@ -31,6 +31,9 @@ class HealthOut(BaseModel):
     backend: str
     environments: int
     active_runs: int
+    supervisor: str = Field(
+        description="'supervising', or 'standing by: <why>' when another server supervises"
+    )
 
 
 class EnvironmentOut(BaseModel):

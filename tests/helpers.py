@@ -39,6 +39,18 @@ def pid_alive(pid: int) -> bool:
         return False
 
 
+def run_leftovers(*var_dirs: Path) -> list[int]:
+    """Live processes the fake runner's runs left behind (the `sleep` named in grandchild.pid):
+    the supervisor clears a run's group once the run has ended."""
+    found = []
+    for var_dir in var_dirs:
+        for pid_file in (var_dir / "runs").glob("*/grandchild.pid"):
+            pid = int(pid_file.read_text())
+            if pid_alive(pid):
+                found.append(pid)
+    return found
+
+
 @contextmanager
 def small_tmpfs(folder: Path, size: str) -> Iterator[Path]:
     """A real tmpfs of `size` on `folder`, to fill up; the test is skipped where mount is

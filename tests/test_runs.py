@@ -18,7 +18,7 @@ from core.db import make_engine, read_session
 from core.models import ACTIVE, Run
 from server.app import create_app
 from tests.conftest import make_settings
-from tests.helpers import pid_alive, wait_for
+from tests.helpers import pid_alive, run_leftovers, wait_for
 from tests.live_server import LiveServer
 
 FAKE = "tests.fake_runners.runner"
@@ -306,6 +306,8 @@ def test_server_kill_9_then_restart_adopts_the_run(tmp_path: Path, fake_env) -> 
         assert done["status"] == "succeeded" and done["step"] == 12
         lost = httpx.get(f"{server.url}/runs/{doomed}").json()
         assert lost["status"] == "failed" and lost["failure_kind"] == "lost"
+        # Neither was this server's child: it still clears what each left behind.
+        wait_for(lambda: not run_leftovers(var), 10)
     finally:
         server.kill(signal.SIGTERM)
 
@@ -328,6 +330,7 @@ def test_adopted_run_that_dies_is_settled(tmp_path: Path, fake_env) -> None:
             10,
         )
         assert run["status"] == "failed" and run["failure_kind"] == "lost"
+        wait_for(lambda: not run_leftovers(var), 10)
     finally:
         server.kill(signal.SIGTERM)
 

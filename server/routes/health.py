@@ -24,6 +24,7 @@ def health(svc: Annotated[Services, Depends(services)]) -> HealthOut:
         backend=svc.settings.default_backend,
         environments=svc.catalog.count(),
         active_runs=svc.runs.count_active(),
+        supervisor=svc.supervisor.role,
     )
 
 

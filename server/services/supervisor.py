@@ -27,6 +27,7 @@ from core.models import ACTIVE, FINISHED, Run, RunStatus, utcnow
 from core.run_folder import RunFolder
 from core.settings import PROJECT_ROOT, Settings
 from server.services import exit_cause
+from server.services.leadership import Leadership
 
 log = logging.getLogger(__name__)
 LOG_TAIL_LINES = 20
@@ -53,14 +54,25 @@ class Supervisor:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._task: asyncio.Task[None] | None = None
         self._closing = False
+        self.leadership = Leadership(engine)
 
     # Running in the lifespan ---------------------------------------------------------------
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._event = asyncio.Event()
-        await asyncio.to_thread(self.reconcile)
+        await asyncio.to_thread(self._lead)
         self._task = asyncio.create_task(self._run(), name="rlcs-supervisor")
+
+    def _lead(self) -> bool:
+        """Supervise if no other server does (one per database); True while this one does."""
+        if self.leadership.held:
+            return True
+        if not self.leadership.try_acquire():
+            return False
+        log.info("supervising runs: %s", self.leadership.reason)
+        self.reconcile()
+        return True
 
     async def stop(self) -> None:
         """Stop supervising; the runs themselves keep going and are adopted on the next start."""
@@ -73,14 +85,35 @@ class Supervisor:
             except asyncio.CancelledError:
                 pass
         self._hand_over()
+        self.leadership.release()
+
+    @property
+    def role(self) -> str:
+        """What /health says: whether this server supervises the runs, and if not why."""
+        if self.leadership.held:
+            return "supervising"
+        return f"standing by: {self.leadership.reason}"
+
+    def _step_down(self) -> None:
+        """Another server may supervise now: stop watching (runs go on; it adopts them)."""
+        self._hand_over()
+        with self._lock:
+            self._watched.clear()
 
     def _hand_over(self) -> None:
         """Runs we started outlive us; while this process lives on (a test, an embedding app),
         each is still reaped when it exits, so none lingers as a zombie."""
         with self._lock:
-            procs_left = [w.proc for w in self._watched.values() if w.proc is not None]
-        for proc in procs_left:
-            _reap_in_background(proc)
+            children = [w for w in self._watched.values() if w.proc is not None]
+            adopted = [w for w in self._watched.values() if w.proc is None]
+        for watched in children:
+            # One that ended since the last tick: its group is cleared now, as a tick would.
+            if self._exited_child(watched) is None:
+                assert watched.proc is not None
+                _reap_in_background(watched.proc)
+        for watched in adopted:  # ended since the last tick: clear what it left behind
+            if not procs.same_process_alive(watched.pid, watched.start):
+                procs.end_session_leftovers(watched.pid, watched.start)
 
     def wake(self) -> None:
         """Ask for a tick now (thread-safe); used when a run is queued or stopped."""
@@ -89,13 +122,26 @@ class Supervisor:
 
     async def _run(self) -> None:
         assert self._event is not None
+        standing_by = False
         while not self._closing:
             try:
-                await asyncio.to_thread(self.tick)
+                leading = await asyncio.to_thread(self._lead)
+                if leading and not await asyncio.to_thread(self.leadership.still_held):
+                    self._step_down()
+                    leading = False
+                if leading:
+                    await asyncio.to_thread(self.tick)
+                    standing_by = False
+                elif not standing_by:
+                    log.warning("not supervising runs: %s", self.leadership.reason)
+                    standing_by = True
             except Exception:  # a bad tick must not end supervision
                 log.exception("supervisor tick failed")
+            wait = self._settings.supervisor_interval_s
+            if standing_by:
+                wait = max(wait, self._settings.leader_poll_s)
             try:
-                await asyncio.wait_for(self._event.wait(), self._settings.supervisor_interval_s)
+                await asyncio.wait_for(self._event.wait(), wait)
             except TimeoutError:
                 pass
             self._event.clear()
@@ -119,6 +165,8 @@ class Supervisor:
             self._watched[run.id] = _Watched(run.pid, run.process_start, None)
             log.info("adopted run %s (pid %s)", run.id, run.pid)
         else:
+            if run.pid is not None:
+                procs.end_session_leftovers(run.pid, run.process_start)
             self._settle_lost(run.id, why_lost)
 
     def _active_runs(self) -> list[Run]:
@@ -137,6 +185,7 @@ class Supervisor:
                     continue
             elif not procs.same_process_alive(watched.pid, watched.start):
                 del self._watched[run_id]
+                procs.end_session_leftovers(watched.pid, watched.start)
                 self._settle_lost(run_id, "its process ended while this server was not its parent")
                 continue
             if run is not None and run.status == RunStatus.stopping:
