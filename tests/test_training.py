@@ -51,12 +51,20 @@ def history(tmp_path: Path, client: TestClient, run_id: str) -> list[dict]:
     engine = make_engine(client.app.state.settings.db_url)
     with read_session(engine) as session:
         rows = session.exec(Metric.__table__.select().where(Metric.run_id == run_id)).all()
+    engine.dispose()
     return [{"step": row.step, **json.loads(row.values_json)} for row in rows]
 
 
 def test_three_step_run_succeeds_with_metrics_and_checkpoints(
-    tclient: TestClient, tmp_path: Path
+    tmp_path: Path, database_url: str
 ) -> None:
+    """On SQLite and on PostgreSQL: the runner records into whichever the server uses."""
+    settings = make_settings(tmp_path, stop_grace_s=30.0, database_url=database_url)
+    with TestClient(create_app(settings)) as client:
+        three_steps(client, tmp_path)
+
+
+def three_steps(tclient: TestClient, tmp_path: Path) -> None:
     run_id = start(
         tclient,
         environment="arithmetic",
