@@ -1,10 +1,12 @@
 """API load (rps, latency of GET /runs/{id} and GET /runs beside GET /health) on a real server
-holding 1,000 finished runs, and the supervisor's time per tick with 100 live runs.
-Run from the repo root: .venv/bin/python benchmarks/api_load.py [--requests 2000] [--ticks 50]"""
+holding 1,000 finished runs, and the supervisor's time per tick with 100 live runs; on SQLite
+and, with --databases sqlite,postgresql, on a real PostgreSQL started for the run.
+Run from the repo root: .venv/bin/python -m benchmarks.api_load [--requests 2000] [--ticks 50]"""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -103,9 +105,10 @@ def seed(
     return ids
 
 
-def fresh_db(var_dir: Path) -> tuple[Settings, Engine]:
+def fresh_db(var_dir: Path, database_url: str | None = None) -> tuple[Settings, Engine]:
     settings = Settings(
         var_dir=var_dir,
+        database_url=database_url,
         runner_module=RUNNER_MODULE,
         max_concurrent_runs=1,
         api_token=None,
@@ -127,11 +130,12 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def start_server(var_dir: Path) -> tuple[subprocess.Popen[bytes], str]:
+def start_server(var_dir: Path, database_url: str) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
     env = {
         **os.environ,
         "RLCS_VAR_DIR": str(var_dir),
+        "RLCS_DATABASE_URL": database_url,
         "RLCS_HOST": "127.0.0.1",
         "RLCS_PORT": str(port),
         "RLCS_RUNNER_MODULE": RUNNER_MODULE,
@@ -227,12 +231,14 @@ def load(
     }
 
 
-def bench_api(tmp: Path, requests: int) -> list[tuple[str, dict[str, float]]]:
+def bench_api(
+    tmp: Path, requests: int, database_url: str | None
+) -> list[tuple[str, dict[str, float]]]:
     var_dir = tmp / "api"
-    settings, engine = fresh_db(var_dir)
+    settings, engine = fresh_db(var_dir, database_url)
     ids = seed(engine, settings.runs_dir, RUNS, RunStatus.succeeded)
     engine.dispose()
-    proc, url = start_server(var_dir)
+    proc, url = start_server(var_dir, settings.db_url)
     try:
         # Answers are what they should be before anything is timed.
         listed = httpx.get(f"{url}/runs").json()
@@ -265,7 +271,9 @@ def time_ticks(supervisor: Supervisor, ticks: int) -> list[float]:
     return out
 
 
-def bench_supervisor(tmp: Path, ticks: int) -> dict[str, list[float]]:
+def bench_supervisor(
+    tmp: Path, ticks: int, new_database: Callable[[], str | None]
+) -> dict[str, list[float]]:
     sleepers: list[subprocess.Popen[bytes]] = []
     try:
         # Each in its own session, as the supervisor spawns runners (pid = process group).
@@ -274,7 +282,7 @@ def bench_supervisor(tmp: Path, ticks: int) -> dict[str, list[float]]:
         pids = [(p.pid, process_start_time(p.pid)) for p in sleepers]
         results = {}
         for label, active in (("0 active", 0), (f"{ACTIVE_RUNS} active", ACTIVE_RUNS)):
-            settings, engine = fresh_db(tmp / f"sup{active}")
+            settings, engine = fresh_db(tmp / f"sup{active}", new_database())
             # Both databases hold the same history, so only the active runs differ.
             seed(engine, settings.runs_dir, RUNS, RunStatus.succeeded)
             seed(engine, settings.runs_dir, active, RunStatus.running, pids, first=RUNS)
@@ -297,40 +305,60 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--requests", type=int, default=2000, help="timed requests per endpoint")
     parser.add_argument("--ticks", type=int, default=50, help="timed supervisor ticks")
+    parser.add_argument(
+        "--databases", default="sqlite", help="comma-separated: sqlite, postgresql (or both)"
+    )
     args = parser.parse_args()
     print(
         f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {platform.python_implementation()} "
         f"{platform.python_version()}, {os.cpu_count()} CPU cores (clients and server share them), "
         f"load average {os.getloadavg()[0]:.1f}"
     )
-    with tempfile.TemporaryDirectory(prefix="rlcs-bench-api-") as tmp:
-        results = bench_api(Path(tmp), args.requests)
-        print(
-            f"\n{RUNS} finished runs x {METRICS_PER_RUN} metric rows; {CLIENTS} clients (threads, "
-            f"one keep-alive httpx.Client each), {args.requests} requests per endpoint"
-        )
-        print(
-            f"  {'endpoint':<34} {'rps':>6} {'vs base':>7} {'p50 ms':>7} {'p99 ms':>7} "
-            f"{'srv CPU ms/req':>14} {'client CPU':>10} {'errors':>6}"
-        )
-        base_rps = results[0][1]["rps"]
-        for name, r in results:
-            print(
-                f"  {name:<34} {r['rps']:>6.0f} {r['rps'] / base_rps:>6.2f}x {r['p50_ms']:>7.1f} "
-                f"{r['p99_ms']:>7.1f} {r['server_cpu_ms']:>14.2f} {r['client_cpu_ms']:>10.2f} "
-                f"{r['errors']:>6.0f}"
-            )
+    with contextlib.ExitStack() as stack:
+        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="rlcs-bench-api-")))
+        for database in args.databases.split(","):
+            if database == "postgresql":
+                from tests.postgres import PostgresServer  # a real server, started for the run
 
-        ticks = bench_supervisor(Path(tmp), args.ticks)
-        print(f"\nSupervisor.tick(), in-process, {args.ticks} ticks ({RUNS} finished runs too)")
-        print(f"  {'active runs (live sleep pids)':<34} {'mean ms':>8} {'p99 ms':>8}  vs base")
-        base_mean = statistics.mean(ticks["0 active"])
-        for label, samples in ticks.items():
-            mean = statistics.mean(samples)
-            print(
-                f"  {label:<34} {mean * 1e3:>8.2f} {percentile(samples, 99) * 1e3:>8.2f}  "
-                f"{mean / base_mean:.1f}x"
-            )
+                postgres = stack.enter_context(PostgresServer())
+                new_database: Callable[[], str | None] = postgres.new_database
+            elif database == "sqlite":
+                new_database = lambda: None  # noqa: E731  (the default file under var_dir)
+            else:
+                raise SystemExit(f"--databases: unknown {database!r}; use sqlite, postgresql")
+            print(f"\n=== {database} ===")
+            report(database, tmp / database, args, new_database)
+
+
+def report(
+    database: str, tmp: Path, args: argparse.Namespace, new_database: Callable[[], str | None]
+) -> None:
+    results = bench_api(tmp, args.requests, new_database())
+    print(
+        f"{RUNS} finished runs x {METRICS_PER_RUN} metric rows; {CLIENTS} clients (threads, "
+        f"one keep-alive httpx.Client each), {args.requests} requests per endpoint"
+    )
+    print(
+        f"  {'endpoint':<34} {'rps':>6} {'vs base':>7} {'p50 ms':>7} {'p99 ms':>7} "
+        f"{'srv CPU ms/req':>14} {'client CPU':>10} {'errors':>6}"
+    )
+    base_rps = results[0][1]["rps"]
+    for name, r in results:
+        print(
+            f"  {name:<34} {r['rps']:>6.0f} {r['rps'] / base_rps:>6.2f}x {r['p50_ms']:>7.1f} "
+            f"{r['p99_ms']:>7.1f} {r['server_cpu_ms']:>14.2f} {r['client_cpu_ms']:>10.2f} "
+            f"{r['errors']:>6.0f}"
+        )
+    ticks = bench_supervisor(tmp, args.ticks, new_database)
+    print(f"Supervisor.tick() on {database}, in-process, {args.ticks} ticks ({RUNS} finished runs)")
+    print(f"  {'active runs (live sleep pids)':<34} {'mean ms':>8} {'p99 ms':>8}  vs base")
+    base_mean = statistics.mean(ticks["0 active"])
+    for label, samples in ticks.items():
+        mean = statistics.mean(samples)
+        print(
+            f"  {label:<34} {mean * 1e3:>8.2f} {percentile(samples, 99) * 1e3:>8.2f}  "
+            f"{mean / base_mean:.1f}x"
+        )
 
 
 if __name__ == "__main__":
