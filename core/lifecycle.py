@@ -14,7 +14,7 @@ from sqlalchemy import delete, func
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, select
 
-from core.db import write_session
+from core.db import read_session, write_session
 from core.models import ACTIVE, FINISHED, Checkpoint, Metric, Run, RunStatus, utcnow
 from core.run_folder import clean_metrics
 
@@ -77,6 +77,13 @@ def reopen(session: Session, run: Run) -> bool:
         setattr(run, name, None)
     session.add(run)
     return True
+
+
+def stop_requested(engine: Engine, run_id: str) -> bool:
+    """Has someone asked this run to stop (POST /runs/{id}/stop on any server)?"""
+    with read_session(engine) as session:
+        run = session.get(Run, run_id)
+    return run is not None and run.status == RunStatus.stopping
 
 
 def set_status(engine: Engine, run_id: str, new: RunStatus, **fields: Any) -> bool:

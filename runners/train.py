@@ -45,6 +45,7 @@ if TYPE_CHECKING:
     from runners.report import Reporter
 
 log = logging.getLogger("runner")
+STOP_POLL_S = 1.0  # how often the runner reads whether a stop was requested
 T = TypeVar("T")
 
 
@@ -75,7 +76,7 @@ class Trainer:
                     raise Stopped
                 await self.train_step(training, self.step + 1)
         except Stopped:
-            log.info("SIGTERM: stopping after step %s", self.step)
+            log.info("stop requested: stopping after step %s", self.step)
             status = RunStatus.stopped
         await self.tear_down(training, status)
         return status
@@ -339,7 +340,11 @@ async def _run(trainer: Trainer) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, trainer.stop_event.set)
-    status = await trainer.run()
+    watcher = asyncio.create_task(_watch_stop_request(trainer))
+    try:
+        status = await trainer.run()
+    finally:
+        watcher.cancel()
     details = (
         f"stopped at step {trainer.step}; resumable from its checkpoint"
         if status == RunStatus.stopped
@@ -348,6 +353,23 @@ async def _run(trainer: Trainer) -> int:
     lifecycle.record_end(trainer.engine, trainer.run_id, status, details=details)
     print(f"run {status.value} at step {trainer.step}", flush=True)
     return 0
+
+
+async def _watch_stop_request(trainer: Trainer) -> None:
+    """A stop asked through the database works like SIGTERM, from a server that cannot signal
+    this process (another machine, or one that adopted the run)."""
+    while not trainer.stop_event.is_set():
+        await asyncio.sleep(STOP_POLL_S)
+        try:
+            asked = await asyncio.to_thread(
+                lifecycle.stop_requested, trainer.engine, trainer.run_id
+            )
+        except Exception:  # a database hiccup must not end the run; SIGTERM still works
+            log.warning("could not read the stop request; trying again", exc_info=True)
+            continue
+        if asked:
+            log.info("a stop was requested through the database")
+            trainer.stop_event.set()
 
 
 def classify(exc: Exception) -> tuple[str, str]:

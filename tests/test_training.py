@@ -240,3 +240,21 @@ def test_status_while_running_shows_rising_step(tclient: TestClient) -> None:
     assert run["status"] == "succeeded"
     assert seen == sorted(seen) and len(set(seen)) >= 3, seen
     assert run["progress"]["time_per_step_s"] > 0
+
+
+def test_a_stop_through_the_database_reaches_a_runner_no_signal_reaches(tmp_path: Path) -> None:
+    """A runner the server cannot signal (on another machine; here SIGTERM is blocked) stops
+    at the stop request it reads from the database: checkpoint, then `stopped`."""
+    settings = make_settings(
+        tmp_path, runner_module="tests.fake_runners.deaf_runner", stop_grace_s=300.0
+    )
+    with TestClient(create_app(settings)) as client:
+        run_id = start(client, environment="repeat_word", total_steps=200, save_every=0, **TINY)
+        wait_for(lambda: client.get(f"/runs/{run_id}").json()["step"] >= 1, 120, every=0.25)
+        assert client.post(f"/runs/{run_id}/stop").json()["status"] == "stopping"
+        run = finish(client, run_id, 60)  # well inside the 300-s grace: no SIGKILL came
+        assert run["status"] == "stopped" and run["step"] < 200, run
+        logs = "\n".join(client.get(f"/runs/{run_id}/logs", params={"tail": 50}).json()["lines"])
+        assert "a stop was requested through the database" in logs
+        checkpoints = client.get(f"/runs/{run_id}/checkpoints").json()
+        assert checkpoints and checkpoints[-1]["step"] == run["step"]
