@@ -38,6 +38,13 @@ def test_migrations_build_what_the_models_describe(engine: Engine) -> None:
         assert schema.current(conn) == schema.head()
 
 
+def test_the_recorded_head_is_the_newest_migration(engine: Engine) -> None:
+    assert schema.HEAD == schema.head()  # a new migration must move HEAD too
+    assert schema.recorded(engine) is None
+    assert schema.upgrade(engine) == schema.HEAD == schema.recorded(engine)
+    assert schema.upgrade(engine) == schema.HEAD  # already there: nothing to do
+
+
 def test_a_database_from_before_migrations_is_upgraded_in_place(engine: Engine) -> None:
     SQLModel.metadata.create_all(engine)  # what start-up did before migrations
     with engine.begin() as conn:
