@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -30,6 +32,30 @@ def fake_env(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setenv("FAKE_RUNNER_STEP_S", "0.05")
     monkeypatch.delenv("FAKE_RUNNER_MODE", raising=False)
     return monkeypatch
+
+
+@pytest.fixture(autouse=True)
+def no_leftovers(tmp_path: Path) -> Iterator[None]:
+    """Runs outlive their server by design, and a test may end with one still going: once it
+    has ended, the `sleep` the fake runner leaves behind must not outlive the test."""
+    yield
+    var = tmp_path / "var"
+    if not (var / "runs").is_dir():
+        return
+    wait_for(lambda: not runners_in(var / "runs"), 20)  # fake runs end within seconds
+    for pid in run_leftovers(var):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def runners_in(runs_dir: Path) -> list[int]:
+    """Live runner processes working in `runs_dir` (by their --run-dir argument)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        with contextlib.suppress(OSError):
+            if entry.name.isdigit() and str(runs_dir).encode() in (entry / "cmdline").read_bytes():
+                found.append(int(entry.name))
+    return found
 
 
 @pytest.fixture
