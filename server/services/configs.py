@@ -72,12 +72,12 @@ class ConfigService:
     # Reading ---------------------------------------------------------------------------
 
     def view(self, name: str) -> dict[str, Any]:
-        entry, config_cls = self._config_class(name)
+        entry, config_schema = self._config_class(name)
         with read_session(self._engine) as session:
             stored, version, updated_at = _stored(session, entry.name)
-        values = _build(config_cls, self._with_model_default(config_cls, stored))
-        locked = config_cls.locked
-        schema = json.loads(json.dumps(config_cls.schema))  # a copy: the cached one stays whole
+        values = _build(config_schema, self._with_model_default(config_schema, stored))
+        locked = config_schema.locked
+        schema = json.loads(json.dumps(config_schema.schema))  # a copy: the cached one stays whole
         for field in locked:
             schema.get("properties", {}).pop(field, None)
         return {
@@ -93,18 +93,18 @@ class ConfigService:
         self, name: str, overrides: dict[str, Any] | None = None
     ) -> tuple[EnvEntry, ResolvedConfig]:
         """Defaults + stored edits + overrides, validated as a whole (for starting a run)."""
-        entry, config_cls = self._config_class(name)
+        entry, config_schema = self._config_class(name)
         with read_session(self._engine) as session:
             stored, _, _ = _stored(session, entry.name)
-        return self.revalidate(entry.name, _known(config_cls, stored), overrides or {})
+        return self.revalidate(entry.name, _known(config_schema, stored), overrides or {})
 
     def revalidate(
         self, name: str, base: dict[str, Any], overrides: dict[str, Any]
     ) -> tuple[EnvEntry, ResolvedConfig]:
         """`base` (e.g. a run's frozen config) with `overrides`, validated as a whole."""
-        entry, config_cls = self._config_class(name)
-        _check_fields(config_cls, overrides, InvalidValue)
-        config = self._validated(config_cls, {**base, **overrides})
+        entry, config_schema = self._config_class(name)
+        _check_fields(config_schema, overrides, InvalidValue)
+        config = self._validated(config_schema, {**base, **overrides})
         self.check_mix(config)
         return entry, config
 
@@ -112,16 +112,16 @@ class ConfigService:
         """422 when the backend that will run `config` cannot serve its model."""
         self._models.check(config.model_name, config.backend, "model_name", purpose)
 
-    def _validated(self, config_cls: ConfigSchema, values: dict[str, Any]) -> ResolvedConfig:
-        return _validate(config_cls, self._with_model_default(config_cls, values))
+    def _validated(self, config_schema: ConfigSchema, values: dict[str, Any]) -> ResolvedConfig:
+        return _validate(config_schema, self._with_model_default(config_schema, values))
 
     def _with_model_default(
-        self, config_cls: ConfigSchema, values: dict[str, Any]
+        self, config_schema: ConfigSchema, values: dict[str, Any]
     ) -> dict[str, Any]:
         """Name the backend's default model when neither the user nor the class chose one."""
-        if "model_name" in values or config_cls.defaults["model_name"] != LOCAL_DEFAULT_MODEL:
+        if "model_name" in values or config_schema.defaults["model_name"] != LOCAL_DEFAULT_MODEL:
             return values
-        backend = values.get("backend", config_cls.defaults["backend"])
+        backend = values.get("backend", config_schema.defaults["backend"])
         if not isinstance(backend, str):
             return values  # validation reports the bad backend
         return {**values, "model_name": default_model(self._models.backend_for(backend))}
@@ -154,22 +154,22 @@ class ConfigService:
 
     def set_fields(self, name: str, changes: dict[str, Any]) -> dict[str, Any]:
         """Validate `changes` against the whole config and store them as a new version."""
-        entry, config_cls = self._config_class(name)
+        entry, config_schema = self._config_class(name)
         if not changes:
             raise InvalidValue("values: give at least one field to change.")
-        _check_fields(config_cls, changes, BadRequest)
+        _check_fields(config_schema, changes, BadRequest)
         # Imports (mix) and questions to the backend (model) happen before the write
         # transaction, which holds SQLite's write lock.
         with read_session(self._engine) as session:
             stored, _, _ = _stored(session, entry.name)
-        config = self._validated(config_cls, {**_known(config_cls, stored), **changes})
+        config = self._validated(config_schema, {**_known(config_schema, stored), **changes})
         self.check_mix(config)
         if {"model_name", "backend"} & set(changes):
             self.check_model(config)
         with write_session(self._engine) as session:
             stored, version, _ = _stored(session, entry.name)
-            merged = {**_known(config_cls, stored), **changes}
-            self._validated(config_cls, merged)  # against an edit stored meanwhile
+            merged = {**_known(config_schema, stored), **changes}
+            self._validated(config_schema, merged)  # against an edit stored meanwhile
             session.add(
                 EnvironmentConfig(
                     environment=entry.name, version=version + 1, values_json=json.dumps(merged)
@@ -193,40 +193,40 @@ def _stored(session: Session, env: str) -> tuple[dict[str, Any], int, Any]:
     return json.loads(row.values_json), row.version, row.updated_at
 
 
-def _known(config_cls: ConfigSchema, stored: dict[str, Any]) -> dict[str, Any]:
+def _known(config_schema: ConfigSchema, stored: dict[str, Any]) -> dict[str, Any]:
     # A field removed from the class since it was stored is ignored rather than fatal.
-    return {k: v for k, v in stored.items() if k in config_cls.fields}
+    return {k: v for k, v in stored.items() if k in config_schema.fields}
 
 
-def _build(config_cls: ConfigSchema, stored: dict[str, Any]) -> dict[str, Any]:
+def _build(config_schema: ConfigSchema, stored: dict[str, Any]) -> dict[str, Any]:
     try:
-        return _check(config_cls, _known(config_cls, stored))
+        return _check(config_schema, _known(config_schema, stored))
     except ConfigInvalid:
         # Stored edits no longer valid under a changed class: show the defaults' view plus
         # whatever still validates field by field.
         good = {}
-        for key, value in _known(config_cls, stored).items():
+        for key, value in _known(config_schema, stored).items():
             try:
-                _check(config_cls, {key: value})
+                _check(config_schema, {key: value})
                 good[key] = value
             except ConfigInvalid:
                 pass
-        return _check(config_cls, good)
+        return _check(config_schema, good)
 
 
-def _check(config_cls: ConfigSchema, values: dict[str, Any]) -> dict[str, Any]:
+def _check(config_schema: ConfigSchema, values: dict[str, Any]) -> dict[str, Any]:
     """The class's validation in its inspector; a failure of the inspector itself is a 409."""
     try:
-        return config_cls.validate(values)
+        return config_schema.validate(values)
     except InspectFailed as exc:
         raise Conflict(f"The environment's Config could not be checked: {exc}.") from None
 
 
 def _check_fields(
-    config_cls: ConfigSchema, changes: dict[str, Any], error: type[BadRequest | InvalidValue]
+    config_schema: ConfigSchema, changes: dict[str, Any], error: type[BadRequest | InvalidValue]
 ) -> None:
-    fields = config_cls.fields
-    locked = config_cls.locked
+    fields = config_schema.fields
+    locked = config_schema.locked
     editable = sorted(f for f in fields if f not in locked)
     for key in changes:
         if key in locked:
@@ -241,9 +241,9 @@ def _check_fields(
             )
 
 
-def _validate(config_cls: ConfigSchema, values: dict[str, Any]) -> ResolvedConfig:
+def _validate(config_schema: ConfigSchema, values: dict[str, Any]) -> ResolvedConfig:
     try:
-        dumped = _check(config_cls, values)
+        dumped = _check(config_schema, values)
     except ConfigInvalid as exc:
         raise InvalidValue(describe_errors(exc.errors)) from None
     try:
