@@ -10,6 +10,10 @@ import os
 import signal
 from pathlib import Path
 
+# A child that must end with its parent learns the parent's pid from this variable: if the
+# parent died before the child looked, os.getppid() would already name another process.
+PARENT_PID_VARIABLE = "RLCS_PARENT_PID"
+
 
 def _stat_fields(pid: int) -> list[str] | None:
     """/proc/<pid>/stat from field 3 on (state, ...), or None when there is no such process."""

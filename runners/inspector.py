@@ -12,12 +12,15 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
+import time
 import traceback
 from pathlib import Path
 from typing import Any, TextIO
 
 from pydantic import ValidationError
 
+from core.procs import PARENT_PID_VARIABLE
 from environments.base import EnvConfig
 from environments.support.loader import load_env_class
 
@@ -78,8 +81,23 @@ def send(channel: TextIO, answer: dict[str, Any]) -> None:
     channel.flush()
 
 
+def exit_with_parent(every_s: float = 0.5) -> None:
+    """End this process once the server that started it is gone, even in the middle of an
+    import that never returns (end of stdin only says so between requests). The server names
+    itself: one that died before this line ran has already handed us to another parent."""
+    parent = int(os.environ.get(PARENT_PID_VARIABLE) or os.getppid())
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(every_s)
+        os._exit(0)
+
+    threading.Thread(target=watch, daemon=True, name="parent-watch").start()
+
+
 def main(argv: list[str]) -> int:
     path, class_name = Path(argv[0]), argv[1]
+    exit_with_parent()
     channel = private_stdout()
     try:
         config_cls = load_env_class(path, class_name).Config

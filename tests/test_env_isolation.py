@@ -4,17 +4,23 @@ every other environment keep working."""
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
+import signal
 import textwrap
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 from fastapi.testclient import TestClient
 
 from server.app import create_app
 from tests.conftest import make_settings
+from tests.helpers import pid_alive, wait_for
+from tests.live_server import LiveServer
 
 CLASS = """
 from environments.base import SingleTurnEnv, Task
@@ -131,3 +137,21 @@ def test_an_edited_file_is_inspected_again(client: TestClient, folder: Path) -> 
     path.write_text(env_file("raises", "Raises", "# fixed\n"))
     os.utime(path, (path.stat().st_atime, path.stat().st_mtime + 5))
     assert client.post("/environments/raises/select").status_code == 200
+
+
+def test_an_inspector_stuck_in_an_import_ends_with_its_server(tmp_path: Path, folder: Path) -> None:
+    server = LiveServer(
+        tmp_path / "live", RLCS_ENV_DIRS=json.dumps([str(folder)]), RLCS_INSPECT_TIMEOUT_S="120"
+    ).start()
+
+    def select_hanging() -> None:
+        with contextlib.suppress(httpx.HTTPError):  # the server dies under it
+            httpx.post(f"{server.url}/environments/hangs/select", timeout=60)
+
+    try:
+        threading.Thread(target=select_hanging, daemon=True).start()
+        stuck = wait_for(lambda: inspectors_of(folder), 30)
+    finally:
+        server.kill(signal.SIGKILL)
+    wait_for(lambda: not inspectors_of(folder), 5)  # not the 120-s deadline: it saw us go
+    assert not any(pid_alive(pid) for pid in stuck)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import queue
 import signal
 import subprocess
@@ -72,7 +73,7 @@ class InspectorProcess:
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,  # a flood of output must not fill a pipe nobody reads
             text=True,
-            env=settings.inspector_environment(),
+            env={**settings.inspector_environment(), procs.PARENT_PID_VARIABLE: str(os.getpid())},
             start_new_session=True,
         )
         threading.Thread(target=self._read, daemon=True, name="inspector-read").start()
