@@ -25,6 +25,7 @@ import httpx
 
 from core.procs import process_start_time, same_process_alive
 from core.settings import PROJECT_ROOT
+from tests.helpers import end_run_leftovers, fake_runner_starts, processes_with, wait_for
 from tests.live_server import LiveServer
 
 FAKE = {"RLCS_RUNNER_MODULE": "tests.fake_runners.runner", "FAKE_RUNNER_STEP_S": "0.05"}
@@ -61,11 +62,11 @@ def kill_during_starts(rounds: int, seed: int = 0) -> Outcome:
                 runs = settle(server.url, timeout_s=60)
             finally:
                 server.kill(signal.SIGTERM)
-                end_run_groups(var)
+                end_run_leftovers(var)
             out.runs_affected += len(runs)
             out.lost += len(set(answered) - set(runs))
             out.stuck += sum(1 for r in runs.values() if r["status"] not in FINISHED)
-            out.duplicates += sum(1 for r in runs if starts_of(var, r) > 1)
+            out.duplicates += sum(1 for r in runs if fake_runner_starts(var / "runs" / r) > 1)
             statuses = sorted({r["status"] + "/" + str(r["failure_kind"]) for r in runs.values()})
             out.notes.append(f"{len(answered)} answered, {len(runs)} rows: {', '.join(statuses)}")
     return out
@@ -109,19 +110,6 @@ def settle(
         time.sleep(0.2)
 
 
-def starts_of(var: Path, run_id: str) -> int:
-    log = var / "runs" / run_id / "train.log"
-    text = log.read_text(errors="replace") if log.exists() else ""
-    return text.count(f"fake runner {run_id} up")
-
-
-def end_run_groups(var: Path) -> None:
-    """The fake runner leaves a `sleep` behind on purpose; end every run's group."""
-    for pid_file in (var / "runs").glob("*/grandchild.pid"):
-        with contextlib.suppress(ProcessLookupError, ValueError):
-            os.kill(int(pid_file.read_text()), signal.SIGKILL)
-
-
 def kill_runners(seeds: int = 10, total: int = 6) -> Outcome:
     """kill -9 of runners paused at random points of their lives (sampling, training, in the
     middle of a checkpoint write); each must end failed with a reason, and resume from its last
@@ -155,7 +143,7 @@ def kill_runners(seeds: int = 10, total: int = 6) -> Outcome:
                 http.post("/runs", json={**body, "seed": s}).json()["run_id"] for s in range(seeds)
             ]
             for run_id in runs:
-                wait_until(lambda r=run_id: (var / "runs" / r / "paused").exists(), 60)
+                wait_for((var / "runs" / run_id / "paused").exists, 60)
                 os.kill(http.get(f"/runs/{run_id}").json()["pid"], signal.SIGKILL)
                 out.injected += 1
             ended = settle(server.url, 30)
@@ -182,14 +170,6 @@ def kill_runners(seeds: int = 10, total: int = 6) -> Outcome:
             )
             out.stuck += seeds - resumed  # a run that cannot be resumed is stuck for its user
     return out
-
-
-def wait_until(check: Any, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        if time.monotonic() > deadline:
-            raise TimeoutError("condition not met in time")
-        time.sleep(0.05)
 
 
 def locked_database(seconds: float = 5.0) -> Outcome:
@@ -229,7 +209,7 @@ def locked_database(seconds: float = 5.0) -> Outcome:
             out.server_errors = sum(1 for c in codes if c >= 500 and c != 503)
             waited = sum(1 for c in codes if c == 503)
             out.notes.append(f"{len(codes)} requests: {waited} answered 503 + Retry-After")
-        end_run_groups(var)
+        end_run_leftovers(var)
     return out
 
 
@@ -244,7 +224,7 @@ def server_dies_during_inference(models_dir: Path) -> Outcome:
             httpx.post(f"{server.url}/environments/repeat_word/select", timeout=10)
             httpx.post(url, json={"prompts": ["Hi"], "max_tokens": 1}, timeout=600)
             assert server.proc is not None
-            worker = children(server.proc.pid, b"runners.infer")[0]
+            worker = processes_with("runners.infer", parent=server.proc.pid)[0]
             start = process_start_time(worker)
             long = {"prompts": ["Tell me a long story."], "max_tokens": 4000}
             threading.Thread(target=_post_quietly, args=(url, long), daemon=True).start()
@@ -265,18 +245,6 @@ def server_dies_during_inference(models_dir: Path) -> Outcome:
 def _post_quietly(url: str, body: dict[str, Any]) -> None:
     with contextlib.suppress(httpx.HTTPError):
         httpx.post(url, json=body, timeout=120)
-
-
-def children(pid: int, running: bytes) -> list[int]:
-    """Child processes of `pid` whose command line contains `running`."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            with contextlib.suppress(OSError):
-                fields = (entry / "stat").read_text().rsplit(")", 1)[-1].split()
-                if int(fields[1]) == pid and running in (entry / "cmdline").read_bytes():
-                    found.append(int(entry.name))
-    return found
 
 
 def fuzz(examples: int) -> Outcome:
@@ -302,7 +270,7 @@ def fuzz(examples: int) -> Outcome:
                     calls.append(case.call(base_url=server.url, timeout=20).status_code)
 
                 call()
-        end_run_groups(var)
+        end_run_leftovers(var)
     out.injected = len(calls)
     out.server_errors = sum(1 for c in calls if c >= 500)
     out.notes.append(f"{len(calls)} generated requests, statuses {sorted(set(calls))}")

@@ -25,11 +25,10 @@ from environments.base import EnvConfig
 from environments.support.loader import load_env_class
 
 
-def describe(config_cls: type[EnvConfig], class_name: str) -> dict[str, Any]:
+def describe(config_cls: type[EnvConfig]) -> dict[str, Any]:
     fields = config_cls.model_fields
     return {
         "ok": True,
-        "class_name": class_name,
         "fields": sorted(fields),
         "locked": sorted(config_cls.locked_fields()),
         "schema": config_cls.model_json_schema(),
@@ -101,7 +100,7 @@ def main(argv: list[str]) -> int:
     channel = private_stdout()
     try:
         config_cls = load_env_class(path, class_name).Config
-        first = describe(config_cls, class_name)
+        first = describe(config_cls)
     except BaseException as exc:  # SystemExit and all: user code runs at import
         send(channel, {"ok": False, "error": describe_failure(exc)})
         return 0

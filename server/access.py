@@ -43,7 +43,7 @@ class LoopbackUnlessToken:
         if scope["type"] == "websocket":
             await send({"type": "websocket.close", "code": 1008})
             return
-        await send_error(send, 403, refusal(host))
+        await send_error(scope, receive, send, 403, refusal(host))
 
 
 def refusal(host: str | None) -> str:

@@ -162,19 +162,7 @@ def _document_errors(app: FastAPI) -> None:
         for path_item in schema.get("paths", {}).values():
             for operation in path_item.values():
                 responses = operation.setdefault("responses", {})
-                for code in (
-                    "400",
-                    "401",
-                    "403",
-                    "404",
-                    "409",
-                    "413",
-                    "415",
-                    "422",
-                    "424",
-                    "429",
-                    "503",
-                ):
+                for code in ERROR_CODES:
                     responses[code] = {
                         "description": "Error: what is wrong and how to fix it",
                         "content": {"application/json": {"schema": error_ref}},

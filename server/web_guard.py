@@ -3,10 +3,11 @@ state-changing request, JSON-only bodies, and a cap on body size; each refusal s
 
 from __future__ import annotations
 
-import json
 from email.message import Message
 
+from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
+from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 from starlette.types import Message as AsgiMessage
 
@@ -15,27 +16,9 @@ from core.settings import Settings
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
 
-async def send_error(send: Send, status: int, detail: str) -> None:
+async def send_error(scope: Scope, receive: Receive, send: Send, status: int, detail: str) -> None:
     """Answer with our error body ({"detail": ...}) from inside a middleware."""
-    body = json.dumps({"detail": detail}).encode()
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": [
-                (b"content-type", b"application/json"),
-                (b"content-length", str(len(body)).encode()),
-            ],
-        }
-    )
-    await send({"type": "http.response.body", "body": body})
-
-
-def header(scope: Scope, name: bytes) -> str | None:
-    for key, value in scope.get("headers", ()):
-        if key == name:
-            return value.decode("latin-1")
-    return None
+    await JSONResponse({"detail": detail}, status_code=status)(scope, receive, send)
 
 
 def host_name(host_header: str) -> str:
@@ -64,10 +47,11 @@ class WebGuard:
         if refusal is None:
             await self.app(scope, receive, send)
         else:
-            await send_error(send, *refusal)
+            await send_error(scope, receive, send, *refusal)
 
     def refusal(self, scope: Scope) -> tuple[int, str] | None:
-        host = header(scope, b"host")
+        headers = Headers(scope=scope)
+        host = headers.get("host")
         if self.hosts is not None and host is not None and host_name(host) not in self.hosts:
             return 400, (
                 f"Host {host!r} is not one this server answers to (a guard against DNS "
@@ -76,38 +60,38 @@ class WebGuard:
             )
         if scope["method"] in SAFE_METHODS:
             return None
-        if not self.same_origin_or_allowed(scope, host):
-            origin = header(scope, b"origin") or "(none)"
+        if not self.same_origin_or_allowed(scope, headers):
+            origin = headers.get("origin", "(none)")
             return 403, (
                 f"Cross-site request refused: a web page from origin {origin} may not change "
                 "this server. Use the server's own dashboard, a client that sends no Origin "
                 "(curl, scripts, SDKs), or allow that origin with RLCS_CORS_ORIGINS."
             )
-        if has_body(scope) and not is_json(header(scope, b"content-type")):
+        if has_body(headers) and not is_json(headers.get("content-type")):
             return 415, (
                 "Request bodies must be JSON: send 'Content-Type: application/json' "
-                f"(got {header(scope, b'content-type') or 'none'})."
+                f"(got {headers.get('content-type', 'none')})."
             )
         return None
 
-    def same_origin_or_allowed(self, scope: Scope, host: str | None) -> bool:
-        origin = header(scope, b"origin")
-        site = header(scope, b"sec-fetch-site")
+    def same_origin_or_allowed(self, scope: Scope, headers: Headers) -> bool:
+        origin = headers.get("origin")
+        site = headers.get("sec-fetch-site")
         if origin is None:
             # No Origin: a script or CLI, unless the browser says it is cross-site anyway.
             return site in (None, "same-origin", "none")
         origin = origin.rstrip("/").lower()
         if origin in self.cors_origins:
             return True
-        own = f"{scope.get('scheme', 'http')}://{(host or '').lower()}"
+        own = f"{scope.get('scheme', 'http')}://{headers.get('host', '').lower()}"
         return origin == own and site in (None, "same-origin")
 
 
-def has_body(scope: Scope) -> bool:
-    length = header(scope, b"content-length")
+def has_body(headers: Headers) -> bool:
+    length = headers.get("content-length")
     if length is not None:
         return length.strip() not in ("", "0")
-    return header(scope, b"transfer-encoding") is not None
+    return "transfer-encoding" in headers
 
 
 def is_json(content_type: str | None) -> bool:
@@ -142,9 +126,9 @@ class BodyLimit:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        length = header(scope, b"content-length")
-        if length is not None and length.strip().isdigit() and int(length) > self.limit:
-            await send_error(send, 413, BodyTooLarge(self.limit).detail)
+        length = Headers(scope=scope).get("content-length", "")
+        if length.strip().isdigit() and int(length) > self.limit:
+            await send_error(scope, receive, send, 413, BodyTooLarge(self.limit).detail)
             return
         seen = 0
         started = False
@@ -168,4 +152,4 @@ class BodyLimit:
         except BodyTooLarge as exc:
             if started:
                 raise
-            await send_error(send, 413, exc.detail)
+            await send_error(scope, receive, send, 413, exc.detail)

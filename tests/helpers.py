@@ -3,16 +3,31 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import pytest
 
+if TYPE_CHECKING:
+    from fastapi.testclient import TestClient
+
 T = TypeVar("T")
+FINISHED = {"succeeded", "failed", "stopped"}
+# A real run on the tiny-random model, small enough for a test: LoRA rank 8, 8 new tokens,
+# 2 tasks x 4 tries per step, no W&B.
+TINY_RUN = {
+    "model_name": "tiny-random",
+    "lora_rank": 8,
+    "max_token_length": 8,
+    "use_wandb": False,
+    "group_size": 4,
+    "batch_size": 2,
+}
 
 
 def wait_for(check: Callable[[], T], timeout: float = 20.0, every: float = 0.05) -> T:
@@ -37,6 +52,40 @@ def pid_alive(pid: int) -> bool:
             return fh.read().rsplit(")", 1)[-1].split()[0] != "Z"
     except OSError:
         return False
+
+
+def processes_with(*needles: str | Path, parent: int | None = None) -> list[int]:
+    """Live processes whose command line contains every one of `needles` (and whose parent is
+    `parent`, when given): a run, worker or inspector found by what it was started with."""
+    wanted = [str(n).encode() for n in needles]
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes()
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[-1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        if all(n in cmdline for n in wanted) and (parent is None or ppid == parent):
+            found.append(int(entry.name))
+    return found
+
+
+def fake_runner_starts(run_dir: Path) -> int:
+    """How many times the fake runner started on this run (it says so in the run's log)."""
+    log = run_dir / "train.log"
+    text = log.read_text(errors="replace") if log.exists() else ""
+    return text.count(f"fake runner {run_dir.name} up")
+
+
+def end_run_leftovers(*var_dirs: Path) -> None:
+    """SIGKILL the processes fake runs left behind (see run_leftovers)."""
+    for pid in run_leftovers(*var_dirs):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 def run_leftovers(*var_dirs: Path) -> list[int]:
@@ -69,3 +118,19 @@ def small_tmpfs(folder: Path, size: str) -> Iterator[Path]:
         # Lazily if busy, so a failed test never leaves a mount behind for the next.
         if subprocess.run(["umount", str(folder)]).returncode != 0:
             subprocess.run(["umount", "-l", str(folder)], check=True)
+
+
+def start_run(client: TestClient, **body: object) -> str:
+    """POST /runs with `body`; the new run's id."""
+    resp = client.post("/runs", json=body)
+    assert resp.status_code == 200, resp.text
+    return resp.json()["run_id"]
+
+
+def finish_run(client: TestClient, run_id: str, timeout: float = 120.0) -> dict:
+    """The run's status once it has ended."""
+    return wait_for(
+        lambda: (r := client.get(f"/runs/{run_id}").json())["status"] in FINISHED and r,
+        timeout,
+        every=0.1,
+    )

@@ -24,35 +24,13 @@ from runners.backends.checkpoints import find_state, publish
 from server.app import create_app
 from tests.conftest import make_settings
 from tests.fake_runners import publisher
-from tests.helpers import small_tmpfs, wait_for
+from tests.helpers import TINY_RUN, small_tmpfs, wait_for
+from tests.helpers import finish_run as finish
+from tests.helpers import start_run as start
 
 CHECKPOINTING = "tests.fake_runners.checkpointing"
 PAUSED_RUNNER = "tests.fake_runners.paused_runner"
-FINAL = {"succeeded", "failed", "stopped"}
-TINY = {
-    "environment": "arithmetic",
-    "model_name": "tiny-random",
-    "lora_rank": 8,
-    "max_token_length": 8,
-    "use_wandb": False,
-    "group_size": 4,
-    "batch_size": 2,
-    "steps_per_eval": 0,
-}
-
-
-def start(client: TestClient, **body: object) -> str:
-    resp = client.post("/runs", json=body)
-    assert resp.status_code == 200, resp.text
-    return resp.json()["run_id"]
-
-
-def finish(client: TestClient, run_id: str, timeout: float = 120.0) -> dict:
-    return wait_for(
-        lambda: (r := client.get(f"/runs/{run_id}").json())["status"] in FINAL and r,
-        timeout,
-        every=0.1,
-    )
+TINY = {**TINY_RUN, "environment": "arithmetic", "steps_per_eval": 0}
 
 
 def resume(client: TestClient, run_id: str, **body: object) -> dict:

@@ -19,7 +19,7 @@ from fastapi.testclient import TestClient
 
 from server.app import create_app
 from tests.conftest import make_settings
-from tests.helpers import pid_alive, wait_for
+from tests.helpers import pid_alive, processes_with, wait_for
 from tests.live_server import LiveServer
 
 CLASS = """
@@ -70,15 +70,7 @@ def client(tmp_path: Path, folder: Path) -> Iterator[TestClient]:
 
 
 def inspectors_of(folder: Path) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        try:
-            cmdline = (entry / "cmdline").read_bytes() if entry.name.isdigit() else b""
-        except OSError:
-            continue
-        if b"runners.inspector" in cmdline and str(folder).encode() in cmdline:
-            found.append(int(entry.name))
-    return found
+    return processes_with("runners.inspector", folder)
 
 
 def refusal(client: TestClient, name: str) -> str:

@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from core.procs import process_start_time, same_process_alive
-from tests.helpers import wait_for
+from tests.helpers import processes_with, wait_for
 from tests.live_server import LiveServer
 
 pytestmark = pytest.mark.slow
@@ -57,17 +57,9 @@ def warm_worker(server: LiveServer) -> tuple[int, float | None]:
 
 
 def worker_of(server_pid: int) -> int:
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text().rsplit(")", 1)[-1].split()
-            cmdline = (entry / "cmdline").read_bytes()
-        except OSError:
-            continue
-        if int(stat[1]) == server_pid and b"runners.infer" in cmdline:
-            return int(entry.name)
-    raise AssertionError("no inference worker under the server")
+    workers = processes_with("runners.infer", parent=server_pid)
+    assert workers, "no inference worker under the server"
+    return workers[0]
 
 
 def cpu_ticks(pid: int) -> int:

@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.helpers import pid_alive, run_leftovers, wait_for
+from tests.helpers import fake_runner_starts, pid_alive, run_leftovers, wait_for
 from tests.live_server import LiveServer
 
 pytestmark = pytest.mark.slow
@@ -25,11 +25,6 @@ FINISHED = {"succeeded", "failed", "stopped"}
 
 def role(server: LiveServer) -> str:
     return httpx.get(f"{server.url}/health", timeout=10).json()["supervisor"]
-
-
-def starts(run_dir: Path) -> int:
-    text = (run_dir / "train.log").read_text(errors="replace")
-    return text.count(f"fake runner {run_dir.name} up")
 
 
 def take_over(first: LiveServer, second: LiveServer, runs: int) -> None:
@@ -59,7 +54,7 @@ def take_over(first: LiveServer, second: LiveServer, runs: int) -> None:
     wait_for(lambda: not run_leftovers(first.var_dir, second.var_dir), 10)
     for run_id in ids:
         run_dir = next(p for p in (first.var_dir, second.var_dir) if (p / "runs" / run_id).exists())
-        assert starts(run_dir / "runs" / run_id) == 1, run_id
+        assert fake_runner_starts(run_dir / "runs" / run_id) == 1, run_id
 
 
 def test_two_servers_on_one_postgresql(tmp_path: Path, postgres_url: str) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
@@ -20,7 +19,7 @@ from core.db import make_engine, read_session
 from core.models import ACTIVE, Run
 from server.app import create_app
 from tests.conftest import make_settings
-from tests.helpers import pid_alive, run_leftovers, wait_for
+from tests.helpers import end_run_leftovers, pid_alive, processes_with, run_leftovers, wait_for
 from tests.live_server import LiveServer
 
 FAKE = "tests.fake_runners.runner"
@@ -42,20 +41,8 @@ def no_leftovers(tmp_path: Path) -> Iterator[None]:
     var = tmp_path / "var"
     if not (var / "runs").is_dir():
         return
-    wait_for(lambda: not runners_in(var / "runs"), 20)  # fake runs end within seconds
-    for pid in run_leftovers(var):
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-
-
-def runners_in(runs_dir: Path) -> list[int]:
-    """Live runner processes working in `runs_dir` (by their --run-dir argument)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        with contextlib.suppress(OSError):
-            if entry.name.isdigit() and str(runs_dir).encode() in (entry / "cmdline").read_bytes():
-                found.append(int(entry.name))
-    return found
+    wait_for(lambda: not processes_with(var / "runs"), 20)  # fake runs end within seconds
+    end_run_leftovers(var)
 
 
 @pytest.fixture

@@ -11,37 +11,17 @@ from fastapi.testclient import TestClient
 
 from server.app import create_app
 from tests.conftest import make_settings
+from tests.helpers import FINISHED as FINAL
+from tests.helpers import TINY_RUN as TINY
+from tests.helpers import finish_run as finish
+from tests.helpers import start_run as start
 from tests.helpers import wait_for
-
-FINAL = {"succeeded", "failed", "stopped"}
-TINY = {
-    "model_name": "tiny-random",
-    "lora_rank": 8,
-    "max_token_length": 8,
-    "use_wandb": False,
-    "group_size": 4,
-    "batch_size": 2,
-}
 
 
 @pytest.fixture
 def tclient(tmp_path: Path):
     with TestClient(create_app(make_settings(tmp_path, stop_grace_s=30.0))) as c:
         yield c
-
-
-def finish(client: TestClient, run_id: str, timeout: float = 120.0) -> dict:
-    return wait_for(
-        lambda: (r := client.get(f"/runs/{run_id}").json())["status"] in FINAL and r,
-        timeout,
-        every=0.25,
-    )
-
-
-def start(client: TestClient, **body) -> str:
-    resp = client.post("/runs", json=body)
-    assert resp.status_code == 200, resp.text
-    return resp.json()["run_id"]
 
 
 def history(tmp_path: Path, client: TestClient, run_id: str) -> list[dict]:

@@ -110,8 +110,7 @@ def run_logs(
         return svc.runs.logs(run_id, tail)
     svc.runs.row(run_id)  # 404/422 before the stream starts
     client = request.client.host if request.client else "local"
-    svc.streams.take(client)  # 429 past the per-client limit
-    events = svc.streams.held(client, _sse(follow(svc.runs, run_id, tail)))
+    events = svc.streams.open(client, _sse(follow(svc.runs, run_id, tail)))
     return StreamingResponse(events, media_type="text/event-stream")
 
 

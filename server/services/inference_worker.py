@@ -20,6 +20,7 @@ from core.run_folder import tail_lines
 from core.settings import PROJECT_ROOT, Settings
 from core.spec import InferenceJob, WarmJob
 from server.errors import Unavailable
+from server.services.line_pipe import read_lines, send_line
 
 log = logging.getLogger(__name__)
 WORKER_MODULE = "runners.infer"
@@ -101,15 +102,8 @@ class InferenceWorker:
                 return answer
 
     def _send(self, proc: subprocess.Popen[str], message: dict[str, Any]) -> bool:
-        """One line to the worker; False when its stdin is gone."""
-        assert proc.stdin is not None
         with self._write_lock:
-            try:
-                proc.stdin.write(json.dumps(message) + "\n")
-                proc.stdin.flush()
-            except (BrokenPipeError, OSError, ValueError):
-                return False
-        return True
+            return send_line(proc, message)
 
     def stop(self) -> None:
         """End the worker now, even while a request (say the warm-up) holds it: that request
@@ -127,7 +121,6 @@ class InferenceWorker:
         if self._proc is not None:
             log.warning("inference worker exited (%s); starting a new one", self._proc.returncode)
             _end(self._proc)  # closes its pipes
-        self._answers = queue.Queue()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("a") as log_file:
             self._proc = subprocess.Popen(
@@ -141,18 +134,8 @@ class InferenceWorker:
                 start_new_session=True,
             )
         self.starts += 1
-        threading.Thread(
-            target=self._read, args=(self._proc, self._answers), daemon=True, name="infer-read"
-        ).start()
+        self._answers = read_lines(self._proc, "infer-read")
         return self._proc
-
-    @staticmethod
-    def _read(proc: subprocess.Popen[str], answers: queue.Queue[str | None]) -> None:
-        assert proc.stdout is not None
-        with proc.stdout:
-            for line in proc.stdout:
-                answers.put(line)
-        answers.put(None)  # end of output: the worker is gone
 
     def _stop_locked(self) -> None:
         proc, self._proc = self._proc, None

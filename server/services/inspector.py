@@ -19,6 +19,7 @@ from typing import Any
 
 from core import procs
 from core.settings import PROJECT_ROOT, Settings
+from server.services.line_pipe import read_lines, send_line
 
 log = logging.getLogger(__name__)
 INSPECTOR_MODULE = "runners.inspector"
@@ -41,7 +42,6 @@ class ConfigInvalid(Exception):
 class ConfigSchema:
     """What the server knows of an environment's Config, learnt from its inspector."""
 
-    class_name: str
     fields: frozenset[str]
     locked: frozenset[str]
     schema: dict[str, Any]
@@ -65,7 +65,6 @@ class InspectorProcess:
         self.path = path
         self.timeout_s = settings.inspect_timeout_s
         self._lock = threading.Lock()
-        self._answers: queue.Queue[str | None] = queue.Queue()
         self._proc = subprocess.Popen(
             [settings.python_executable, "-m", INSPECTOR_MODULE, str(path), class_name],
             cwd=PROJECT_ROOT,
@@ -76,7 +75,7 @@ class InspectorProcess:
             env={**settings.inspector_environment(), procs.PARENT_PID_VARIABLE: str(os.getpid())},
             start_new_session=True,
         )
-        threading.Thread(target=self._read, daemon=True, name="inspector-read").start()
+        self._answers = read_lines(self._proc, "inspector-read")
 
     def first_answer(self) -> dict[str, Any]:
         with self._lock:
@@ -84,13 +83,9 @@ class InspectorProcess:
 
     def ask(self, request: dict[str, Any]) -> dict[str, Any]:
         with self._lock:
-            assert self._proc.stdin is not None
-            try:
-                self._proc.stdin.write(json.dumps(request) + "\n")
-                self._proc.stdin.flush()
-            except (BrokenPipeError, OSError, ValueError):
+            if not send_line(self._proc, request):
                 self.close()
-                raise InspectFailed("its inspector process is gone; try again") from None
+                raise InspectFailed("its inspector process is gone; try again")
             return self._wait("validating a config")
 
     def _wait(self, doing: str) -> dict[str, Any]:
@@ -110,13 +105,6 @@ class InspectorProcess:
                 "exits or crashes the interpreter at import (os._exit, a fatal signal)"
             )
         return json.loads(line)
-
-    def _read(self) -> None:
-        assert self._proc.stdout is not None
-        with self._proc.stdout:
-            for line in self._proc.stdout:
-                self._answers.put(line)
-        self._answers.put(None)
 
     @property
     def alive(self) -> bool:
@@ -154,7 +142,6 @@ class Inspectors:
         process, first = self._start(key)
         self._keep(key, process)
         return ConfigSchema(
-            class_name=first["class_name"],
             fields=frozenset(first["fields"]),
             locked=frozenset(first["locked"]),
             schema=first["schema"],

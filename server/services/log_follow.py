@@ -21,32 +21,37 @@ class StreamSlots:
 
     def __init__(self, per_client: int) -> None:
         self.per_client = per_client
-        self.open: Counter[str] = Counter()
+        self._open: Counter[str] = Counter()
         self._lock = threading.Lock()  # taken in the route's thread, given back in the loop
 
-    def take(self, client: str) -> None:
+    def _take(self, client: str) -> None:
         with self._lock:
-            if self.open[client] >= self.per_client:
+            if self._open[client] >= self.per_client:
                 raise TooMany(
-                    f"{self.open[client]} log streams are already open from {client} (the "
+                    f"{self._open[client]} log streams are already open from {client} (the "
                     "limit, RLCS_MAX_STREAMS_PER_CLIENT); close one, or read "
                     "GET /runs/{id}/logs?tail=N instead."
                 )
-            self.open[client] += 1
+            self._open[client] += 1
 
-    def give_back(self, client: str) -> None:
+    def _give_back(self, client: str) -> None:
         with self._lock:
-            self.open[client] -= 1
-            if self.open[client] <= 0:
-                del self.open[client]
+            self._open[client] -= 1
+            if self._open[client] <= 0:
+                del self._open[client]
 
-    async def held(self, client: str, events: AsyncIterator[str]) -> AsyncIterator[str]:
-        """`events`, giving the slot back however the stream ends (a client gone included)."""
+    def open(self, client: str, events: AsyncIterator[str]) -> AsyncIterator[str]:
+        """Take one of `client`'s places (429 when none is left) for `events`, given back
+        however the stream ends (the client gone included)."""
+        self._take(client)
+        return self._held(client, events)
+
+    async def _held(self, client: str, events: AsyncIterator[str]) -> AsyncIterator[str]:
         try:
             async for event in events:
                 yield event
         finally:
-            self.give_back(client)
+            self._give_back(client)
 
 
 async def follow(

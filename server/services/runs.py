@@ -102,15 +102,15 @@ class RunService:
         try:
             with write_session(self._engine) as session:
                 session.add(run)
-        except IntegrityError:
-            shutil.rmtree(run_dir, ignore_errors=True)
-            existing = self._by_idempotency_key(idempotency_key) if idempotency_key else None
+        except (IntegrityError, OperationalError) as exc:
+            shutil.rmtree(run_dir, ignore_errors=True)  # no row, so no folder either
+            # A repeated Idempotency-Key lost the race to the first request: answer with its run.
+            existing = None
+            if isinstance(exc, IntegrityError) and idempotency_key is not None:
+                existing = self._by_idempotency_key(idempotency_key)
             if existing is None:
                 raise
             return {"run_id": existing.id, "status": existing.status.value}
-        except OperationalError:  # the database stayed locked: no row, so no folder either
-            shutil.rmtree(run_dir, ignore_errors=True)
-            raise
         self._wake()
         return {"run_id": run_id, "status": RunStatus.queued.value}
 
