@@ -10,7 +10,7 @@ import json
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import delete, func
+from sqlalchemy import ColumnElement, and_, delete, func, or_
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, select
 
@@ -20,7 +20,17 @@ from core.run_folder import clean_metrics
 
 # Which status may follow which; a finished status is final (a resume starts a new attempt).
 ALLOWED: dict[RunStatus, frozenset[RunStatus]] = {
-    RunStatus.queued: frozenset({RunStatus.starting, RunStatus.stopped, RunStatus.failed}),
+    # A Ray job waits `queued` until the cluster runs it, and its runner then records
+    # `running` itself; stopping such a job takes a moment (`stopping`).
+    RunStatus.queued: frozenset(
+        {
+            RunStatus.starting,
+            RunStatus.running,
+            RunStatus.stopping,
+            RunStatus.stopped,
+            RunStatus.failed,
+        }
+    ),
     RunStatus.starting: frozenset(
         {
             RunStatus.running,
@@ -73,6 +83,8 @@ def reopen(session: Session, run: Run) -> bool:
         "details",
         "finished_at",
         "stop_requested_at",
+        "launcher",
+        "job_id",
     ):
         setattr(run, name, None)
     session.add(run)
@@ -179,7 +191,13 @@ def record_end(
 
 
 def count_active(session: Session) -> int:
-    """Runs holding a slot (starting, running or stopping): what the concurrency limit counts."""
-    return session.exec(
-        select(func.count()).select_from(Run).where(col(Run.status).in_(list(ACTIVE)))
-    ).one()
+    """Runs holding a slot (starting, running or stopping, or a Ray job waiting for the
+    cluster): what the concurrency limit counts."""
+    return session.exec(select(func.count()).select_from(Run).where(holds_a_slot())).one()
+
+
+def holds_a_slot() -> ColumnElement[bool]:
+    return or_(
+        col(Run.status).in_(list(ACTIVE)),
+        and_(col(Run.status) == RunStatus.queued, col(Run.job_id).is_not(None)),
+    )

@@ -60,6 +60,10 @@ class Run(SQLModel, table=True):
     wandb_url: str | None = None
     weights_path: str | None = None
     run_dir: str
+    # Which launcher started the current attempt ("local" or "ray"; None = not yet started,
+    # or started before launchers were recorded, i.e. local) and its Ray job id.
+    launcher: str | None = None
+    job_id: str | None = Field(default=None, max_length=64)
     idempotency_key: str | None = Field(default=None, unique=True)
     created_at: datetime = Field(default_factory=utcnow, index=True)
     started_at: datetime | None = None

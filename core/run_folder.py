@@ -40,6 +40,17 @@ class RunFolder:
         durable.fsync_dir(self.path)  # the log's entry; the spec's was synced by its rename
         durable.fsync_dir(self.path.parent)  # the folder itself
 
+    def adopt_carried(self, spec_json: str | None, resume_json: str | None) -> None:
+        """Lay out this folder from what a job carried (its spec, and its resume point on a
+        later attempt; core.settings: run_spec, resume_point), so the runner needs nothing from
+        the server's disk. The carried files win: the folder may hold an older attempt's."""
+        if spec_json is None:
+            return
+        durable.make_dirs(self.path)
+        self.write_spec(RunSpec.model_validate_json(spec_json))
+        if resume_json is not None:
+            self.write_resume(ResumePoint.model_validate_json(resume_json))
+
     def write_spec(self, spec: RunSpec) -> None:
         write_json_atomic(self.path / CONFIG_FILE, spec.model_dump(mode="json", exclude_none=True))
 

@@ -78,6 +78,26 @@ class Settings(BaseSettings):
         120.0, gt=0.0, description="Most seconds creating a Tinker client (a session) may take"
     )
 
+    # Where runs execute: local subprocesses (default) or jobs on a Ray cluster.
+    launcher: Literal["local", "ray"] = Field(
+        "local", description="local: runs are child processes; ray: Ray jobs (RLCS_RAY_ADDRESS)"
+    )
+    ray_address: str = Field(
+        "http://127.0.0.1:8265", description="The Ray dashboard (job submission) address"
+    )
+    checkpoint_dir: Path | None = Field(
+        None,
+        description="Where run folders and local checkpoints go (default: var_dir/runs); with "
+        "Ray, a path every node sees",
+    )
+    # Set by the Ray launcher in a job's environment: the run's frozen spec and resume point
+    # travel with the job (JSON), so its runner needs nothing from the server's disk.
+    run_spec: str | None = Field(None, description="(set for a Ray job) the run's RunSpec")
+    resume_point: str | None = Field(None, description="(set for a Ray job) its ResumePoint")
+    ray_timeout_s: float = Field(
+        5.0, gt=0.0, description="Most seconds one call to the Ray job server may take"
+    )
+
     # Local backend.
     device: Literal["auto", "cpu", "cuda"] = "auto"
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
@@ -171,7 +191,7 @@ class Settings(BaseSettings):
 
     @property
     def runs_dir(self) -> Path:
-        return self.var_dir / "runs"
+        return self.checkpoint_dir or self.var_dir / "runs"
 
     @property
     def models_dir(self) -> Path:
@@ -218,21 +238,25 @@ class Settings(BaseSettings):
     def child_environment(self) -> dict[str, str]:
         """The environment of a runner or worker: ours, these settings, the keys (no others)."""
         env = {k: v for k, v in os.environ.items() if k not in _SECRET_NAMES}
-        env.update(
-            {
-                "RLCS_VAR_DIR": str(self.var_dir),
-                "RLCS_DATABASE_URL": self.db_url,
-                "RLCS_DEVICE": self.device,
-                "RLCS_DTYPE": self.dtype,
-                "RLCS_SAMPLING_DTYPE": self.sampling_dtype,
-                "RLCS_MODELS_DIR": str(self.models_dir),
-                "RLCS_BACKEND_CALL_TIMEOUT_S": str(self.backend_call_timeout_s),
-                "RLCS_TINKER_CREATE_TIMEOUT_S": str(self.tinker_create_timeout_s),
-                "PYTHONUNBUFFERED": "1",
-                "TINKER_TELEMETRY": os.environ.get("TINKER_TELEMETRY", "0"),
-                "OPENREWARD_DISABLE_UPDATE_CHECK": "1",
-            }
-        )
+        env.update(self.runner_variables())
+        return env
+
+    def runner_variables(self) -> dict[str, str]:
+        """What a runner needs to know, wherever it runs: these settings and the service keys
+        (a Ray job gets exactly these, on top of its node's own environment)."""
+        env = {
+            "RLCS_VAR_DIR": str(self.var_dir),
+            "RLCS_DATABASE_URL": self.db_url,
+            "RLCS_DEVICE": self.device,
+            "RLCS_DTYPE": self.dtype,
+            "RLCS_SAMPLING_DTYPE": self.sampling_dtype,
+            "RLCS_MODELS_DIR": str(self.models_dir),
+            "RLCS_BACKEND_CALL_TIMEOUT_S": str(self.backend_call_timeout_s),
+            "RLCS_TINKER_CREATE_TIMEOUT_S": str(self.tinker_create_timeout_s),
+            "PYTHONUNBUFFERED": "1",
+            "TINKER_TELEMETRY": os.environ.get("TINKER_TELEMETRY", "0"),
+            "OPENREWARD_DISABLE_UPDATE_CHECK": "1",
+        }
         if self.tinker_base_url:
             env["TINKER_BASE_URL"] = self.tinker_base_url
         if self.wandb_base_url:

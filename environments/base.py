@@ -68,6 +68,16 @@ class EnvConfig(BaseModel):
     backend: Literal["auto", "local", "tinker"] = Field(
         "auto", description="auto = tinker when TINKER_API_KEY is set, else local"
     )
+    # Resources a run asks of a Ray cluster (RLCS_LAUNCHER=ray); ignored by local runs.
+    num_gpus: float | None = Field(
+        None,
+        ge=0,
+        le=64,
+        description="GPUs for the run's Ray job (default: 1 for a local backend on CUDA, else 0)",
+    )
+    num_cpus: float | None = Field(
+        None, ge=0, le=1024, description="CPUs for the run's Ray job (default: 1)"
+    )
     # Optimisation.
     lora_rank: int = Field(32, ge=1, le=512)
     learning_rate: float = Field(4e-5, gt=0, le=1.0)

@@ -312,9 +312,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     for noisy in ("httpx", "urllib3", "filelock", "huggingface_hub"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
-    folder = RunFolder(args.run_dir.resolve())
-    spec = folder.spec()
     settings = Settings()
+    folder = RunFolder(args.run_dir.resolve())
+    folder.adopt_carried(settings.run_spec, settings.resume_point)
+    spec = folder.spec()
     engine = make_engine(settings.db_url)
     pid = os.getpid()
     if not lifecycle.record_running(engine, spec.run_id, pid, process_start_time(pid)):

@@ -25,6 +25,13 @@ class ErrorOut(BaseModel):
     detail: str = Field(description="What is wrong and how to fix it")
 
 
+class LauncherOut(BaseModel):
+    kind: str = Field(description="local (child processes) or ray (RLCS_LAUNCHER)")
+    address: str | None = Field(description="The Ray job server (RLCS_RAY_ADDRESS)")
+    reachable: bool
+    reason: str | None = Field(description="Why the launcher cannot start runs now")
+
+
 class HealthOut(BaseModel):
     status: str
     version: str
@@ -34,6 +41,7 @@ class HealthOut(BaseModel):
     supervisor: str = Field(
         description="'supervising', or 'standing by: <why>' when another server supervises"
     )
+    launcher: LauncherOut
 
 
 class EnvironmentOut(BaseModel):

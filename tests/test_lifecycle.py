@@ -17,8 +17,9 @@ Q, ST, R, SP = "queued", "starting", "running", "stopping"
 OK, FAIL, STOP = "succeeded", "failed", "stopped"
 ORDER = [Q, ST, R, SP, OK, FAIL, STOP]
 # Rows: from; columns: to, in ORDER. "x": allowed. "=": same status (allowed, changes fields).
+# queued -> running/stopping: a Ray job waits queued until its runner records running.
 TABLE = {
-    Q: ["=", "x", " ", " ", " ", "x", "x"],
+    Q: ["=", "x", "x", "x", " ", "x", "x"],
     ST: [" ", "=", "x", "x", "x", "x", "x"],
     R: [" ", " ", "=", "x", "x", "x", "x"],
     SP: [" ", " ", " ", "=", "x", "x", "x"],

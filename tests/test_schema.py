@@ -4,6 +4,7 @@ a real SQLite file and a real PostgreSQL. A bad database URL stops the server in
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -14,7 +15,7 @@ from pathlib import Path
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import inspect
+from sqlalchemy import MetaData, inspect
 from sqlalchemy.engine import Engine
 from sqlmodel import SQLModel
 
@@ -45,8 +46,18 @@ def test_the_recorded_head_is_the_newest_migration(engine: Engine) -> None:
     assert schema.upgrade(engine) == schema.HEAD  # already there: nothing to do
 
 
+def _baseline_metadata() -> MetaData:
+    """The tables as start-up created them before migrations: 0001's frozen copy."""
+    path = schema.MIGRATIONS / "versions" / "0001_baseline.py"
+    spec = importlib.util.spec_from_file_location("baseline_0001", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.metadata
+
+
 def test_a_database_from_before_migrations_is_upgraded_in_place(engine: Engine) -> None:
-    SQLModel.metadata.create_all(engine)  # what start-up did before migrations
+    _baseline_metadata().create_all(engine)  # what start-up did before migrations
     with engine.begin() as conn:
         conn.exec_driver_sql("DROP INDEX ix_metric_run_step")  # made by a still older start-up
         conn.exec_driver_sql(
@@ -59,6 +70,8 @@ def test_a_database_from_before_migrations_is_upgraded_in_place(engine: Engine) 
     with engine.connect() as conn:
         assert schema.current(conn) == schema.head()
         assert conn.exec_driver_sql("SELECT environment FROM selection").scalar() == "arithmetic"
+    columns = {c["name"] for c in inspect(engine).get_columns("run")}
+    assert {"launcher", "job_id"} <= columns  # 0002 added them to the old table
 
 
 def test_two_migrators_at_once_migrate_once(database_url: str) -> None:

@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from core.models import FINISHED, RunStatus
+from core.models import FINISHED, Run, RunStatus
 from server.errors import TooMany
 from server.services.runs import RunService
 
@@ -58,6 +58,11 @@ async def follow(
     runs: RunService, run_id: str, tail: int, poll_s: float = 0.25
 ) -> AsyncIterator[tuple[str, Any]]:
     """Yield ("line", text) events, then ("end", {status, ...}) once the run has finished."""
+    run = await asyncio.to_thread(runs.row, run_id)
+    if run.launcher == "ray":
+        async for event in _follow_job(runs, run_id, tail, max(poll_s, 1.0)):
+            yield event
+        return
     path: Path = await asyncio.to_thread(runs.log_path, run_id)
     lines, offset = await asyncio.to_thread(_tail_and_offset, path, tail)
     for line in lines:
@@ -74,18 +79,42 @@ async def follow(
         if finished:
             if pending:
                 yield "line", pending.decode("utf-8", errors="replace")
-            yield (
-                "end",
-                {
-                    "run_id": run.id,
-                    "status": run.status.value,
-                    "exit_code": run.exit_code,
-                    "failure_kind": run.failure_kind,
-                    "details": run.details,
-                },
-            )
+            yield "end", _end(run)
             return
         await asyncio.sleep(poll_s)
+
+
+async def _follow_job(
+    runs: RunService, run_id: str, tail: int, poll_s: float
+) -> AsyncIterator[tuple[str, Any]]:
+    """The same events for a Ray job, from the log Ray keeps (read whole each poll: Ray's
+    job server hands out no offsets); a partial last line waits until it is complete."""
+    sent: int | None = None  # complete lines already accounted for
+    while True:
+        run = await asyncio.to_thread(runs.row, run_id)
+        finished = RunStatus(run.status) in FINISHED
+        text = await asyncio.to_thread(runs.job_log, run) or ""
+        lines = text.splitlines()
+        complete = lines if finished or text.endswith("\n") else lines[:-1]
+        if sent is None:
+            sent = max(0, len(complete) - tail)
+        for line in complete[sent:]:
+            yield "line", line
+        sent = max(sent, len(complete))
+        if finished:
+            yield "end", _end(run)
+            return
+        await asyncio.sleep(poll_s)
+
+
+def _end(run: Run) -> dict[str, Any]:
+    return {
+        "run_id": run.id,
+        "status": run.status.value,
+        "exit_code": run.exit_code,
+        "failure_kind": run.failure_kind,
+        "details": run.details,
+    }
 
 
 def _tail_and_offset(path: Path, count: int, max_bytes: int = 1 << 20) -> tuple[list[str], int]:

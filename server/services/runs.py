@@ -25,6 +25,7 @@ from core.spec import ResumePoint, RunSpec
 from server.errors import Conflict, InvalidValue, NotFound
 from server.services.configs import ConfigService
 from server.services.metrics import MetricsService
+from server.services.ray_jobs import RayJobs, RayUnreachable
 from server.services.run_views import RunViews
 
 SUMMARY_COLUMNS = (
@@ -55,6 +56,7 @@ class RunService:
         self._configs = configs
         self._metrics = metrics
         self._views = RunViews(settings, metrics)
+        self._ray_jobs: RayJobs | None = None  # made when a Ray run's log is first read
         self._wake = wake_supervisor
 
     # Creating ----------------------------------------------------------------------------
@@ -161,13 +163,19 @@ class RunService:
             return lifecycle.count_active(session)
 
     def _queue_position(self, run: Run) -> tuple[int, int] | None:
-        if run.status != RunStatus.queued:
+        """Place in the queue and runs holding slots, for a run waiting for a slot; None for
+        any other (a Ray job waiting for the cluster says why in its details)."""
+        if run.status != RunStatus.queued or run.job_id is not None or run.details:
             return None
         with read_session(self._engine) as session:
             ahead = session.exec(
                 select(func.count())
                 .select_from(Run)
-                .where(Run.status == RunStatus.queued, col(Run.created_at) < run.created_at)
+                .where(
+                    Run.status == RunStatus.queued,
+                    col(Run.job_id).is_(None),
+                    col(Run.created_at) < run.created_at,
+                )
             ).one()
             active = lifecycle.count_active(session)
         return ahead + 1, active
@@ -223,13 +231,15 @@ class RunService:
             status = RunStatus(run.status)
             if status in FINISHED or status == RunStatus.stopping:
                 return {"run_id": run_id, "status": status.value}
-            if status == RunStatus.queued:
+            if status == RunStatus.queued and run.job_id is None:
                 lifecycle.transition(
                     session, run, RunStatus.stopped, details="cancelled before it started"
                 )
                 return {"run_id": run_id, "status": RunStatus.stopped.value}
             lifecycle.transition(session, run, RunStatus.stopping)
-            pid, start = run.pid, run.process_start
+            # A Ray job's pid is on its own node: it reads the request from the database.
+            local = run.launcher != "ray"
+            pid, start = (run.pid, run.process_start) if local else (None, None)
         # The supervisor sends SIGKILL when the grace period passes; SIGTERM goes out now.
         if pid is not None and procs.same_process_alive(pid, start):
             procs.signal_group(pid, signal.SIGTERM)
@@ -261,7 +271,12 @@ class RunService:
         checkpoint = self._state_checkpoint(run_id, checkpoint_step)
         spec = self.spec(run)
         _, config = self._configs.revalidate(run.environment, spec.config, overrides)
-        values = config.model_dump(mode="json")
+        # A field added since the run was frozen, left unset, is no change to its config.
+        values = {
+            k: v
+            for k, v in config.model_dump(mode="json").items()
+            if k in spec.config or v is not None
+        }
         new_hash = hash_config(values)
         if new_hash != run.config_hash and not force:
             changed = sorted(k for k in values if values[k] != spec.config.get(k))
@@ -342,8 +357,24 @@ class RunService:
 
     def logs(self, run_id: str, tail: int) -> dict[str, Any]:
         run = self.row(run_id)
-        lines = RunFolder(run.run_dir).log_tail(tail)
+        text = self.job_log(run)
+        if text is not None:
+            lines = text.splitlines()[-tail:] if tail > 0 else []
+        else:
+            lines = RunFolder(run.run_dir).log_tail(tail)
         return {"run_id": run_id, "status": run.status.value, "lines": lines}
+
+    def job_log(self, run: Run) -> str | None:
+        """A Ray job's whole log as Ray keeps it (its runner writes no train.log); None for a
+        local run, or when Ray cannot be asked (then the run folder's log is what there is)."""
+        if run.launcher != "ray" or run.job_id is None:
+            return None
+        if self._ray_jobs is None:
+            self._ray_jobs = RayJobs(self._settings)
+        try:
+            return self._ray_jobs.logs(run.job_id)
+        except (RayUnreachable, RuntimeError):
+            return None
 
 
 def no_such_run(run_id: str) -> NotFound:

@@ -1,5 +1,7 @@
 """The supervisor: starts queued runs, watches their processes, enforces stop grace, and
-after a restart adopts runs that are still alive (DESIGN §1, §4, §10).
+after a restart adopts runs that are still alive (DESIGN §1, §4, §10). Runs start through
+the configured launcher: local subprocesses (here) or Ray jobs (server.services.ray_launcher);
+each run is watched the way its attempt was started, whatever the launcher is now.
 
 It runs as one asyncio task in the server's lifespan; each tick does its blocking work in
 a thread. Runs are spawned in their own session so a stop signals the whole process group
@@ -23,11 +25,13 @@ from sqlmodel import col, select
 
 from core import lifecycle, procs
 from core.db import read_session, write_session
-from core.models import ACTIVE, FINISHED, Run, RunStatus, utcnow
+from core.models import FINISHED, Run, RunStatus, utcnow
 from core.run_folder import RunFolder
 from core.settings import PROJECT_ROOT, Settings
 from server.services import exit_cause
 from server.services.leadership import Leadership
+from server.services.ray_launcher import LAUNCHER as RAY
+from server.services.ray_launcher import RayLauncher
 
 log = logging.getLogger(__name__)
 LOG_TAIL_LINES = 20
@@ -55,6 +59,20 @@ class Supervisor:
         self._task: asyncio.Task[None] | None = None
         self._closing = False
         self.leadership = Leadership(engine)
+        self._ray: RayLauncher | None = None
+
+    @property
+    def ray(self) -> RayLauncher:
+        """Made on first use: a server on the local launcher never loads Ray."""
+        if self._ray is None:
+            self._ray = RayLauncher(self._settings, self._engine)
+        return self._ray
+
+    def launcher_health(self) -> dict[str, object]:
+        """What /health says of the launcher (for Ray: whether its job server answers)."""
+        if self._settings.launcher == RAY:
+            return self.ray.health()
+        return {"kind": "local", "address": None, "reachable": True, "reason": None}
 
     # Running in the lifespan ---------------------------------------------------------------
 
@@ -158,6 +176,11 @@ class Supervisor:
         with self._lock:
             for run in self._active_runs():
                 self._adopt_or_settle(run, "the server restarted and found its process gone")
+            ray_runs = [run for run in self._slot_holders() if run.launcher == RAY]
+            if ray_runs:
+                # They went on in Ray meanwhile: read each job's state (ended ones are recorded).
+                log.info("following %s unfinished Ray job(s)", len(ray_runs))
+                self.ray.watch(ray_runs)
 
     def _adopt_or_settle(self, run: Run, why_lost: str) -> None:
         """Watch a run this server did not start if its process lives; else it is lost."""
@@ -170,11 +193,19 @@ class Supervisor:
             self._settle_lost(run.id, why_lost)
 
     def _active_runs(self) -> list[Run]:
+        """Runs holding a slot started by a local process (Ray's are watched by their job)."""
+        return [run for run in self._slot_holders() if run.launcher != RAY]
+
+    def _slot_holders(self) -> list[Run]:
         with read_session(self._engine) as session:
-            return list(session.exec(select(Run).where(col(Run.status).in_(list(ACTIVE)))).all())
+            return list(session.exec(select(Run).where(lifecycle.holds_a_slot())).all())
 
     def _watch(self) -> None:
-        active = {run.id: run for run in self._active_runs()}
+        holders = self._slot_holders()
+        ray_runs = [run for run in holders if run.launcher == RAY]
+        if ray_runs:
+            self.ray.watch(ray_runs)
+        active = {run.id: run for run in holders if run.launcher != RAY}
         for run_id, watched in list(self._watched.items()):
             run = active.get(run_id)
             if watched.proc is not None:
@@ -228,12 +259,16 @@ class Supervisor:
                 return
             queued = session.exec(
                 select(Run)
-                .where(Run.status == RunStatus.queued)
+                .where(Run.status == RunStatus.queued, col(Run.job_id).is_(None))
                 .order_by(col(Run.created_at), col(Run.id))
                 .limit(free)
             ).all()
         for run in queued:
-            self._spawn(run.id)
+            if self._settings.launcher == RAY:
+                if not self.ray.start(run):
+                    return  # Ray is unreachable: the queue waits, in order
+            else:
+                self._spawn(run.id)
 
     def _spawn(self, run_id: str) -> None:
         with write_session(self._engine) as session:
