@@ -25,7 +25,7 @@ def missing_reason() -> str | None:
 
 
 class RayHead:
-    def __init__(self) -> None:
+    def __init__(self, extra_env: dict[str, str] | None = None) -> None:
         # Ray's sockets live under its temp folder: keep the path short (108-byte limit).
         self.temp_dir = Path(tempfile.mkdtemp(prefix="ray-", dir="/tmp"))
         self.dashboard_port = free_port()
@@ -33,6 +33,7 @@ class RayHead:
         self.env = {
             **{k: v for k, v in os.environ.items() if not k.startswith("RLCS_")},
             "RAY_USAGE_STATS_ENABLED": "0",
+            **(extra_env or {}),  # what every job on this head inherits
         }
 
     def start(self) -> RayHead:

@@ -116,7 +116,7 @@ def test_a_run_goes_through_ray_and_postgresql(
     assert not processes_with(shared)
 
 
-def test_stop_through_the_api_ends_stopped_with_a_checkpoint(
+def test_stop_ends_stopped_with_a_checkpoint_and_resume_is_a_new_job(
     tmp_path: Path, ray_head: RayHead, postgres_url: str
 ) -> None:
     with ray_server(tmp_path / "var", ray_head.address, postgres_url) as server:
@@ -131,10 +131,22 @@ def test_stop_through_the_api_ends_stopped_with_a_checkpoint(
         checkpoints = httpx.get(f"{server.url}/runs/{run_id}/checkpoints", timeout=10).json()
         assert checkpoints and checkpoints[-1]["step"] == run["step"]
         assert "a stop was requested through the database" in log_text(server, run_id)
+        # A resume is a second attempt: a new job, carrying the resume point with it.
+        stopped_at = run["step"]
+        resp = httpx.post(
+            f"{server.url}/runs/{run_id}/resume",
+            json={"total_steps": stopped_at + 2, "force": True},
+            timeout=30,
+        )
+        assert resp.status_code == 200, resp.text
+        run = finished(server, run_id)
+        assert run["status"] == "succeeded" and run["step"] == stopped_at + 2, run
+        assert "resuming from" in log_text(server, run_id)
     from ray.job_submission import JobSubmissionClient
 
     jobs = JobSubmissionClient(ray_head.address)
-    wait_for(lambda: jobs.get_job_info(run_id).status.is_terminal(), 30, every=0.5)
+    for job_id in (run_id, f"{run_id}-2"):
+        wait_for(lambda j=job_id: jobs.get_job_info(j).status.is_terminal(), 30, every=0.5)
     wait_for(lambda: not processes_with(tmp_path / "shared" / run_id), 10)
 
 
