@@ -119,10 +119,12 @@ def test_a_request_past_its_deadline_leaves_the_worker_idle(serve) -> None:
     server = serve(RLCS_INFERENCE_BUDGET_S="3")
     pid, _ = warm_worker(server)
     started = time.monotonic()
-    answer = httpx.post(f"{server.url}/test/inference", json=LONG, timeout=60)
+    # Eight long stories: one sampled story may end within the budget, not all eight.
+    eight = {**LONG, "prompts": LONG["prompts"] * 8}
+    answer = httpx.post(f"{server.url}/test/inference", json=eight, timeout=60)
     took = time.monotonic() - started
     assert answer.status_code == 200, answer.text
-    result = answer.json()["results"][0]
-    assert result["truncated"] and "time budget" in result["reason"]
+    results = answer.json()["results"]
+    assert any(r["truncated"] and "time budget" in r["reason"] for r in results), results
     assert took < 8
     assert busy_share(pid, 1.0) < 0.1  # idle within a second of the answer
