@@ -15,6 +15,7 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse
+from fastapi.staticfiles import StaticFiles
 from sqlalchemy.exc import OperationalError
 
 from core.db import make_engine
@@ -105,6 +106,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_exception_handler(RequestValidationError, _validation_error)  # type: ignore[arg-type]
     app.add_exception_handler(OperationalError, _database_busy)  # type: ignore[arg-type]
     app.include_router(health.router)
+    # The dashboard's scripts, styles and vendored chart library: no data in them, no token.
+    app.mount("/static", StaticFiles(directory=health.STATIC), name="static")
     protected = [Depends(require_token)]
     app.include_router(environments.router, dependencies=protected)
     app.include_router(runs.router, dependencies=protected)

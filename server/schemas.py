@@ -128,6 +128,10 @@ class RunSummaryOut(BaseModel):
     created_at: str | None
     started_at: str | None
     finished_at: str | None
+    model_name: str | None = None
+    reward_mean: float | None = Field(None, description="Mean reward at the newest step")
+    eta_s: float | None = None
+    stalled: bool = False
 
 
 class RunDetailOut(RunSummaryOut):
@@ -142,6 +146,7 @@ class RunDetailOut(RunSummaryOut):
     exit_code: int | None
     pid: int | None
     config_hash: str
+    config: dict[str, Any] = Field(description="The frozen, resolved config the run trains with")
     stalled: bool
     stall_details: str | None
     progress: dict[str, Any]

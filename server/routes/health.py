@@ -29,7 +29,8 @@ def health(svc: Annotated[Services, Depends(services)]) -> HealthOut:
     )
 
 
-DASHBOARD = Path(__file__).resolve().parent.parent / "static" / "dashboard.html"
+STATIC = Path(__file__).resolve().parent.parent / "static"
+DASHBOARD = STATIC / "dashboard.html"
 
 
 @router.get("/", response_class=HTMLResponse, include_in_schema=False)

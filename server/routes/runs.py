@@ -77,8 +77,12 @@ def run_history(
         str | None, Query(max_length=2000, description="Comma-separated metric keys")
     ] = None,
     limit: Annotated[int, Query(ge=1, le=100_000)] = 1000,
+    max_points: Annotated[
+        int | None,
+        Query(ge=2, le=100_000, description="Thin each metric's series to at most this many"),
+    ] = None,
 ) -> dict[str, Any]:
-    return svc.runs.history(run_id, keys, limit)
+    return svc.runs.history(run_id, keys, limit, max_points)
 
 
 @router.get("/runs/{run_id}/checkpoints", response_model=list[CheckpointOut])

@@ -66,10 +66,35 @@ class MetricsService:
                 latest.setdefault(key, value)
         return latest
 
+    def latest_rewards(self, run_ids: list[str]) -> dict[str, float | None]:
+        """Each run's mean reward at its newest step, read from the rows of that step only."""
+        if not run_ids:
+            return {}
+        key = SUMMARY_KEYS["reward_mean"]
+        with read_session(self._engine) as session:
+            rows = session.exec(
+                select(Metric.run_id, Metric.values_json)
+                .join(Run, col(Run.id) == col(Metric.run_id))
+                .where(col(Run.id).in_(run_ids), col(Metric.step) == col(Run.step))
+                .order_by(col(Metric.id))
+            ).all()
+        rewards: dict[str, float | None] = {}
+        for run_id, values_json in rows:
+            value = json.loads(values_json).get(key)
+            if value is not None:
+                rewards[run_id] = value
+        return rewards
+
     def history(
-        self, run_id: str, keys: list[str] | None = None, limit: int = 1000
+        self,
+        run_id: str,
+        keys: list[str] | None = None,
+        limit: int = 1000,
+        max_points: int | None = None,
     ) -> list[dict[str, Any]]:
-        """Metric rows in step order (the last `limit`), keeping only `keys` when given."""
+        """Metric rows in step order (the last `limit`), keeping only `keys` when given; with
+        `max_points`, each key's series thinned to at most that many points (evenly spaced,
+        its first and last kept), so a sparse series (evaluations) keeps all its points."""
         out = []
         for row in reversed(self._newest_rows(run_id, limit)):
             values = json.loads(row.values_json)
@@ -78,6 +103,8 @@ class MetricsService:
                 if not values:
                     continue
             out.append({"step": row.step, **values})
+        if max_points is not None:
+            out = thin(out, max_points)
         return out
 
     def _newest_rows(self, run_id: str, limit: int) -> list[Metric]:
@@ -115,3 +142,21 @@ def summarize(values: dict[str, Any], step: int) -> dict[str, Any]:
     for name, key in SUMMARY_KEYS.items():
         out[name] = values.get(key)
     return out
+
+
+def thin(rows: list[dict[str, Any]], max_points: int) -> list[dict[str, Any]]:
+    """Rows with each metric key's series cut to at most `max_points` evenly spaced points."""
+    series: dict[str, list[int]] = {}  # key -> indexes of the rows that hold it
+    for index, row in enumerate(rows):
+        for key in row:
+            if key != "step":
+                series.setdefault(key, []).append(index)
+    kept: dict[int, dict[str, Any]] = {}
+    for key, indexes in series.items():
+        if len(indexes) > max_points:
+            last = len(indexes) - 1
+            picks = sorted({round(i * last / (max_points - 1)) for i in range(max_points)})
+            indexes = [indexes[p] for p in picks] if max_points > 1 else [indexes[-1]]
+        for index in indexes:
+            kept.setdefault(index, {"step": rows[index]["step"]})[key] = rows[index][key]
+    return [kept[index] for index in sorted(kept)]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from core.models import Run, RunStatus, iso, utcnow
@@ -14,8 +15,10 @@ class RunViews:
         self._settings = settings
         self._metrics = metrics
 
-    def summary(self, run: Any) -> dict[str, Any]:
-        """From a Run, or a row holding the columns the summary needs."""
+    def summary(self, run: Any, reward_mean: float | None = None) -> dict[str, Any]:
+        """From a Run, or a row holding the columns the summary needs (runs.SUMMARY_COLUMNS)."""
+        progress = self.progress(run)
+        stalled, _ = self.stall(run, progress["time_per_step_s"])
         return {
             "run_id": run.id,
             "environment": run.environment,
@@ -27,6 +30,10 @@ class RunViews:
             "created_at": iso(run.created_at),
             "started_at": iso(run.started_at),
             "finished_at": iso(run.finished_at),
+            "model_name": _model_name(run.config_json),
+            "reward_mean": reward_mean,
+            "eta_s": progress["eta_s"],
+            "stalled": stalled,
         }
 
     def detail(self, run: Run, queue: tuple[int, int] | None = None) -> dict[str, Any]:
@@ -42,7 +49,7 @@ class RunViews:
                 f"active (RLCS_MAX_CONCURRENT_RUNS); position {position} in the queue"
             )
         return {
-            **self.summary(run),
+            **self.summary(run, latest.metrics.get("reward_mean")),
             "metrics": latest.metrics,
             "metrics_source": latest.source,
             "metrics_note": latest.note,
@@ -54,6 +61,7 @@ class RunViews:
             "exit_code": run.exit_code,
             "pid": run.pid,
             "config_hash": run.config_hash,
+            "config": json.loads(run.config_json),
             "stalled": stalled,
             "stall_details": stall_details,
             "progress": progress,
@@ -92,3 +100,11 @@ class RunViews:
             f"no step for {quiet:.0f} s ({usual}; flagged after {limit:.0f} s). The process is "
             "alive; see GET /runs/{id}/logs, or stop it."
         )
+
+
+def _model_name(config_json: str) -> str | None:
+    try:
+        name = json.loads(config_json).get("model_name")
+    except (ValueError, AttributeError):
+        return None
+    return name if isinstance(name, str) else None

@@ -39,6 +39,8 @@ SUMMARY_COLUMNS = (
     "created_at",
     "started_at",
     "finished_at",
+    "last_step_at",
+    "config_json",  # for the model's name
 )
 
 
@@ -148,7 +150,8 @@ class RunService:
         query = query.order_by(col(Run.created_at).desc(), col(Run.id).desc())
         with read_session(self._engine) as session:
             rows = session.exec(query.offset(offset).limit(limit)).all()
-        return [self._views.summary(row) for row in rows]
+        rewards = self._metrics.latest_rewards([row.id for row in rows])
+        return [self._views.summary(row, rewards.get(row.id)) for row in rows]
 
     def row(self, run_id: str) -> Run:
         check_run_id(run_id)
@@ -204,11 +207,13 @@ class RunService:
             "checkpoints": metrics.checkpoints(run.id),
         }
 
-    def history(self, run_id: str, keys: str | None, limit: int) -> dict[str, Any]:
+    def history(
+        self, run_id: str, keys: str | None, limit: int, max_points: int | None = None
+    ) -> dict[str, Any]:
         """Metric rows for plots; `keys` is a comma-separated list (all keys when absent)."""
         run = self.row(run_id)
         wanted = [k.strip() for k in keys.split(",") if k.strip()] if keys else None
-        rows = self._metrics.history(run.id, wanted, limit)
+        rows = self._metrics.history(run.id, wanted, limit, max_points)
         return {"run_id": run.id, "keys": wanted, "rows": rows}
 
     def checkpoints(self, run_id: str) -> list[dict[str, Any]]:
