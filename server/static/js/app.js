@@ -39,7 +39,7 @@ function show() {
 const badge = document.getElementById("conn-status");
 onConnection((up) => {
   badge.textContent = up ? "connected" : "disconnected";
-  badge.className = `conn ${up ? "ok" : "down"}`;
+  badge.className = `conn ${up ? "conn-ok" : "conn-down"}`;
 });
 
 const launcher = document.getElementById("launcher");

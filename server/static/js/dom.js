@@ -29,6 +29,7 @@ export function fmt(value, digits = 3) {
 
 export function duration(seconds) {
   if (seconds === null || seconds === undefined) return "–";
+  if (seconds < 10) return `${seconds.toFixed(1)} s`;
   const s = Math.round(seconds);
   if (s < 90) return `${s} s`;
   if (s < 5400) return `${Math.round(s / 60)} min`;
