@@ -252,4 +252,6 @@ def test_dashboard_is_served_and_holds_no_data(tmp_path: Path) -> None:
     with TestClient(create_app(make_settings(tmp_path, api_token="t0k"))) as c:
         page = c.get("/")
         assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
-        assert "fetch(" in page.text and "t0k" not in page.text
+        assert "/static/js/app.js" in page.text and "t0k" not in page.text
+        script = c.get("/static/js/api.js")  # the page's data comes through the API
+        assert script.status_code == 200 and "fetch(" in script.text and "t0k" not in script.text

@@ -22,7 +22,7 @@ import httpx
 import pytest
 
 from core.settings import PROJECT_ROOT
-from tests.helpers import FINISHED, processes_with, wait_for
+from tests.helpers import FINISHED, pid_alive, processes_with, wait_for
 from tests.live_server import LiveServer
 
 if TYPE_CHECKING:
@@ -103,7 +103,9 @@ def chromium_path() -> str:
     return path
 
 
-@pytest.fixture(scope="session")
+# Package scope, not session: Playwright's sync API keeps an event loop running in the main
+# thread while it is open, and tests elsewhere that call asyncio.run() would find it.
+@pytest.fixture(scope="package")
 def playwright() -> Iterator[Playwright]:
     try:
         from playwright.sync_api import sync_playwright
@@ -118,12 +120,39 @@ def playwright() -> Iterator[Playwright]:
     wait_for(lambda: not processes_with("run-driver", parent=os.getpid()), timeout=20, every=0.1)
 
 
+def _stat(pid: int) -> list[str]:
+    """/proc/<pid>/stat after the command name: state, ppid, pgrp, session, ..."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return []
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return (
+            Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        )
+    except OSError:
+        return ""
+
+
 def chromium_processes() -> set[int]:
-    """What `pgrep -f chromium` lists: live processes with chromium in their command line."""
+    """What `pgrep -f chromium` lists, less zombies (the machine's init reaps those in its own
+    time): live processes with chromium in their command line."""
     return set(processes_with("chromium"))
 
 
-@pytest.fixture(scope="session")
+def browser_processes(browser_pid: int, also: set[int]) -> set[int]:
+    """The live processes of one browser: its session (Playwright starts the browser as a
+    session leader; zygotes, renderers, GPU and utility processes stay in it), and `also`
+    (the crash handlers it started, which leave it) while they live. Other test runs'
+    browsers on the same machine are not counted."""
+    session = {p for p in chromium_processes() if _stat(p)[3:4] == [str(browser_pid)]}
+    return session | {p for p in also if pid_alive(p)}
+
+
+@pytest.fixture(scope="package")
 def browser(playwright: Playwright, chromium_path: str) -> Iterator[Browser]:
     from playwright.sync_api import expect
 
@@ -132,12 +161,30 @@ def browser(playwright: Playwright, chromium_path: str) -> Iterator[Browser]:
     browser = playwright.chromium.launch(
         executable_path=chromium_path, args=["--no-sandbox"], headless=True
     )
+    started = chromium_processes() - before
+    drivers = {str(pid) for pid in processes_with("run-driver", parent=os.getpid())}
+    roots = [p for p in started if _stat(p)[1:2] and _stat(p)[1] in drivers]
+    assert len(roots) == 1, f"cannot tell which chromium process is this browser: {roots}"
+    handlers = {p for p in started if "chrome_crashpad_handler" in _cmdline(p)}
     try:
         yield browser
     finally:
         browser.close()
         # Every process this browser started is gone (the browser, its zygotes, renderers).
-        wait_for(lambda: not (chromium_processes() - before), timeout=20, every=0.1)
+        left: set[int] = set()
+
+        def all_gone() -> bool:
+            left.clear()
+            left.update(browser_processes(roots[0], handlers))
+            return not left
+
+        try:
+            wait_for(all_gone, timeout=20, every=0.1)
+        except AssertionError:
+            raise AssertionError(
+                "chromium processes left after the browser closed: "
+                + "; ".join(f"{pid} {_cmdline(pid)[:120]}" for pid in sorted(left))
+            ) from None
 
 
 # --- pages, console errors and artefacts ---------------------------------------------------
