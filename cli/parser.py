@@ -102,6 +102,21 @@ def _runs_parser(top: Group) -> None:
     add(cmds, "status", runs.status, "a run's status, progress and metrics").add_argument("run")
     add(cmds, "stop", runs.stop, "stop a run (idempotent)").add_argument("run")
 
+    wait = add(cmds, "wait", runs.wait, "block until a run finishes (or reaches a step)")
+    wait.add_argument("run")
+    wait.add_argument(
+        "--until", default="terminal", help="terminal (default), or step:N (step N recorded)"
+    )
+    # Not --timeout: that is the global per-request one.
+    wait.add_argument(
+        "--at-most",
+        dest="wait_s",
+        type=float,
+        default=3600.0,
+        metavar="SECONDS",
+        help="give up after this many seconds (exit 5; default 3600)",
+    )
+
     resume = add(cmds, "resume", runs.resume, "a new attempt from the last state checkpoint")
     resume.add_argument("run")
     _set_option(resume)

@@ -6,12 +6,15 @@
 from __future__ import annotations
 
 import argparse
+import time
 from typing import Any
 
 from cli.client import Client, seg
-from cli.exits import OK, UsageError
+from cli.exits import OK, RUN_FAILED, WAIT_TIMED_OUT, UsageError
 from cli.output import duration, fmt, pairs, print_json, say, table
 from cli.watch import follow_logs
+
+WAIT_CHUNK_S = 300.0  # one server-side wait (the server caps them at 600 s)
 
 
 def _overrides(args: argparse.Namespace) -> dict[str, Any]:
@@ -96,6 +99,30 @@ def status(client: Client, args: argparse.Namespace) -> int:
         say("details:")
         say("  " + str(run["details"]).replace("\n", "\n  "))
     return OK
+
+
+def wait(client: Client, args: argparse.Namespace) -> int:
+    """Block until the run finishes (or reaches --until step:N), in server-side waits of at
+    most WAIT_CHUNK_S each, so no proxy or client timeout cuts a long wait short."""
+    deadline = time.monotonic() + args.wait_s
+    while True:
+        left = max(0.0, deadline - time.monotonic())
+        chunk = min(left, WAIT_CHUNK_S)
+        run = client.request(
+            "GET",
+            f"/runs/{seg(args.run)}/wait",
+            params={"until": args.until, "timeout": chunk},
+            timeout=chunk + client.timeout,
+        )
+        if run["condition_met"] or left <= chunk:
+            break
+    if args.json:
+        print_json(run)
+    else:
+        say(f"{run['run_id']}  {run['status']}  step {run['step']}/{run['total_steps']}")
+    if not run["condition_met"]:
+        return WAIT_TIMED_OUT
+    return RUN_FAILED if run["status"] == "failed" else OK
 
 
 def stop(client: Client, args: argparse.Namespace) -> int:

@@ -153,6 +153,10 @@ class RunDetailOut(RunSummaryOut):
     last_step_at: str | None
 
 
+class RunWaitOut(RunDetailOut):
+    condition_met: bool = Field(description="False when the timeout passed first")
+
+
 class RunLogsOut(BaseModel):
     run_id: str
     status: str

@@ -1,7 +1,8 @@
-"""Training runs: start, list, inspect, stop, logs."""
+"""Training runs: start, list, inspect, wait, stop, logs."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
@@ -22,8 +23,10 @@ from server.schemas import (
     RunResumedOut,
     RunResumeIn,
     RunSummaryOut,
+    RunWaitOut,
 )
 from server.services.log_follow import follow
+from server.services.run_wait import MAX_WAIT_S, parse_until, wait_for_run
 
 router = APIRouter(tags=["runs"])
 Svc = Annotated[Services, Depends(services)]
@@ -56,6 +59,24 @@ def list_runs(
 @router.get("/runs/{run_id}", response_model=RunDetailOut)
 def get_run(run_id: RunId, svc: Svc) -> dict[str, Any]:
     return svc.runs.get(run_id)
+
+
+@router.get("/runs/{run_id}/wait", response_model=RunWaitOut)
+async def wait_run(
+    run_id: RunId,
+    svc: Svc,
+    until: Annotated[
+        str, Query(max_length=32, description="terminal, or step:N (step N recorded)")
+    ] = "terminal",
+    timeout: Annotated[
+        float, Query(ge=0, le=MAX_WAIT_S, description="Seconds to wait at most")
+    ] = 60.0,
+) -> dict[str, Any]:
+    """Answer as soon as the run has finished (or reached step N), or when `timeout` passes:
+    either way with its current state and whether the condition held."""
+    condition = parse_until(until)
+    run, met = await wait_for_run(svc.runs, run_id, condition, timeout)
+    return {**await asyncio.to_thread(svc.runs.get, run.id), "condition_met": met}
 
 
 @router.post("/runs/{run_id}/stop", response_model=RunCreatedOut)

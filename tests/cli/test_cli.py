@@ -405,3 +405,16 @@ def test_infer_with_tiny_random(rlctl: Rlctl, rlctl_in: Rlctl) -> None:
     assert "[2] score" in human.stdout and "summary  count 2" in human.stdout
     bad = rlctl_in("infer", "hi", "--step", "3")  # checkpoint_step without a run: the server says
     assert bad.returncode == SERVER_ERROR and "run_id" in bad.stderr
+
+
+def test_runs_wait_blocks_until_the_end_or_its_timeout(rlctl: Rlctl) -> None:
+    run_id = start_run(rlctl, "--env", "arithmetic", "--set", "total_steps=5")
+    done = rlctl("--json", "runs", "wait", run_id, "--at-most", "60")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["status"] == "succeeded"
+    long = start_run(rlctl, "--env", "arithmetic", "--set", "total_steps=300")
+    early = rlctl("runs", "wait", long, "--until", "step:100000", "--at-most", "0.5")
+    assert early.returncode == 5 and long in early.stdout
+    rlctl("runs", "stop", long)
+    bad = rlctl("runs", "wait", long, "--until", "soon")
+    assert bad.returncode == 1 and "until" in bad.stderr
