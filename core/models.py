@@ -38,6 +38,9 @@ class RunStatus(StrEnum):
     stopped = "stopped"
 
 
+# Run.launcher of a run whose attempt is a Ray job (RLCS_LAUNCHER=ray).
+RAY_LAUNCHER = "ray"
+
 FINISHED = frozenset({RunStatus.succeeded, RunStatus.failed, RunStatus.stopped})
 ACTIVE = frozenset({RunStatus.starting, RunStatus.running, RunStatus.stopping})
 
@@ -60,8 +63,8 @@ class Run(SQLModel, table=True):
     wandb_url: str | None = None
     weights_path: str | None = None
     run_dir: str
-    # Which launcher started the current attempt ("local" or "ray"; None = not yet started,
-    # or started before launchers were recorded, i.e. local) and its Ray job id.
+    # Which launcher started the current attempt ("local" or RAY_LAUNCHER; None = not yet
+    # started, or started before launchers were recorded, i.e. local) and its Ray job id.
     launcher: str | None = None
     job_id: str | None = Field(default=None, max_length=64)
     idempotency_key: str | None = Field(default=None, unique=True)

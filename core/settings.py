@@ -241,9 +241,12 @@ class Settings(BaseSettings):
         env.update(self.runner_variables())
         return env
 
-    def runner_variables(self) -> dict[str, str]:
+    def runner_variables(
+        self, run_spec: str | None = None, resume_point: str | None = None
+    ) -> dict[str, str]:
         """What a runner needs to know, wherever it runs: these settings and the service keys
-        (a Ray job gets exactly these, on top of its node's own environment)."""
+        (a Ray job gets exactly these, on top of its node's own environment, with the run's
+        spec and resume point that `run_spec` and `resume_point` read back)."""
         env = {
             "RLCS_VAR_DIR": str(self.var_dir),
             "RLCS_DATABASE_URL": self.db_url,
@@ -263,6 +266,10 @@ class Settings(BaseSettings):
             env["WANDB_BASE_URL"] = self.wandb_base_url
         if self.wandb_entity:
             env["WANDB_ENTITY"] = self.wandb_entity
+        if run_spec is not None:
+            env["RLCS_RUN_SPEC"] = run_spec
+        if resume_point is not None:
+            env["RLCS_RESUME_POINT"] = resume_point
         env.update(self.secret_env())
         return env
 

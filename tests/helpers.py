@@ -9,12 +9,10 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TypeVar
 
+import httpx
 import pytest
-
-if TYPE_CHECKING:
-    from fastapi.testclient import TestClient
 
 T = TypeVar("T")
 FINISHED = {"succeeded", "failed", "stopped"}
@@ -42,33 +40,47 @@ def wait_for(check: Callable[[], T], timeout: float = 20.0, every: float = 0.05)
     return last
 
 
+def proc_stat(pid: int) -> list[str]:
+    """/proc/<pid>/stat after the command name: state, ppid, pgrp, session, ...; [] if gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return []
+
+
+def proc_cmdline(pid: int) -> str:
+    """The process's command line, arguments joined by spaces; "" if gone."""
+    try:
+        return (
+            Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        )
+    except OSError:
+        return ""
+
+
 def pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[-1].split()[0] != "Z"
-    except OSError:
-        return False
+    stat = proc_stat(pid)
+    return bool(stat) and stat[0] != "Z"
 
 
 def processes_with(*needles: str | Path, parent: int | None = None) -> list[int]:
     """Live processes whose command line contains every one of `needles` (and whose parent is
     `parent`, when given): a run, worker or inspector found by what it was started with."""
-    wanted = [str(n).encode() for n in needles]
+    wanted = [str(n) for n in needles]
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes()
-            ppid = int((entry / "stat").read_text().rsplit(")", 1)[-1].split()[1])
-        except (OSError, ValueError, IndexError):
+        pid = int(entry.name)
+        cmdline, stat = proc_cmdline(pid), proc_stat(pid)
+        if not cmdline or len(stat) < 2:
             continue
-        if all(n in cmdline for n in wanted) and (parent is None or ppid == parent):
-            found.append(int(entry.name))
+        if all(n in cmdline for n in wanted) and (parent is None or int(stat[1]) == parent):
+            found.append(pid)
     return found
 
 
@@ -120,17 +132,25 @@ def small_tmpfs(folder: Path, size: str) -> Iterator[Path]:
             subprocess.run(["umount", "-l", str(folder)], check=True)
 
 
-def start_run(client: TestClient, **body: object) -> str:
+# These take a TestClient or any httpx.Client (a live server's `api`).
+
+
+def start_run(client: httpx.Client, **body: object) -> str:
     """POST /runs with `body`; the new run's id."""
     resp = client.post("/runs", json=body)
     assert resp.status_code == 200, resp.text
     return resp.json()["run_id"]
 
 
-def finish_run(client: TestClient, run_id: str, timeout: float = 120.0) -> dict:
+def run_of(client: httpx.Client, run_id: str) -> dict:
+    """GET /runs/{run_id}."""
+    resp = client.get(f"/runs/{run_id}")
+    assert resp.status_code == 200, resp.text
+    return resp.json()
+
+
+def finish_run(client: httpx.Client, run_id: str, timeout: float = 120.0) -> dict:
     """The run's status once it has ended."""
     return wait_for(
-        lambda: (r := client.get(f"/runs/{run_id}").json())["status"] in FINISHED and r,
-        timeout,
-        every=0.1,
+        lambda: (r := run_of(client, run_id))["status"] in FINISHED and r, timeout, every=0.1
     )

@@ -45,6 +45,7 @@ class LiveServer:
             if key not in env:
                 self.env.pop(key, None)
         self.proc: subprocess.Popen[bytes] | None = None
+        self._api: httpx.Client | None = None
         self.log = var_dir / "server.log"
 
     def start(self, timeout: float = 30.0) -> LiveServer:
@@ -69,9 +70,20 @@ class LiveServer:
         raise RuntimeError("server did not start in time")
 
     def kill(self, sig: signal.Signals = signal.SIGKILL) -> None:
+        if self._api is not None:
+            self._api.close()
+            self._api = None
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(sig)
             self.proc.wait(timeout=30)
+
+    @property
+    def api(self) -> httpx.Client:
+        """A client of this server's API (tests.helpers' start_run, run_of, finish_run),
+        closed with the server."""
+        if self._api is None:
+            self._api = httpx.Client(base_url=self.url, timeout=30)
+        return self._api
 
     def __enter__(self) -> LiveServer:
         return self.start()

@@ -20,7 +20,7 @@ from core.models import Run, RunStatus
 from core.settings import Settings
 from server.services.ray_jobs import RayJobs
 from server.services.ray_launcher import RayLauncher
-from tests.helpers import TINY_RUN, processes_with, wait_for
+from tests.helpers import TINY_RUN, finish_run, processes_with, run_of, start_run, wait_for
 from tests.live_server import LiveServer, free_port
 from tests.ray_head import RayHead, missing_reason
 
@@ -28,7 +28,6 @@ pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(missing_reason() is not None, reason=str(missing_reason())),
 ]
-FINISHED = {"succeeded", "failed", "stopped"}
 SECRET = "wandb-key-that-must-not-leak-0123456789"
 
 
@@ -51,20 +50,8 @@ def ray_server(var: Path, head_address: str, database_url: str, **env: str) -> L
     )
 
 
-def post_run(server: LiveServer, **body: object) -> str:
-    resp = httpx.post(f"{server.url}/runs", json=body, timeout=30)
-    assert resp.status_code == 200, resp.text
-    return resp.json()["run_id"]
-
-
 def get_run(server: LiveServer, run_id: str) -> dict:
-    return httpx.get(f"{server.url}/runs/{run_id}", timeout=30).json()
-
-
-def finished(server: LiveServer, run_id: str, timeout: float = 180.0) -> dict:
-    return wait_for(
-        lambda: (r := get_run(server, run_id))["status"] in FINISHED and r, timeout, every=0.5
-    )
+    return run_of(server.api, run_id)
 
 
 def log_text(server: LiveServer, run_id: str) -> str:
@@ -84,8 +71,10 @@ def test_a_run_goes_through_ray_and_postgresql(
             "reachable": True,
             "reason": None,
         }
-        run_id = post_run(server, environment="arithmetic", total_steps=3, save_every=2, **TINY_RUN)
-        run = finished(server, run_id)
+        run_id = start_run(
+            server.api, environment="arithmetic", total_steps=3, save_every=2, **TINY_RUN
+        )
+        run = finish_run(server.api, run_id, 180)
         logs = log_text(server, run_id)
         assert run["status"] == "succeeded", (run, logs)
         assert run["step"] == 3 and run["metrics"]["reward_mean"] is not None
@@ -120,13 +109,13 @@ def test_stop_ends_stopped_with_a_checkpoint_and_resume_is_a_new_job(
     tmp_path: Path, ray_head: RayHead, postgres_url: str
 ) -> None:
     with ray_server(tmp_path / "var", ray_head.address, postgres_url) as server:
-        run_id = post_run(
-            server, environment="repeat_word", total_steps=500, save_every=0, **TINY_RUN
+        run_id = start_run(
+            server.api, environment="repeat_word", total_steps=500, save_every=0, **TINY_RUN
         )
         wait_for(lambda: get_run(server, run_id)["step"] >= 1, 120, every=0.5)
         resp = httpx.post(f"{server.url}/runs/{run_id}/stop", timeout=10)
         assert resp.json()["status"] == "stopping"
-        run = finished(server, run_id, 60)
+        run = finish_run(server.api, run_id, 60)
         assert run["status"] == "stopped" and run["step"] < 500, run
         checkpoints = httpx.get(f"{server.url}/runs/{run_id}/checkpoints", timeout=10).json()
         assert checkpoints and checkpoints[-1]["step"] == run["step"]
@@ -139,7 +128,7 @@ def test_stop_ends_stopped_with_a_checkpoint_and_resume_is_a_new_job(
             timeout=30,
         )
         assert resp.status_code == 200, resp.text
-        run = finished(server, run_id)
+        run = finish_run(server.api, run_id, 180)
         assert run["status"] == "succeeded" and run["step"] == stopped_at + 2, run
         assert "resuming from" in log_text(server, run_id)
     from ray.job_submission import JobSubmissionClient
@@ -160,8 +149,8 @@ def test_a_server_killed_mid_run_adopts_its_ray_jobs(
     try:
         body = {"environment": "repeat_word", "save_every": 0, **TINY_RUN}
         going, killed = (
-            post_run(first, total_steps=40, **body),
-            post_run(first, total_steps=500, **body),
+            start_run(first.api, total_steps=40, **body),
+            start_run(first.api, total_steps=500, **body),
         )
         for run_id in (going, killed):
             wait_for(lambda r=run_id: get_run(first, r)["step"] >= 1, 120, every=0.5)
@@ -174,11 +163,11 @@ def test_a_server_killed_mid_run_adopts_its_ray_jobs(
     jobs = JobSubmissionClient(ray_head.address)
     wait_for(lambda: jobs.get_job_info(killed).status.value == "FAILED", 30, every=0.5)
     with ray_server(var, ray_head.address, postgres_url) as second:
-        run = finished(second, killed, 30)
+        run = finish_run(second.api, killed, 30)
         assert run["status"] == "failed" and run["failure_kind"] == "killed", run
         assert f"its Ray job {killed} ended FAILED" in run["error"]
         assert get_run(second, going)["status"] in ("running", "succeeded")
-        run = finished(second, going)
+        run = finish_run(second.api, going, 180)
         assert run["status"] == "succeeded" and run["step"] == 40, run
 
 
@@ -188,7 +177,7 @@ def test_more_gpus_than_the_cluster_has_waits_queued_saying_why(
     with ray_server(
         tmp_path / "var", ray_head.address, postgres_url, RLCS_MAX_CONCURRENT_RUNS="1"
     ) as server:
-        big = post_run(server, environment="arithmetic", num_gpus=1, **TINY_RUN)
+        big = start_run(server.api, environment="arithmetic", num_gpus=1, **TINY_RUN)
         run = wait_for(
             lambda: "asks for 1 GPU" in ((r := get_run(server, big))["details"] or "") and r,
             60,
@@ -197,12 +186,12 @@ def test_more_gpus_than_the_cluster_has_waits_queued_saying_why(
         assert run["status"] == "queued"
         assert "the cluster has 0 in all" in run["details"] and "Ray says" in run["details"]
         # It holds the one slot: the next run waits for it, and says so.
-        after = post_run(server, environment="arithmetic", **TINY_RUN)
+        after = start_run(server.api, environment="arithmetic", **TINY_RUN)
         assert "waiting for a slot" in get_run(server, after)["details"]
         assert httpx.post(f"{server.url}/runs/{after}/stop", timeout=10).status_code == 200
         # Stopped before it started: it ends at once, and Ray is asked to stop the job.
         httpx.post(f"{server.url}/runs/{big}/stop", timeout=10)
-        run = finished(server, big, 30)
+        run = finish_run(server.api, big, 30)
         assert run["status"] == "stopped" and "was PENDING" in run["details"], run
     from ray.job_submission import JobSubmissionClient
 
@@ -249,7 +238,7 @@ def test_an_unreachable_ray_leaves_runs_queued_and_health_says_so(
     with ray_server(tmp_path / "var", nowhere, postgres_url) as server:
         launcher = httpx.get(f"{server.url}/health", timeout=30).json()["launcher"]
         assert launcher["reachable"] is False and nowhere in launcher["reason"]
-        run_id = post_run(server, environment="arithmetic", **TINY_RUN)
+        run_id = start_run(server.api, environment="arithmetic", **TINY_RUN)
         run = wait_for(
             lambda: (
                 "waiting for the Ray cluster" in ((r := get_run(server, run_id))["details"] or "")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
@@ -26,7 +25,7 @@ from server.schemas import (
     RunWaitOut,
 )
 from server.services.log_follow import follow
-from server.services.run_wait import MAX_WAIT_S, parse_until, wait_for_run
+from server.services.run_wait import MAX_WAIT_S, wait_for_run
 
 router = APIRouter(tags=["runs"])
 Svc = Annotated[Services, Depends(services)]
@@ -74,9 +73,7 @@ async def wait_run(
 ) -> dict[str, Any]:
     """Answer as soon as the run has finished (or reached step N), or when `timeout` passes:
     either way with its current state and whether the condition held."""
-    condition = parse_until(until)
-    run, met = await wait_for_run(svc.runs, run_id, condition, timeout)
-    return {**await asyncio.to_thread(svc.runs.get, run.id), "condition_met": met}
+    return await wait_for_run(svc.runs, run_id, until, timeout)
 
 
 @router.post("/runs/{run_id}/stop", response_model=RunCreatedOut)

@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from core.models import FINISHED, Run, RunStatus
+from core.models import FINISHED, RAY_LAUNCHER, Run, RunStatus
 from server.errors import TooMany
 from server.services.runs import RunService
 
@@ -59,7 +59,7 @@ async def follow(
 ) -> AsyncIterator[tuple[str, Any]]:
     """Yield ("line", text) events, then ("end", {status, ...}) once the run has finished."""
     run = await asyncio.to_thread(runs.row, run_id)
-    if run.launcher == "ray":
+    if run.launcher == RAY_LAUNCHER:
         async for event in _follow_job(runs, run_id, tail, max(poll_s, 1.0)):
             yield event
         return

@@ -5,6 +5,7 @@ after the grace period and to record an end its runner could not (DESIGN §4, is
 
 from __future__ import annotations
 
+import json
 import logging
 import shlex
 from datetime import timedelta
@@ -14,7 +15,7 @@ from sqlalchemy.engine import Engine
 
 from core import lifecycle
 from core.db import write_session
-from core.models import FINISHED, Run, RunStatus, utcnow
+from core.models import FINISHED, RAY_LAUNCHER, Run, RunStatus, utcnow
 from core.run_folder import RunFolder
 from core.settings import Settings
 from server.services import exit_cause
@@ -22,7 +23,6 @@ from server.services.ray_jobs import FINAL_STATES, JobState, RayJobs, RayUnreach
 
 log = logging.getLogger(__name__)
 LOG_TAIL_LINES = 20
-LAUNCHER = "ray"
 
 
 def job_id_for(run: Run) -> str:
@@ -53,7 +53,7 @@ class RayLauncher:
     def health(self) -> dict[str, Any]:
         reachable = self.jobs.reachable()
         return {
-            "kind": LAUNCHER,
+            "kind": RAY_LAUNCHER,
             "address": self.jobs.address,
             "reachable": reachable,
             "reason": None if reachable else self.jobs.last_error,
@@ -68,10 +68,10 @@ class RayLauncher:
         folder = RunFolder(run.run_dir)
         spec = folder.spec()
         resume = folder.resume_point()
-        env = self._settings.runner_variables()
-        env["RLCS_RUN_SPEC"] = spec.model_dump_json(exclude_none=True)
-        if resume is not None:
-            env["RLCS_RESUME_POINT"] = resume.model_dump_json()
+        env = self._settings.runner_variables(
+            run_spec=spec.model_dump_json(exclude_none=True),
+            resume_point=resume.model_dump_json() if resume is not None else None,
+        )
         entrypoint = shlex.join(
             [
                 self._settings.python_executable,
@@ -108,7 +108,7 @@ class RayLauncher:
                     session,
                     row,
                     RunStatus.queued,
-                    launcher=LAUNCHER,
+                    launcher=RAY_LAUNCHER,
                     job_id=job_id,
                     details=f"submitted to Ray as job {job_id}; waiting for it to start",
                 )
@@ -148,7 +148,7 @@ class RayLauncher:
     def _pending_reason(
         self, run: Run, state: JobState, capacity: dict[str, tuple[float, float]]
     ) -> str:
-        wants = resources_for(RunFolder(run.run_dir).spec().config, self._settings)
+        wants = resources_for(json.loads(run.config_json), self._settings)
         why = ""
         gpus_used, gpus_total = capacity.get("GPU", (0.0, 0.0))
         cpus_used, cpus_total = capacity.get("CPU", (0.0, 0.0))

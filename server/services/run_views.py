@@ -19,22 +19,7 @@ class RunViews:
         """From a Run, or a row holding the columns the summary needs (runs.SUMMARY_COLUMNS)."""
         progress = self.progress(run)
         stalled, _ = self.stall(run, progress["time_per_step_s"])
-        return {
-            "run_id": run.id,
-            "environment": run.environment,
-            "status": RunStatus(run.status).value,
-            "step": run.step,
-            "total_steps": run.total_steps,
-            "attempt": run.attempt,
-            "failure_kind": run.failure_kind,
-            "created_at": iso(run.created_at),
-            "started_at": iso(run.started_at),
-            "finished_at": iso(run.finished_at),
-            "model_name": _model_name(run.config_json),
-            "reward_mean": reward_mean,
-            "eta_s": progress["eta_s"],
-            "stalled": stalled,
-        }
+        return _summary(run, reward_mean, progress, stalled)
 
     def detail(self, run: Run, queue: tuple[int, int] | None = None) -> dict[str, Any]:
         status = RunStatus(run.status)
@@ -49,7 +34,7 @@ class RunViews:
                 f"active (RLCS_MAX_CONCURRENT_RUNS); position {position} in the queue"
             )
         return {
-            **self.summary(run, latest.metrics.get("reward_mean")),
+            **_summary(run, latest.metrics.get("reward_mean"), progress, stalled),
             "metrics": latest.metrics,
             "metrics_source": latest.source,
             "metrics_note": latest.note,
@@ -62,7 +47,6 @@ class RunViews:
             "pid": run.pid,
             "config_hash": run.config_hash,
             "config": json.loads(run.config_json),
-            "stalled": stalled,
             "stall_details": stall_details,
             "progress": progress,
             "last_step_at": iso(run.last_step_at),
@@ -100,6 +84,27 @@ class RunViews:
             f"no step for {quiet:.0f} s ({usual}; flagged after {limit:.0f} s). The process is "
             "alive; see GET /runs/{id}/logs, or stop it."
         )
+
+
+def _summary(
+    run: Any, reward_mean: float | None, progress: dict[str, Any], stalled: bool
+) -> dict[str, Any]:
+    return {
+        "run_id": run.id,
+        "environment": run.environment,
+        "status": RunStatus(run.status).value,
+        "step": run.step,
+        "total_steps": run.total_steps,
+        "attempt": run.attempt,
+        "failure_kind": run.failure_kind,
+        "created_at": iso(run.created_at),
+        "started_at": iso(run.started_at),
+        "finished_at": iso(run.finished_at),
+        "model_name": _model_name(run.config_json),
+        "reward_mean": reward_mean,
+        "eta_s": progress["eta_s"],
+        "stalled": stalled,
+    }
 
 
 def _model_name(config_json: str) -> str | None:

@@ -7,6 +7,7 @@ import asyncio
 import re
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from core.models import FINISHED, Run, RunStatus
 from server.errors import InvalidValue
@@ -39,16 +40,16 @@ def parse_until(until: str) -> Condition:
 
 
 async def wait_for_run(
-    runs: RunService, run_id: str, condition: Condition, timeout_s: float
-) -> tuple[Run, bool]:
-    """The run once `condition` holds, or as it is when `timeout_s` (capped) has passed;
-    and whether the condition held."""
+    runs: RunService, run_id: str, until: str, timeout_s: float
+) -> dict[str, Any]:
+    """The run's detail once `until` holds, or as it is when `timeout_s` (capped) has passed,
+    with `condition_met` saying which."""
+    condition = parse_until(until)
     deadline = time.monotonic() + min(timeout_s, MAX_WAIT_S)
     while True:
         run = await asyncio.to_thread(runs.row, run_id)
-        if condition.holds(run):
-            return run, True
+        met = condition.holds(run)
         left = deadline - time.monotonic()
-        if left <= 0:
-            return run, False
+        if met or left <= 0:
+            return {**await asyncio.to_thread(runs.get, run.id), "condition_met": met}
         await asyncio.sleep(min(POLL_S, left))

@@ -18,7 +18,7 @@ from sqlmodel import col, select
 from core import lifecycle, procs
 from core.checkpoint_check import check, first_usable
 from core.db import read_session, write_session
-from core.models import FINISHED, RUN_ID, Checkpoint, Metric, Run, RunStatus
+from core.models import FINISHED, RAY_LAUNCHER, RUN_ID, Checkpoint, Metric, Run, RunStatus
 from core.run_folder import RunFolder, hash_config
 from core.settings import Settings
 from core.spec import ResumePoint, RunSpec
@@ -243,7 +243,7 @@ class RunService:
                 return {"run_id": run_id, "status": RunStatus.stopped.value}
             lifecycle.transition(session, run, RunStatus.stopping)
             # A Ray job's pid is on its own node: it reads the request from the database.
-            local = run.launcher != "ray"
+            local = run.launcher != RAY_LAUNCHER
             pid, start = (run.pid, run.process_start) if local else (None, None)
         # The supervisor sends SIGKILL when the grace period passes; SIGTERM goes out now.
         if pid is not None and procs.same_process_alive(pid, start):
@@ -372,7 +372,7 @@ class RunService:
     def job_log(self, run: Run) -> str | None:
         """A Ray job's whole log as Ray keeps it (its runner writes no train.log); None for a
         local run, or when Ray cannot be asked (then the run folder's log is what there is)."""
-        if run.launcher != "ray" or run.job_id is None:
+        if run.launcher != RAY_LAUNCHER or run.job_id is None:
             return None
         if self._ray_jobs is None:
             self._ray_jobs = RayJobs(self._settings)

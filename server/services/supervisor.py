@@ -25,12 +25,11 @@ from sqlmodel import col, select
 
 from core import lifecycle, procs
 from core.db import read_session, write_session
-from core.models import FINISHED, Run, RunStatus, utcnow
+from core.models import FINISHED, RAY_LAUNCHER, Run, RunStatus, utcnow
 from core.run_folder import RunFolder
 from core.settings import PROJECT_ROOT, Settings
 from server.services import exit_cause
 from server.services.leadership import Leadership
-from server.services.ray_launcher import LAUNCHER as RAY
 from server.services.ray_launcher import RayLauncher
 
 log = logging.getLogger(__name__)
@@ -70,7 +69,7 @@ class Supervisor:
 
     def launcher_health(self) -> dict[str, object]:
         """What /health says of the launcher (for Ray: whether its job server answers)."""
-        if self._settings.launcher == RAY:
+        if self._settings.launcher == RAY_LAUNCHER:
             return self.ray.health()
         return {"kind": "local", "address": None, "reachable": True, "reason": None}
 
@@ -174,9 +173,9 @@ class Supervisor:
     def reconcile(self) -> None:
         """After a (re)start: adopt unfinished runs whose process lives, settle the others."""
         with self._lock:
-            for run in self._active_runs():
+            local_runs, ray_runs = self._slot_holders()
+            for run in local_runs:
                 self._adopt_or_settle(run, "the server restarted and found its process gone")
-            ray_runs = [run for run in self._slot_holders() if run.launcher == RAY]
             if ray_runs:
                 # They went on in Ray meanwhile: read each job's state (ended ones are recorded).
                 log.info("following %s unfinished Ray job(s)", len(ray_runs))
@@ -192,20 +191,18 @@ class Supervisor:
                 procs.end_session_leftovers(run.pid, run.process_start)
             self._settle_lost(run.id, why_lost)
 
-    def _active_runs(self) -> list[Run]:
-        """Runs holding a slot started by a local process (Ray's are watched by their job)."""
-        return [run for run in self._slot_holders() if run.launcher != RAY]
-
-    def _slot_holders(self) -> list[Run]:
+    def _slot_holders(self) -> tuple[list[Run], list[Run]]:
+        """Runs holding a slot: those of local processes, and Ray jobs (watched by their job)."""
         with read_session(self._engine) as session:
-            return list(session.exec(select(Run).where(lifecycle.holds_a_slot())).all())
+            runs = session.exec(select(Run).where(lifecycle.holds_a_slot())).all()
+        ray = [run for run in runs if run.launcher == RAY_LAUNCHER]
+        return [run for run in runs if run.launcher != RAY_LAUNCHER], ray
 
     def _watch(self) -> None:
-        holders = self._slot_holders()
-        ray_runs = [run for run in holders if run.launcher == RAY]
+        local_runs, ray_runs = self._slot_holders()
         if ray_runs:
             self.ray.watch(ray_runs)
-        active = {run.id: run for run in holders if run.launcher != RAY}
+        active = {run.id: run for run in local_runs}
         for run_id, watched in list(self._watched.items()):
             run = active.get(run_id)
             if watched.proc is not None:
@@ -264,7 +261,7 @@ class Supervisor:
                 .limit(free)
             ).all()
         for run in queued:
-            if self._settings.launcher == RAY:
+            if self._settings.launcher == RAY_LAUNCHER:
                 if not self.ray.start(run):
                     return  # Ray is unreachable: the queue waits, in order
             else:

@@ -22,7 +22,7 @@ import httpx
 import pytest
 
 from core.settings import PROJECT_ROOT
-from tests.helpers import FINISHED, pid_alive, processes_with, wait_for
+from tests.helpers import FINISHED, pid_alive, proc_cmdline, proc_stat, processes_with, wait_for
 from tests.live_server import LiveServer
 
 if TYPE_CHECKING:
@@ -120,23 +120,6 @@ def playwright() -> Iterator[Playwright]:
     wait_for(lambda: not processes_with("run-driver", parent=os.getpid()), timeout=20, every=0.1)
 
 
-def _stat(pid: int) -> list[str]:
-    """/proc/<pid>/stat after the command name: state, ppid, pgrp, session, ..."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return []
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        return (
-            Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        )
-    except OSError:
-        return ""
-
-
 def chromium_processes() -> set[int]:
     """What `pgrep -f chromium` lists, less zombies (the machine's init reaps those in its own
     time): live processes with chromium in their command line."""
@@ -148,7 +131,7 @@ def browser_processes(browser_pid: int, also: set[int]) -> set[int]:
     session leader; zygotes, renderers, GPU and utility processes stay in it), and `also`
     (the crash handlers it started, which leave it) while they live. Other test runs'
     browsers on the same machine are not counted."""
-    session = {p for p in chromium_processes() if _stat(p)[3:4] == [str(browser_pid)]}
+    session = {p for p in chromium_processes() if proc_stat(p)[3:4] == [str(browser_pid)]}
     return session | {p for p in also if pid_alive(p)}
 
 
@@ -163,9 +146,9 @@ def browser(playwright: Playwright, chromium_path: str) -> Iterator[Browser]:
     )
     started = chromium_processes() - before
     drivers = {str(pid) for pid in processes_with("run-driver", parent=os.getpid())}
-    roots = [p for p in started if _stat(p)[1:2] and _stat(p)[1] in drivers]
+    roots = [p for p in started if proc_stat(p)[1:2] and proc_stat(p)[1] in drivers]
     assert len(roots) == 1, f"cannot tell which chromium process is this browser: {roots}"
-    handlers = {p for p in started if "chrome_crashpad_handler" in _cmdline(p)}
+    handlers = {p for p in started if "chrome_crashpad_handler" in proc_cmdline(p)}
     try:
         yield browser
     finally:
@@ -183,7 +166,7 @@ def browser(playwright: Playwright, chromium_path: str) -> Iterator[Browser]:
         except AssertionError:
             raise AssertionError(
                 "chromium processes left after the browser closed: "
-                + "; ".join(f"{pid} {_cmdline(pid)[:120]}" for pid in sorted(left))
+                + "; ".join(f"{pid} {proc_cmdline(pid)[:120]}" for pid in sorted(left))
             ) from None
 
 

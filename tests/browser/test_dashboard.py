@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from tests.browser.conftest import ConsoleErrors, screenshot, shut_down
-from tests.helpers import FINISHED, TINY_RUN, wait_for
+from tests.helpers import FINISHED, TINY_RUN, finish_run, run_of, start_run, wait_for
 from tests.live_server import LiveServer
 
 expect = pytest.importorskip(
@@ -86,22 +86,11 @@ def chart_points(page: Page, scope: str) -> dict[str, int]:
 
 
 def create_run(api: httpx.Client, **overrides: object) -> str:
-    body = {"environment": "arithmetic", **TINY_RUN, "save_every": 0, **overrides}
-    resp = api.post("/runs", json=body)
-    assert resp.status_code == 200, resp.text
-    return resp.json()["run_id"]
-
-
-def run_of(api: httpx.Client, run_id: str) -> dict:
-    resp = api.get(f"/runs/{run_id}")
-    assert resp.status_code == 200, resp.text
-    return resp.json()
+    return start_run(api, environment="arithmetic", **TINY_RUN, **{"save_every": 0, **overrides})
 
 
 def finish(api: httpx.Client, run_id: str, timeout: float = 300) -> dict:
-    return wait_for(
-        lambda: (r := run_of(api, run_id))["status"] in FINISHED and r, timeout, every=0.2
-    )
+    return finish_run(api, run_id, timeout)
 
 
 def stop(api: httpx.Client, run_id: str) -> dict:

@@ -127,6 +127,13 @@ export async function streamEvents(path, onEvent, signal) {
   }
 }
 
+// A run's metric history for charts: every row, each metric thinned on the server to at most
+// CHART_POINTS points.
+const CHART_POINTS = 600;
+export function history(runId) {
+  return api(`/runs/${runId}/history?limit=100000&max_points=${CHART_POINTS}`);
+}
+
 // The field a 422 names ("field 'lora_rank': ..."), or null.
 export function fieldOf(detail) {
   const match = /field '([^']+)'/.exec(detail || "");

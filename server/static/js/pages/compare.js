@@ -1,6 +1,6 @@
 // Compare runs: their curves overlaid per metric, and the config fields that differ.
 
-import { api } from "/static/js/api.js";
+import { api, history } from "/static/js/api.js";
 import { ChartBoard } from "/static/js/charts.js";
 import { h, statusBadge } from "/static/js/dom.js";
 
@@ -25,13 +25,13 @@ export function mount(main, arg) {
   (async () => {
     try {
       const runs = await Promise.all(ids.map((id) => api(`/runs/${id}`)));
-      const histories = await Promise.all(ids.map((id) => api(`/runs/${id}/history?limit=100000&max_points=600`)));
+      const histories = await Promise.all(ids.map(history));
       if (cancelled) return;
       runsLine.replaceChildren(
         ...runs.map((run) => h("span", {}, h("a", { href: `#/runs/${run.run_id}` }, run.run_id), " ", statusBadge(run.status), ` ${run.environment}`)),
       );
       renderDiff(runs);
-      board.update(histories.map((history) => history.rows));
+      board.update(histories.map((found) => found.rows));
     } catch (e) {
       error.textContent = e.detail || String(e);
     }

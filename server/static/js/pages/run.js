@@ -1,11 +1,9 @@
 // One run: its status and progress, a chart of every metric (live while it runs), the frozen
 // config, checkpoints, the W&B link, the live log with its end event, stop and resume.
 
-import { api, streamEvents } from "/static/js/api.js";
+import { api, history, streamEvents } from "/static/js/api.js";
 import { ChartBoard } from "/static/js/charts.js";
 import { FINISHED, duration, fmt, h } from "/static/js/dom.js";
-
-const MAX_POINTS = 600;
 
 export function mount(main, runId) {
   const aborter = new AbortController();
@@ -87,10 +85,10 @@ export function mount(main, runId) {
   }
 
   async function loadHistory() {
-    const history = await api(`/runs/${runId}/history?limit=100000&max_points=${MAX_POINTS}`);
-    if (history.rows.length) {
+    const { rows } = await history(runId);
+    if (rows.length) {
       noCharts.remove();
-      board.update([history.rows]);
+      board.update([rows]);
     }
   }
 
