@@ -7,7 +7,7 @@ SERVER_ERROR = 1  # the server answered with an error status (bad input, not fou
 USAGE = 2  # argparse's own code for a bad command line; we reuse it for bad RLCS_URL
 UNREACHABLE = 3  # no answer: connection refused, DNS, timeout, a stream cut short
 RUN_FAILED = 4  # `runs watch` / `runs logs --follow` / `runs wait`: the run ended `failed`
-WAIT_TIMED_OUT = 5  # `runs wait`: the timeout passed before the condition held
+WAIT_TIMED_OUT = 5  # `runs wait`, `sweeps wait`: the timeout passed before the condition held
 INTERRUPTED = 130  # Ctrl-C, as shells report SIGINT
 
 EPILOG = """\
@@ -18,7 +18,7 @@ exit codes:
   2  usage error (bad arguments, bad RLCS_URL)
   3  server unreachable, timed out, or a log stream cut short
   4  `runs watch` / `runs logs --follow` / `runs wait`: the run ended failed
-  5  `runs wait`: the timeout passed before the condition held
+  5  `runs wait` / `sweeps wait`: the timeout passed before the condition held
   130 interrupted (Ctrl-C)
 
 environment:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
-from cli import commands, db, infer, runs, watch
+from cli import commands, db, infer, runs, sweeps, watch, webhooks
 from cli.client import DEFAULT_URL, Client
 from cli.exits import EPILOG
 from cli.values import assignment, positive_float
@@ -49,6 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
     set_.add_argument("--env", help="this environment instead of the selected one")
 
     _runs_parser(top)
+    _sweeps_parser(top)
+    webhooks.register(top, add)
     _infer_parser(top)
     db_p = top.add_parser("db", help="the database itself (run where the server runs)")
     db_cmds = db_p.add_subparsers(dest="db_command", metavar="ACTION", required=True)
@@ -107,15 +109,7 @@ def _runs_parser(top: Group) -> None:
     wait.add_argument(
         "--until", default="terminal", help="terminal (default), or step:N (step N recorded)"
     )
-    # Not --timeout: that is the global per-request one.
-    wait.add_argument(
-        "--at-most",
-        dest="wait_s",
-        type=float,
-        default=3600.0,
-        metavar="SECONDS",
-        help="give up after this many seconds (exit 5; default 3600)",
-    )
+    _at_most_option(wait)
 
     resume = add(cmds, "resume", runs.resume, "a new attempt from the last state checkpoint")
     resume.add_argument("run")
@@ -125,6 +119,13 @@ def _runs_parser(top: Group) -> None:
     )
     resume.add_argument(
         "--force", action="store_true", help="resume even if --set changes the config hash"
+    )
+
+    fork = add(cmds, "fork", runs.fork, "a new run from a run's checkpoint, with --set changes")
+    fork.add_argument("run")
+    _set_option(fork)
+    fork.add_argument(
+        "--step", type=int, help="start from the state checkpoint of this step (default last)"
     )
 
     logs = add(cmds, "logs", runs.logs, "a run's log (the last lines, or --follow it)")
@@ -148,6 +149,36 @@ def _runs_parser(top: Group) -> None:
     )
 
 
+def _sweeps_parser(top: Group) -> None:
+    sweeps_p = top.add_parser("sweeps", help="start a grid of runs and compare their results")
+    cmds = sweeps_p.add_subparsers(dest="sweeps_command", metavar="ACTION", required=True)
+    start = add(cmds, "start", sweeps.start, "a run for every combination of the --grid values")
+    start.add_argument("--env", help="environment (default: the selected one)")
+    start.add_argument(
+        "--grid",
+        action="append",
+        type=sweeps.grid_axis,
+        metavar="KEY=V1,V2",
+        help="a field and its values (repeatable; every combination is a run)",
+    )
+    _set_option(start)
+    start.add_argument(
+        "--metric", default="reward_mean", help="picks the best run (default reward_mean)"
+    )
+    start.add_argument("--goal", choices=["max", "min"], default="max")
+    start.add_argument("--max-runs", type=int, help="allow more runs than 100")
+    start.add_argument("--idempotency-key", help="a repeated start with the same key is one sweep")
+    list_ = add(cmds, "list", sweeps.list_, "list sweeps, newest first")
+    list_.add_argument("--limit", type=int, default=None, help="at most this many (server: 100)")
+    add(cmds, "show", sweeps.show, "each run's result side by side, the best run").add_argument(
+        "sweep"
+    )
+    wait = add(cmds, "wait", sweeps.wait, "block until every run of a sweep has finished")
+    wait.add_argument("sweep")
+    _at_most_option(wait)
+    add(cmds, "stop", sweeps.stop, "stop every unfinished run of a sweep").add_argument("sweep")
+
+
 def _infer_parser(top: Group) -> None:
     infer_p = add(
         top,
@@ -166,6 +197,18 @@ def _infer_parser(top: Group) -> None:
     infer_p.add_argument("--max-tokens", type=int, help="default 256")
     infer_p.add_argument("--temperature", type=float, help="default 1.0")
     infer_p.add_argument("--seed", type=int, help="seed of the drawn tasks and the sampling")
+
+
+def _at_most_option(parser: argparse.ArgumentParser) -> None:
+    # Not --timeout: that is the global per-request one.
+    parser.add_argument(
+        "--at-most",
+        dest="wait_s",
+        type=float,
+        default=3600.0,
+        metavar="SECONDS",
+        help="give up after this many seconds (exit 5; default 3600)",
+    )
 
 
 def _set_option(parser: argparse.ArgumentParser) -> None:

@@ -1,4 +1,5 @@
-"""`runs ...`: start, list, inspect, stop and resume runs; logs, metrics, history, checkpoints.
+"""`runs ...`: start, list, inspect, wait on, stop, resume and fork runs; logs, metrics,
+history, checkpoints.
 
 `runs watch` and `runs logs --follow` live in cli/watch.py.
 """
@@ -104,18 +105,7 @@ def status(client: Client, args: argparse.Namespace) -> int:
 def wait(client: Client, args: argparse.Namespace) -> int:
     """Block until the run finishes (or reaches --until step:N), in server-side waits of at
     most WAIT_CHUNK_S each, so no proxy or client timeout cuts a long wait short."""
-    deadline = time.monotonic() + args.wait_s
-    while True:
-        left = max(0.0, deadline - time.monotonic())
-        chunk = min(left, WAIT_CHUNK_S)
-        run = client.request(
-            "GET",
-            f"/runs/{seg(args.run)}/wait",
-            params={"until": args.until, "timeout": chunk},
-            timeout=chunk + client.timeout,
-        )
-        if run["condition_met"] or left <= chunk:
-            break
+    run = server_wait(client, f"/runs/{seg(args.run)}/wait", {"until": args.until}, args.wait_s)
     if args.json:
         print_json(run)
     else:
@@ -123,6 +113,20 @@ def wait(client: Client, args: argparse.Namespace) -> int:
     if not run["condition_met"]:
         return WAIT_TIMED_OUT
     return RUN_FAILED if run["status"] == "failed" else OK
+
+
+def server_wait(client: Client, path: str, params: dict[str, Any], wait_s: float) -> dict[str, Any]:
+    """GET a wait route (`condition_met` in its answer) until the condition holds or `wait_s`
+    has passed, in server-side waits of at most WAIT_CHUNK_S each."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        left = max(0.0, deadline - time.monotonic())
+        chunk = min(left, WAIT_CHUNK_S)
+        answer = client.request(
+            "GET", path, params={**params, "timeout": chunk}, timeout=chunk + client.timeout
+        )
+        if answer["condition_met"] or left <= chunk:
+            return answer
 
 
 def stop(client: Client, args: argparse.Namespace) -> int:
@@ -146,6 +150,22 @@ def resume(client: Client, args: argparse.Namespace) -> int:
         f"{answer['run_id']}  {answer['status']}  attempt {answer.get('attempt')} "
         f"from step {answer.get('resume_step')} ({answer.get('resume_from')})"
     )
+    return OK
+
+
+def fork(client: Client, args: argparse.Namespace) -> int:
+    body: dict[str, Any] = _overrides(args)
+    if args.step is not None:
+        body["checkpoint_step"] = args.step
+    answer = client.post(f"/runs/{seg(args.run)}/fork", body)
+    if args.json:
+        print_json(answer)
+        return OK
+    say(
+        f"{answer['run_id']}  {answer['status']}  (fork of {answer['parent_run_id']} at step "
+        f"{answer['parent_step']})"
+    )
+    say(f"  follow it: rlctl runs watch {answer['run_id']}")
     return OK
 
 

@@ -14,6 +14,7 @@ from sqlalchemy import ColumnElement, and_, delete, func, or_
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, select
 
+from core import events
 from core.db import read_session, write_session
 from core.models import ACTIVE, FINISHED, Checkpoint, Metric, Run, RunStatus, utcnow
 from core.run_folder import clean_metrics
@@ -66,6 +67,7 @@ def transition(session: Session, run: Run, new: RunStatus, **fields: Any) -> boo
         run.finished_at = now
     _apply(run, fields)
     session.add(run)
+    events.status_changed(session, run, new)
     return True
 
 
@@ -133,6 +135,7 @@ def record_step(
         run.step = max(run.step, step)
         run.last_step_at = at or utcnow()
         session.add(run)
+        events.stepped(session, run, step)
 
 
 def record_metrics(engine: Engine, run_id: str, step: int, metrics: dict[str, float]) -> None:

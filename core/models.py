@@ -67,6 +67,10 @@ class Run(SQLModel, table=True):
     # started, or started before launchers were recorded, i.e. local) and its Ray job id.
     launcher: str | None = None
     job_id: str | None = Field(default=None, max_length=64)
+    # A sweep's member, and a fork's origin: the run and step whose checkpoint it starts from.
+    sweep_id: str | None = Field(default=None, index=True, max_length=32)
+    parent_run_id: str | None = Field(default=None, max_length=32)
+    parent_step: int | None = None
     idempotency_key: str | None = Field(default=None, unique=True)
     created_at: datetime = Field(default_factory=utcnow, index=True)
     started_at: datetime | None = None
@@ -111,3 +115,68 @@ class Selection(SQLModel, table=True):
     id: int = Field(default=1, primary_key=True)
     environment: str
     selected_at: datetime = Field(default_factory=utcnow)
+
+
+# Sweep ids: "s-" and 8 hex digits; webhook ids "wh-" and 8 hex digits.
+SWEEP_ID = re.compile(r"^s-[0-9a-f]{8}$")
+WEBHOOK_ID = re.compile(r"^wh-[0-9a-f]{8}$")
+
+
+class Sweep(SQLModel, table=True):
+    """A family of runs started together from one base config and a grid (or a list)."""
+
+    id: str = Field(primary_key=True, max_length=32)
+    environment: str
+    base_json: str = Field(description="The overrides every member shares")
+    combos_json: str = Field(description="Each member's own overrides, by run id")
+    metric: str = Field(description="The metric the best run is chosen by")
+    goal: str = Field(default="max", description="max or min")
+    idempotency_key: str | None = Field(default=None, unique=True)
+    created_at: datetime = Field(default_factory=utcnow, index=True)
+    finished_at: datetime | None = None
+
+
+class RunEvent(SQLModel, table=True):
+    """Outbox of things that happened (a status change, a step, a stall, a sweep's end),
+    written in the same transaction as the change; webhooks are fanned out from it."""
+
+    id: int | None = Field(default=None, primary_key=True)
+    kind: str = Field(description="run.started, run.step, run.succeeded, ... sweep.finished")
+    run_id: str | None = Field(default=None, index=True, max_length=32)
+    sweep_id: str | None = Field(default=None, max_length=32)
+    step: int | None = None
+    # Events that must happen once (a stall, a sweep's end) carry a unique key.
+    key: str | None = Field(default=None, unique=True)
+    fanned_out: bool = Field(default=False, index=True)
+    created_at: datetime = Field(default_factory=utcnow)
+
+
+class Webhook(SQLModel, table=True):
+    """A receiver of events. Its signing secret is derived from the server's key, not stored."""
+
+    id: str = Field(primary_key=True, max_length=32)
+    url: str
+    events_json: str
+    step_every: int = 1
+    created_at: datetime = Field(default_factory=utcnow)
+
+
+class WebhookDelivery(SQLModel, table=True):
+    """One event for one webhook: its frozen body, attempts and outcome (at least once)."""
+
+    __table_args__ = (Index("ix_delivery_webhook_event", "webhook_id", "event_id", unique=True),)
+
+    id: str = Field(primary_key=True, max_length=40)
+    webhook_id: str = Field(index=True, max_length=32)
+    event_id: int
+    kind: str
+    # Deliveries with the same order key (a run, or a sweep) go out one at a time, in order.
+    order_key: str
+    body: str
+    status: str = Field(default="pending", index=True, description="pending, delivered, failed")
+    attempts: int = 0
+    next_attempt_at: datetime = Field(default_factory=utcnow)
+    last_error: str | None = None
+    last_status_code: int | None = None
+    created_at: datetime = Field(default_factory=utcnow)
+    delivered_at: datetime | None = None

@@ -98,6 +98,24 @@ class Settings(BaseSettings):
         5.0, gt=0.0, description="Most seconds one call to the Ray job server may take"
     )
 
+    # Webhooks (server.services.webhook_dispatch).
+    webhook_allowed_hosts: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Hosts (names, IP addresses or CIDR networks, comma-separated) webhooks may "
+        "point at besides loopback",
+    )
+    webhook_signing_key: SecretStr | None = Field(
+        None,
+        description="Key every webhook's signing secret is derived from (default: a random key "
+        "made once in var_dir/webhook-signing.key); servers sharing a database must share it",
+    )
+    webhook_interval_s: float = Field(0.25, gt=0.0, description="Delivery tick")
+    webhook_timeout_s: float = Field(5.0, gt=0.0, description="Most seconds one delivery may take")
+    webhook_retry_base_s: float = Field(
+        2.0, gt=0.0, description="First retry delay; doubling per attempt, capped at 300 s"
+    )
+    webhook_max_attempts: int = Field(8, ge=1, le=100, description="Then a delivery is failed")
+
     # Local backend.
     device: Literal["auto", "cpu", "cuda"] = "auto"
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
@@ -169,7 +187,7 @@ class Settings(BaseSettings):
             ) from None
         return value
 
-    @field_validator("allowed_hosts", "cors_origins", mode="before")
+    @field_validator("allowed_hosts", "cors_origins", "webhook_allowed_hosts", mode="before")
     @classmethod
     def _comma_separated(cls, value: object) -> object:
         if isinstance(value, str):
@@ -295,6 +313,7 @@ _SECRET_NAMES = frozenset(
         "WANDB_API_KEY",
         "OPENREWARD_API_KEY",
         "RLCS_API_TOKEN",
+        "RLCS_WEBHOOK_SIGNING_KEY",
         "RLCS_TINKER_API_KEY",
         "RLCS_WANDB_API_KEY",
         "RLCS_OPENREWARD_API_KEY",

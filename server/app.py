@@ -19,25 +19,33 @@ from fastapi.staticfiles import StaticFiles
 from sqlalchemy.exc import OperationalError
 
 from core.db import make_engine
+from core.models import utcnow
 from core.schema import upgrade as upgrade_schema
 from core.settings import PROJECT_ROOT, Settings
 from server import __version__
 from server.access import LoopbackUnlessToken, insecure_warning
 from server.deps import Services, require_token
 from server.errors import DomainError, status_for
-from server.routes import environments, health, inference, runs
+from server.routes import environments, health, inference, runs, sweeps, webhooks
 from server.schemas import ErrorOut
 from server.services.catalog import Catalog
 from server.services.configs import ConfigService
+from server.services.forks import ForkService
 from server.services.inference import InferenceService
 from server.services.inference_worker import InferenceWorker
 from server.services.inspector import Inspectors
 from server.services.log_follow import StreamSlots
 from server.services.metrics import MetricsService
 from server.services.model_check import ModelCheck
+from server.services.run_views import RunViews
 from server.services.runs import RunService
 from server.services.supervisor import Supervisor
+from server.services.sweeps import SweepService
 from server.services.wandb_reader import WandbReader
+from server.services.webhook_dispatch import WebhookDispatcher
+from server.services.webhook_fanout import FanOut
+from server.services.webhook_signing import signing_key
+from server.services.webhooks import WebhookService
 from server.web_guard import BodyLimit, WebGuard
 
 log = logging.getLogger("server")
@@ -58,8 +66,24 @@ def build_services(settings: Settings) -> Services:
     worker = InferenceWorker(settings)
     inference = InferenceService(settings, engine, configs, runs_service, worker, models)
     streams = StreamSlots(settings.max_streams_per_client)
+    sweeps = SweepService(runs_service, configs, metrics)
+    hooks = WebhookService(settings, engine, signing_key(settings))
+    fanout = FanOut(engine, RunViews(settings, metrics), utcnow, sweep_view=sweeps.get)
+    dispatch = WebhookDispatcher(settings, engine, supervisor.leadership, fanout, hooks.secret)
     return Services(
-        settings, engine, catalog, configs, metrics, runs_service, supervisor, inference, streams
+        settings=settings,
+        engine=engine,
+        catalog=catalog,
+        configs=configs,
+        metrics=metrics,
+        runs=runs_service,
+        supervisor=supervisor,
+        inference=inference,
+        streams=streams,
+        sweeps=sweeps,
+        forks=ForkService(runs_service, configs),
+        webhooks=hooks,
+        webhook_dispatch=dispatch,
     )
 
 
@@ -73,11 +97,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         svc = build_services(settings)
         app.state.services = svc
         await svc.supervisor.start()
+        await svc.webhook_dispatch.start()
         svc.metrics.start()
         svc.inference.warm_up()
         try:
             yield
         finally:
+            await svc.webhook_dispatch.stop()
             await svc.supervisor.stop()
             svc.inference.worker.stop()
             svc.catalog.close()
@@ -111,6 +137,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     protected = [Depends(require_token)]
     app.include_router(environments.router, dependencies=protected)
     app.include_router(runs.router, dependencies=protected)
+    app.include_router(sweeps.router, dependencies=protected)
+    app.include_router(webhooks.router, dependencies=protected)
     app.include_router(inference.router_for(settings.inference_max_prompts), dependencies=protected)
     _document_errors(app)
     return app

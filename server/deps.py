@@ -13,11 +13,15 @@ from server.access import token_matches
 from server.errors import Forbidden, Unauthorized
 from server.services.catalog import Catalog
 from server.services.configs import ConfigService
+from server.services.forks import ForkService
 from server.services.inference import InferenceService
 from server.services.log_follow import StreamSlots
 from server.services.metrics import MetricsService
 from server.services.runs import RunService
 from server.services.supervisor import Supervisor
+from server.services.sweeps import SweepService
+from server.services.webhook_dispatch import WebhookDispatcher
+from server.services.webhooks import WebhookService
 from server.web_guard import SAFE_METHODS
 
 
@@ -32,6 +36,10 @@ class Services:
     supervisor: Supervisor
     inference: InferenceService
     streams: StreamSlots
+    sweeps: SweepService
+    webhooks: WebhookService
+    webhook_dispatch: WebhookDispatcher
+    forks: ForkService
 
 
 def services(request: Request) -> Services:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -132,6 +132,9 @@ class RunSummaryOut(BaseModel):
     reward_mean: float | None = Field(None, description="Mean reward at the newest step")
     eta_s: float | None = None
     stalled: bool = False
+    sweep_id: str | None = Field(None, description="The sweep this run belongs to")
+    parent_run_id: str | None = Field(None, description="A fork's parent run")
+    parent_step: int | None = Field(None, description="The parent's step the fork started at")
 
 
 class RunDetailOut(RunSummaryOut):
@@ -287,3 +290,123 @@ class RunHistoryOut(BaseModel):
     run_id: str
     keys: list[str] | None
     rows: list[dict[str, Any]]
+
+
+class RunForkIn(BaseModel):
+    """`checkpoint_step` (default: the parent's newest state checkpoint) plus config
+    overrides for the new run (e.g. a learning_rate and a larger total_steps)."""
+
+    model_config = ConfigDict(
+        extra="allow",
+        json_schema_extra={"examples": [{"learning_rate": 1e-5, "total_steps": 40}]},
+    )
+
+    checkpoint_step: int | None = Field(
+        None, ge=0, le=1_000_000, description="Start from the parent's checkpoint at this step"
+    )
+
+    def overrides(self) -> dict[str, Any]:
+        return bounded_overrides(self.model_extra)
+
+
+class RunForkedOut(BaseModel):
+    run_id: str
+    status: str
+    parent_run_id: str
+    parent_step: int
+    resume_from: str
+
+
+MAX_SWEEP_RUNS = 5000
+
+
+class SweepCreateIn(Request):
+    """A base config shared by every run, and a grid (all combinations) or a list of runs."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {
+                    "environment": "arithmetic",
+                    "base": {"total_steps": 20},
+                    "grid": {"learning_rate": [1e-5, 4e-5], "seed": [0, 1, 2]},
+                    "metric": "reward_mean",
+                }
+            ]
+        },
+    )
+
+    environment: str | None = Field(None, min_length=1, max_length=128)
+    base: dict[str, Any] = Field(
+        default_factory=dict, max_length=MAX_FIELDS, description="Overrides every run shares"
+    )
+    grid: dict[str, list[Any]] | None = Field(
+        None, max_length=MAX_FIELDS, description="field -> values; every combination is a run"
+    )
+    runs: list[dict[str, Any]] | None = Field(
+        None, min_length=1, max_length=MAX_SWEEP_RUNS, description="Each run's own overrides"
+    )
+    metric: str = Field(
+        "reward_mean",
+        min_length=1,
+        max_length=128,
+        description="Picks the best run: a summary name (reward_mean, loss, percent_correct, "
+        "eval_percent_correct) or any recorded metric key (e.g. env/percent_correct)",
+    )
+    goal: Literal["max", "min"] = "max"
+    max_runs: int = Field(
+        100, ge=1, le=MAX_SWEEP_RUNS, description="Refuse a sweep with more runs than this"
+    )
+
+
+class SweepCreatedOut(BaseModel):
+    sweep_id: str
+    run_ids: list[str]
+
+
+class SweepOut(BaseModel):
+    sweep_id: str
+    environment: str
+    base: dict[str, Any]
+    metric: str
+    goal: str
+    status: str = Field(description="running until every run has finished, then finished")
+    runs_total: int
+    runs_finished: int
+    counts: dict[str, int] = Field(description="Runs by status")
+    created_at: str | None
+    finished_at: str | None
+
+
+class SweepRunOut(BaseModel):
+    run_id: str
+    overrides: dict[str, Any]
+    status: str
+    step: int
+    total_steps: int
+    failure_kind: str | None
+    metrics: dict[str, Any]
+    value: float | None = Field(description="The sweep's metric for this run (latest)")
+
+
+class SweepBestOut(BaseModel):
+    run_id: str
+    value: float
+    overrides: dict[str, Any]
+    status: str
+    final: bool = Field(description="False while runs of the sweep are still going")
+
+
+class SweepDetailOut(SweepOut):
+    runs: list[SweepRunOut]
+    best: SweepBestOut | None
+
+
+class SweepStoppedOut(BaseModel):
+    sweep_id: str
+    runs: list[RunCreatedOut]
+
+
+class SweepWaitOut(SweepDetailOut):
+    condition_met: bool = Field(description="False when the timeout passed first")

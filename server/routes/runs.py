@@ -1,4 +1,4 @@
-"""Training runs: start, list, inspect, wait, stop, logs."""
+"""Training runs: start, list, inspect, wait, stop, resume, fork, logs."""
 
 from __future__ import annotations
 
@@ -16,6 +16,8 @@ from server.schemas import (
     RunCreatedOut,
     RunCreateIn,
     RunDetailOut,
+    RunForkedOut,
+    RunForkIn,
     RunHistoryOut,
     RunLogsOut,
     RunResultsOut,
@@ -112,6 +114,14 @@ def run_checkpoints(run_id: RunId, svc: Svc) -> list[dict[str, Any]]:
 def resume_run(run_id: RunId, svc: Svc, body: RunResumeIn | None = None) -> dict[str, Any]:
     body = body or RunResumeIn()
     return svc.runs.resume(run_id, body.overrides(), body.force, body.checkpoint_step)
+
+
+@router.post("/runs/{run_id}/fork", response_model=RunForkedOut)
+def fork_run(run_id: RunId, svc: Svc, body: RunForkIn | None = None) -> dict[str, Any]:
+    """A new run from this run's state checkpoint (weights and optimizer state) with the
+    parent's config plus the overrides; its steps continue from the checkpoint's step."""
+    body = body or RunForkIn()
+    return svc.forks.fork(run_id, body.overrides(), body.checkpoint_step)
 
 
 @router.get(

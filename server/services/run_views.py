@@ -55,8 +55,10 @@ class RunViews:
     def progress(self, run: Run) -> dict[str, Any]:
         per_step = None
         eta = None
-        if run.started_at and run.last_step_at and run.step > 0:
-            per_step = (run.last_step_at - run.started_at).total_seconds() / run.step
+        # A fork starts at its parent's step: only the steps it trained itself took its time.
+        done = run.step - (run.parent_step or 0)
+        if run.started_at and run.last_step_at and done > 0:
+            per_step = (run.last_step_at - run.started_at).total_seconds() / done
             if run.status == RunStatus.running:
                 eta = max(0.0, per_step * (run.total_steps - run.step))
         fraction = run.step / run.total_steps if run.total_steps else 0.0
@@ -104,6 +106,9 @@ def _summary(
         "reward_mean": reward_mean,
         "eta_s": progress["eta_s"],
         "stalled": stalled,
+        "sweep_id": run.sweep_id,
+        "parent_run_id": run.parent_run_id,
+        "parent_step": run.parent_step,
     }
 
 

@@ -1,5 +1,6 @@
-"""Waiting on a run without polling it: `until=terminal` (it has finished) or `until=step:N`
-(it has recorded step N, or finished), answered as soon as that holds or the timeout passes."""
+"""Waiting without polling: on a run, `until=terminal` (it has finished) or `until=step:N` (it
+has recorded step N, or finished); on a sweep, until all its runs have finished. Answered as
+soon as that holds or the timeout passes."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import Any
 from core.models import FINISHED, Run, RunStatus
 from server.errors import InvalidValue
 from server.services.runs import RunService
+from server.services.sweeps import SweepService
 
 MAX_WAIT_S = 600.0  # one request holds a connection at most this long; ask again after it
 POLL_S = 0.2  # a database read of one row: the answer comes within this of the event
@@ -52,4 +54,17 @@ async def wait_for_run(
         left = deadline - time.monotonic()
         if met or left <= 0:
             return {**await asyncio.to_thread(runs.get, run.id), "condition_met": met}
+        await asyncio.sleep(min(POLL_S, left))
+
+
+async def wait_for_sweep(sweeps: SweepService, sweep_id: str, timeout_s: float) -> dict[str, Any]:
+    """The sweep's results once every run has finished, or as they are at the timeout."""
+    deadline = time.monotonic() + min(timeout_s, MAX_WAIT_S)
+    sweeps.row(sweep_id)  # 404/422 at once
+    while True:
+        runs = await asyncio.to_thread(sweeps.members, sweep_id)
+        met = all(RunStatus(run.status) in FINISHED for run in runs)
+        left = deadline - time.monotonic()
+        if met or left <= 0:
+            return {**await asyncio.to_thread(sweeps.get, sweep_id), "condition_met": met}
         await asyncio.sleep(min(POLL_S, left))

@@ -7,6 +7,7 @@ import secrets
 import shutil
 import signal
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,10 +24,20 @@ from core.run_folder import RunFolder, hash_config
 from core.settings import Settings
 from core.spec import ResumePoint, RunSpec
 from server.errors import Conflict, InvalidValue, NotFound
-from server.services.configs import ConfigService
+from server.services.catalog import EnvEntry
+from server.services.configs import ConfigService, ResolvedConfig
 from server.services.metrics import MetricsService
 from server.services.ray_jobs import RayJobs, RayUnreachable
 from server.services.run_views import RunViews
+
+
+@dataclass
+class PlannedRun:
+    """A validated run not yet written: its row and frozen spec (ids given at launch)."""
+
+    run: Run
+    spec: RunSpec
+
 
 SUMMARY_COLUMNS = (
     "id",
@@ -41,6 +52,9 @@ SUMMARY_COLUMNS = (
     "finished_at",
     "last_step_at",
     "config_json",  # for the model's name
+    "sweep_id",
+    "parent_run_id",
+    "parent_step",
 )
 
 
@@ -77,37 +91,11 @@ class RunService:
         name = environment or self._configs.selected()
         entry, config = self._configs.resolve(name, overrides)
         self._configs.check_model(config)
-        values = config.model_dump(mode="json")
-        config_hash = hash_config(values)
-        run_id = self._new_id()
-        run_dir = self._settings.runs_dir / run_id
-        assert entry.class_name is not None  # resolve() imported it
-        spec = RunSpec(
-            run_id=run_id,
-            environment=entry.name,
-            env_file=str(entry.path),
-            env_class=entry.class_name,
-            config_hash=config_hash,
-            config=values,
-            mix=self._configs.mix(entry.name, config) if config.environments else None,
-        )
-        # The folder and its frozen spec exist before the row, and the row before any process.
-        RunFolder(run_dir).create(spec)
-        run = Run(
-            id=run_id,
-            environment=entry.name,
-            status=RunStatus.queued,
-            config_json=json.dumps(values, sort_keys=True),
-            config_hash=config_hash,
-            total_steps=config.total_steps,
-            run_dir=str(run_dir),
-            idempotency_key=idempotency_key,
-        )
+        planned = self.plan(entry, config)
+        planned.run.idempotency_key = idempotency_key
         try:
-            with write_session(self._engine) as session:
-                session.add(run)
+            (run_id,) = self.launch([planned])
         except (IntegrityError, OperationalError) as exc:
-            shutil.rmtree(run_dir, ignore_errors=True)  # no row, so no folder either
             # A repeated Idempotency-Key lost the race to the first request: answer with its run.
             existing = None
             if isinstance(exc, IntegrityError) and idempotency_key is not None:
@@ -115,8 +103,66 @@ class RunService:
             if existing is None:
                 raise
             return {"run_id": existing.id, "status": existing.status.value}
-        self._wake()
         return {"run_id": run_id, "status": RunStatus.queued.value}
+
+    def plan(self, entry: EnvEntry, config: ResolvedConfig, **row: Any) -> PlannedRun:
+        """A run's row and frozen spec for a validated config (`row`: extra Run fields);
+        nothing is written until `launch`."""
+        values = config.model_dump(mode="json")
+        config_hash = hash_config(values)
+        assert entry.class_name is not None  # resolve() imported it
+        spec = RunSpec(
+            run_id="",  # named in launch(), where its folder is made
+            environment=entry.name,
+            env_file=str(entry.path),
+            env_class=entry.class_name,
+            config_hash=config_hash,
+            config=values,
+            mix=self._configs.mix(entry.name, config) if config.environments else None,
+        )
+        run = Run(
+            id="",
+            environment=entry.name,
+            status=RunStatus.queued,
+            config_json=json.dumps(values, sort_keys=True),
+            config_hash=config_hash,
+            total_steps=config.total_steps,
+            run_dir="",
+            **row,
+        )
+        return PlannedRun(run, spec)
+
+    def launch(self, planned: list[PlannedRun], also: Callable[[], list[Any]] = list) -> None:
+        """Write each run's folder and frozen spec, then every row (and the rows `also` makes
+        once the runs have their ids) in one transaction, and wake the supervisor. All or
+        nothing: on a failure no folder is left behind. The new runs' ids, in order."""
+        made: list[Path] = []
+        ids: list[str] = []
+        try:
+            for item in planned:
+                run_id = self._new_id()
+                run_dir = self._settings.runs_dir / run_id
+                # The folder and its frozen spec exist before the row, and the row before any
+                # process.
+                RunFolder(run_dir).create(item.spec.model_copy(update={"run_id": run_id}))
+                made.append(run_dir)
+                item.run.id, item.run.run_dir = run_id, str(run_dir)
+                ids.append(run_id)
+            with write_session(self._engine) as session:
+                for row in also():
+                    session.add(row)
+                for item in planned:
+                    session.add(item.run)
+        except BaseException:
+            for run_dir in made:
+                shutil.rmtree(run_dir, ignore_errors=True)  # no row, so no folder either
+            raise
+        self._wake()
+        return ids
+
+    @property
+    def engine(self) -> Engine:
+        return self._engine
 
     def _by_idempotency_key(self, key: str) -> Run | None:
         with read_session(self._engine) as session:
@@ -273,7 +319,7 @@ class RunService:
                 f"Run {run_id} is {status.value}; only a finished run can be resumed "
                 f"(stop it first with POST /runs/{run_id}/stop)."
             )
-        checkpoint = self._state_checkpoint(run_id, checkpoint_step)
+        checkpoint = self.state_checkpoint(run_id, checkpoint_step)
         spec = self.spec(run)
         _, config = self._configs.revalidate(run.environment, spec.config, overrides)
         # A field added since the run was frozen, left unset, is no change to its config.
@@ -317,8 +363,11 @@ class RunService:
             "resume_from": checkpoint.path,
         }
 
-    def _state_checkpoint(self, run_id: str, step: int | None) -> Checkpoint:
-        """The newest state checkpoint, or the one at `step`; a 409/404 saying what exists."""
+    def state_checkpoint(
+        self, run_id: str, step: int | None, verb: str = "resume from"
+    ) -> Checkpoint:
+        """The newest state checkpoint, or the one at `step`; a 409/404 saying what exists
+        (`verb`: what the caller does with it, for the messages)."""
         with read_session(self._engine) as session:
             rows = session.exec(
                 select(Checkpoint)
@@ -327,7 +376,8 @@ class RunService:
             ).all()
         if not rows:
             raise Conflict(
-                f"Run {run_id} has no state checkpoint to resume from; start a new run instead."
+                f"Run {run_id} has no state checkpoint to {verb} (it saves one every save_every "
+                "steps and when it stops or ends); start a new run instead."
             )
         if step is None:
             # The newest one that may be loaded: a half-written or corrupted one is passed over.
@@ -335,7 +385,7 @@ class RunService:
             if usable is None:
                 tried = "; ".join(f"{path}: {why}" for path, why in skipped)
                 raise Conflict(
-                    f"Run {run_id} has no state checkpoint that can be loaded ({tried}); "
+                    f"Run {run_id} has no state checkpoint that can be loaded to {verb} ({tried}); "
                     "start a new run instead."
                 )
             return usable
@@ -345,7 +395,7 @@ class RunService:
                 if not verdict.usable:
                     raise Conflict(
                         f"checkpoint_step: the checkpoint at step {step} cannot be loaded "
-                        f"({verdict.reason}); resume from another step or leave "
+                        f"({verdict.reason}); {verb} another step or leave "
                         "checkpoint_step out."
                     )
                 return row
