@@ -90,6 +90,16 @@ class Settings(BaseSettings):
         description="Where run folders and local checkpoints go (default: var_dir/runs); with "
         "Ray, a path every node sees",
     )
+    export_path: Path | None = Field(
+        None,
+        validation_alias=AliasChoices("RLCS_EXPORT_DIR", "export_path"),
+        description="The only folder (with what is under it) an export may be written to when a "
+        "client names its path (default: var_dir/exports); without a path an export goes into "
+        "its run's folder",
+    )
+    export_timeout_s: float = Field(
+        900.0, gt=0.0, description="Most seconds one export (a merge, a download) may take"
+    )
     # Set by the Ray launcher in a job's environment: the run's frozen spec and resume point
     # travel with the job (JSON), so its runner needs nothing from the server's disk.
     run_spec: str | None = Field(None, description="(set for a Ray job) the run's RunSpec")
@@ -210,6 +220,10 @@ class Settings(BaseSettings):
     @property
     def runs_dir(self) -> Path:
         return self.checkpoint_dir or self.var_dir / "runs"
+
+    @property
+    def export_root(self) -> Path:
+        return self.export_path or self.var_dir / "exports"
 
     @property
     def models_dir(self) -> Path:

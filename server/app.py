@@ -26,10 +26,11 @@ from server import __version__
 from server.access import LoopbackUnlessToken, insecure_warning
 from server.deps import Services, require_token
 from server.errors import DomainError, status_for
-from server.routes import environments, health, inference, runs, sweeps, webhooks
+from server.routes import environments, export, health, inference, runs, sweeps, webhooks
 from server.schemas import ErrorOut
 from server.services.catalog import Catalog
 from server.services.configs import ConfigService
+from server.services.export import ExportService
 from server.services.forks import ForkService
 from server.services.inference import InferenceService
 from server.services.inference_worker import InferenceWorker
@@ -82,6 +83,7 @@ def build_services(settings: Settings) -> Services:
         streams=streams,
         sweeps=sweeps,
         forks=ForkService(runs_service, configs),
+        export=ExportService(settings, runs_service, metrics),
         webhooks=hooks,
         webhook_dispatch=dispatch,
     )
@@ -137,6 +139,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     protected = [Depends(require_token)]
     app.include_router(environments.router, dependencies=protected)
     app.include_router(runs.router, dependencies=protected)
+    app.include_router(export.router, dependencies=protected)
     app.include_router(sweeps.router, dependencies=protected)
     app.include_router(webhooks.router, dependencies=protected)
     app.include_router(inference.router_for(settings.inference_max_prompts), dependencies=protected)

@@ -13,6 +13,7 @@ from server.access import token_matches
 from server.errors import Forbidden, Unauthorized
 from server.services.catalog import Catalog
 from server.services.configs import ConfigService
+from server.services.export import ExportService
 from server.services.forks import ForkService
 from server.services.inference import InferenceService
 from server.services.log_follow import StreamSlots
@@ -40,6 +41,7 @@ class Services:
     webhooks: WebhookService
     webhook_dispatch: WebhookDispatcher
     forks: ForkService
+    export: ExportService
 
 
 def services(request: Request) -> Services:

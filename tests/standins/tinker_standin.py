@@ -196,6 +196,9 @@ class TinkerStandin(LoopbackServer):
         self._models: dict[str, _Model] = {}
         self._checkpoints: dict[str, _Model] = {}  # tinker:// path -> model state saved there
         self._samplers: dict[str, tuple[str, str | None]] = {}  # id -> (base_model, model_path)
+        # save_weights_external: tinker:// path -> {file: bytes}; signed download token -> file.
+        self.external: dict[str, dict[str, bytes]] = {}
+        self._downloads: dict[str, bytes] = {}
         self._ids = itertools.count(1)
 
     # ---- what tests read -------------------------------------------------------------------
@@ -270,7 +273,8 @@ class TinkerStandin(LoopbackServer):
         faulted = False
         try:
             body = self._decode(endpoint, handler.headers.get("Content-Type", ""), raw)
-            self._check_key(api_key)
+            if endpoint != "download":  # a signed URL carries its own token, not the key
+                self._check_key(api_key)
             fault = self._take_fault(endpoint)
             if fault is not None:
                 faulted = True
@@ -368,6 +372,14 @@ class TinkerStandin(LoopbackServer):
             return JSON_CONTENT_TYPE, _json(
                 {"sampler_id": sampler_id, "base_model": base_model, "model_path": model_path}
             )
+        if method == "GET" and endpoint == "external_weights_urls":
+            return JSON_CONTENT_TYPE, _json(self._external_weights_urls(path))
+        if method == "GET" and endpoint == "download":
+            with self._lock:
+                data = self._downloads.get(path.split("/")[2])
+            if data is None:
+                raise _StandinError(403, "unknown or expired download URL")
+            return "application/octet-stream", data
         if method != "POST":
             raise _StandinError(404, f"no route for {method} {path}")
 
@@ -386,6 +398,7 @@ class TinkerStandin(LoopbackServer):
             "save_weights": self._save_weights,
             "save_weights_for_sampler": self._save_weights_for_sampler,
             "load_weights": self._load_weights,
+            "save_weights_external": self._save_weights_external,
             "asample": self._asample,
         }
         if endpoint == "retrieve_future":
@@ -556,6 +569,38 @@ class TinkerStandin(LoopbackServer):
         request_id = self._new_future("load_weights", make)
         return {"request_id": request_id, "model_id": model_id}
 
+    def _save_weights_external(self, body: dict[str, Any]) -> dict[str, Any]:
+        model = self._model(body.get("model_id"))
+        name = body.get("path")
+        if not name:
+            raise _StandinError(400, "save_weights_external needs a name (path)")
+        path = f"tinker://{model.model_id}/external_weights/{name}"
+        files = _external_files(model)
+        with self._lock:
+            self.external[path] = files
+        size = sum(len(data) for data in files.values())
+        result = {"path": path, "size_bytes": size, "type": "save_weights_external"}
+        request_id = self._new_future(
+            "save_weights_external", lambda: (JSON_CONTENT_TYPE, _json(result))
+        )
+        return {"request_id": request_id, "model_id": model.model_id}
+
+    def _external_weights_urls(self, path: str) -> dict[str, Any]:
+        # /api/v1/training_runs/<run>/checkpoints/external_weights/<name>/external_weights_urls
+        rest = path[len(API_PREFIX + "training_runs/") : -len("/external_weights_urls")]
+        run, _, checkpoint = rest.partition("/checkpoints/")
+        with self._lock:
+            files = self.external.get(f"tinker://{run}/{checkpoint}")
+        if files is None:
+            raise _StandinError(404, f"no external weights {checkpoint} for {run}")
+        urls = {}
+        for name, data in files.items():
+            token = f"dl{next(self._ids)}"
+            with self._lock:
+                self._downloads[token] = data
+            urls[name] = f"{self.url}/downloads/{token}/{name}?signature=standin"
+        return {"urls": urls, "expires": "2099-01-01T00:00:00Z"}
+
     def _create_sampling_session(self, body: dict[str, Any]) -> dict[str, Any]:
         model_path = body.get("model_path")
         base_model = body.get("base_model")
@@ -652,7 +697,37 @@ def _endpoint_name(path: str) -> str:
         return "finish_session"
     if name.startswith("samplers/"):
         return "get_sampler"
+    if name.startswith("training_runs/") and name.endswith("/external_weights_urls"):
+        return "external_weights_urls"
+    if path.startswith("/downloads/"):
+        return "download"
     return name
+
+
+def _external_files(model: _Model) -> dict[str, bytes]:
+    """What save_weights_external writes for `model`: a PEFT adapter folder in HF format
+    (its tensors made up, seeded by the model id, so two saves of one model agree)."""
+    from safetensors.numpy import save
+
+    rng = np.random.default_rng(sum(model.model_id.encode()))
+    tensors = {
+        "base_model.model.layers.0.self_attn.q_proj.lora_A.weight": rng.standard_normal(
+            (model.rank, 64), dtype=np.float32
+        ),
+        "base_model.model.layers.0.self_attn.q_proj.lora_B.weight": np.zeros(
+            (64, model.rank), dtype=np.float32
+        ),
+    }
+    config = {
+        "base_model_name_or_path": model.base_model,
+        "peft_type": "LORA",
+        "r": model.rank,
+        "target_modules": ["q_proj"],
+    }
+    return {
+        "adapter_config.json": _json(config),
+        "adapter_model.safetensors": save(tensors),
+    }
 
 
 def _prompt_tokens(model_input: Mapping[str, Any]) -> list[int]:
