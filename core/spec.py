@@ -68,6 +68,31 @@ class InferenceJob(_Frozen):
     budget_s: float | None = None
 
 
+class ChatMessage(_Frozen):
+    role: Literal["system", "user", "assistant"]
+    content: str
+
+
+class ChatJob(_Frozen):
+    """One /v1/chat/completions request as the worker receives it: messages in, `n` choices
+    out; with `stream` the worker also writes partial lines of new text as it decodes."""
+
+    op: Literal["chat"] = "chat"
+    model: str
+    adapter: str | None = None
+    backend: Literal["local", "tinker"]
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: int = Field(ge=1)
+    temperature: float = Field(ge=0.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    n: int = Field(1, ge=1)
+    stop: list[str] = Field(default_factory=list)
+    logprobs: bool = False
+    seed: int | None = None
+    stream: bool = False
+    deadline: float | None = Field(None, description="epoch seconds; sampling stops there")
+
+
 class WarmJob(_Frozen):
     """Load a model into the worker ahead of the first request."""
 
@@ -76,4 +101,4 @@ class WarmJob(_Frozen):
     backend: Literal["local", "tinker"] = "local"
 
 
-WorkerJob = InferenceJob | WarmJob
+WorkerJob = InferenceJob | ChatJob | WarmJob

@@ -2,9 +2,10 @@
 the default model, or on first use).
 
 It keeps models and adapters loaded between requests. Protocol: one JSON request per line on
-stdin, one JSON answer per line on stdout. `{"cancel": id}` on stdin stops that request's
-local sampling at the next decode step. It exits the moment stdin closes, busy or not: the
-server is gone (however it died) and nobody waits for the answer.
+stdin, one JSON answer per line on stdout (a streamed chat request's answer is preceded by
+`{"id", "partial": true, "index", "delta"}` lines of new text). `{"cancel": id}` on stdin
+stops that request's local sampling at the next decode step. It exits the moment stdin
+closes, busy or not: the server is gone (however it died) and nobody waits for the answer.
 A request may carry a `deadline` (epoch seconds): local sampling stops there and the answer
 says which responses were cut short, so a client with its own timeout gets an answer.
 """
@@ -25,10 +26,11 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from core.settings import Settings
-from core.spec import InferenceJob, WarmJob
+from core.spec import ChatJob, InferenceJob, WarmJob
 from environments.base import BaseEnv, EnvConfig, EnvContext, SingleTurnEnv, Unscorable
 from environments.support.loader import load_env_class
 from runners.backends.factory import create_service, resolve_backend
+from runners.chat import ChatCompletion, Emit
 from runners.policy import Completion, SamplerPolicy
 from runners.render import Renderer
 from runners.rollouts import EpisodeSpec, run_episode
@@ -42,7 +44,7 @@ class Envelope(BaseModel):
     """One line on stdin: a job and the id its answer carries back."""
 
     id: int
-    job: InferenceJob | WarmJob = Field(discriminator="op")
+    job: InferenceJob | ChatJob | WarmJob = Field(discriminator="op")
 
 
 class Worker:
@@ -54,10 +56,17 @@ class Worker:
         self._renderers: dict[str, Renderer] = {}
 
     async def handle(
-        self, job: InferenceJob | WarmJob, cancel: threading.Event | None = None
+        self,
+        job: InferenceJob | ChatJob | WarmJob,
+        cancel: threading.Event | None = None,
+        emit: Emit | None = None,
     ) -> dict[str, Any]:
         if isinstance(job, WarmJob):
             return await self.warm(job.model, job.backend)
+        if isinstance(job, ChatJob):
+            sampler = await self._sampler(job.backend, job.model, job.adapter)
+            tokenizer = self._renderer(job.model, EnvConfig(model_name=job.model)).tokenizer
+            return await ChatCompletion(job, sampler, tokenizer).run(cancel, emit)
         started = time.monotonic()
         env_cls = load_env_class(Path(job.source.env_file), job.source.env_class)
         config = env_cls.Config.model_validate(job.source.config)
@@ -325,7 +334,9 @@ async def serve(worker: Worker) -> None:
         envelope: Envelope | None = None
         try:
             envelope = Envelope.model_validate_json(line)
-            answer = await worker.handle(envelope.job, inbox.cancel_event(envelope.id))
+            answer = await worker.handle(
+                envelope.job, inbox.cancel_event(envelope.id), partial_writer(envelope.id)
+            )
         except Exception as exc:
             log.error("request failed:\n%s", traceback.format_exc())
             answer = error_answer(exc)
@@ -333,8 +344,17 @@ async def serve(worker: Worker) -> None:
             if envelope is not None:
                 inbox.forget(envelope.id)
         answer["id"] = envelope.id if envelope is not None else None
-        sys.stdout.write(json.dumps(answer) + "\n")
-        sys.stdout.flush()
+        write_line(answer)
+
+
+def write_line(message: dict[str, Any]) -> None:
+    sys.stdout.write(json.dumps(message) + "\n")
+    sys.stdout.flush()
+
+
+def partial_writer(request_id: int) -> Emit:
+    """Lines of a request's text so far (streamed chat), each before its answer line."""
+    return lambda message: write_line({**message, "id": request_id, "partial": True})
 
 
 def main() -> int:

@@ -33,6 +33,8 @@ class Row:
     seed: int
     deadline: float | None = None  # time.monotonic() after which the row stops ("length")
     cancel: threading.Event | None = None  # set: the row stops at the next step ("length")
+    # Told of each token as it is picked (on the engine thread: keep it quick), for streaming.
+    on_token: Callable[[int, float], None] | None = None
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     stop_reason: str | None = None
@@ -40,6 +42,14 @@ class Row:
     @property
     def filtered(self) -> bool:
         return self.temperature > 0 and (self.top_k > 0 or self.top_p < 1.0)
+
+
+def record(row: Row, token: int, logprob: float) -> None:
+    """Append a picked token to its row, telling the row's listener if it has one."""
+    row.tokens.append(token)
+    row.logprobs.append(logprob)
+    if row.on_token is not None:
+        row.on_token(token, logprob)
 
 
 def finished(row: Row, decode: Callable[[list[int]], str], max_positions: int | None) -> bool:
@@ -133,8 +143,7 @@ class RunningBatch:
         tokens = [int(t) for t in tokens_f]
         keep, done = [], []
         for slot, (row, token, logprob) in enumerate(zip(rows, tokens, logprobs, strict=True)):
-            row.tokens.append(token)
-            row.logprobs.append(logprob)
+            record(row, token, logprob)
             (done if finished(row, self._decode, self._max_positions) else keep).append(slot)
         if not keep:
             self._reset()

@@ -8,6 +8,8 @@ from __future__ import annotations
 import hashlib
 import random
 import threading
+from collections.abc import Callable
+from functools import partial
 from itertools import count
 from typing import Any
 
@@ -103,10 +105,12 @@ class LocalSamplingClient:
         *,
         deadline: float | None = None,
         cancel: threading.Event | None = None,
+        on_token: Callable[[int, int, float], None] | None = None,
     ) -> LocalFuture[types.SampleResponse]:
         """tinker's sample(), plus local extensions: `deadline` (a time.monotonic() value)
-        after which every sequence stops where it is, with stop_reason "length", and `cancel`,
-        an event that does the same at the next decode step once set."""
+        after which every sequence stops where it is, with stop_reason "length", `cancel`,
+        an event that does the same at the next decode step once set, and `on_token`, called
+        with (sample index, token, logprob) on the engine thread as each token is picked."""
         unsupported = {
             "topk_prompt_logprobs": topk_prompt_logprobs,
             "topk_sample_logprobs": topk_sample_logprobs,
@@ -126,6 +130,7 @@ class LocalSamplingClient:
             (prompt_logprobs_last_n or 0) if wants_prompt_lp else -1,
             deadline,
             cancel,
+            on_token,
         )
 
     def compute_logprobs(
@@ -154,6 +159,7 @@ class LocalSamplingClient:
         prompt_lp: int,
         deadline: float | None = None,
         cancel: threading.Event | None = None,
+        on_token: Callable[[int, int, float], None] | None = None,
     ) -> LocalFuture[types.SampleResponse]:
         tokens = _prompt_tokens(prompt, self._vocab)
         limit = self._host.max_positions
@@ -184,6 +190,7 @@ class LocalSamplingClient:
                     seed=_row_seed(seed, index),
                     deadline=deadline,
                     cancel=cancel,
+                    on_token=partial(on_token, index) if on_token is not None else None,
                 )
             )
         future: LocalFuture[types.SampleResponse] = LocalFuture()

@@ -15,7 +15,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from runners.backends.decoding import Row, finished, right_pad
+from runners.backends.decoding import Row, finished, record, right_pad
 from runners.backends.sampling_model import next_token_logits, plain_head
 from runners.backends.selection import row_keys, select_tokens
 
@@ -270,8 +270,7 @@ class SlotBatch:
         for slot, token, logprob in zip(slots, values[0], values[1], strict=True):
             row = self.rows[slot]
             assert row is not None
-            row.tokens.append(int(token))
-            row.logprobs.append(logprob)
+            record(row, int(token), logprob)
             if finished(row, self._decode, self._cache_limit()):
                 done.append(row)
                 self.rows[slot] = None

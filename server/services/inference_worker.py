@@ -12,13 +12,14 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from core import procs
 from core.run_folder import tail_lines
 from core.settings import PROJECT_ROOT, Settings
-from core.spec import InferenceJob, WarmJob
+from core.spec import WorkerJob
 from server.errors import Unavailable
 from server.services.line_pipe import read_lines, send_line
 
@@ -45,16 +46,18 @@ class InferenceWorker:
 
     def request(
         self,
-        job: InferenceJob | WarmJob,
+        job: WorkerJob,
         timeout_s: float,
         queue_s: float | None = None,
         abandoned: threading.Event | None = None,
+        on_partial: Callable[[dict[str, Any]], None] | None = None,
     ) -> dict[str, Any]:
         """Send one request and wait for its answer; a missed deadline restarts the worker.
 
         `queue_s` bounds the wait for the worker while it serves another request (or loads
         the model at start-up); past it the request is refused rather than left waiting.
-        Once `abandoned` is set (the client went away), the worker is told to stop it."""
+        Once `abandoned` is set (the client went away), the worker is told to stop it.
+        `on_partial` gets the request's partial lines (a streamed chat's new text)."""
         if not self._lock.acquire(timeout=-1 if queue_s is None else max(0.0, queue_s)):
             raise Unavailable(
                 f"the inference worker is still busy after {queue_s:.0f} s (loading the model "
@@ -63,12 +66,16 @@ class InferenceWorker:
         try:
             if abandoned is not None and abandoned.is_set():
                 raise Unavailable("the client went away before the request was sent")
-            return self._request_locked(job, timeout_s, abandoned)
+            return self._request_locked(job, timeout_s, abandoned, on_partial)
         finally:
             self._lock.release()
 
     def _request_locked(
-        self, job: InferenceJob | WarmJob, timeout_s: float, abandoned: threading.Event | None
+        self,
+        job: WorkerJob,
+        timeout_s: float,
+        abandoned: threading.Event | None,
+        on_partial: Callable[[dict[str, Any]], None] | None = None,
     ) -> dict[str, Any]:
         proc = self._ensure_started()
         request_id = next(self._ids)
@@ -98,8 +105,12 @@ class InferenceWorker:
                 self._stop_locked()
                 raise Unavailable(self._died("it exited while answering"))
             answer = json.loads(line)
-            if answer.get("id") == request_id:
+            if answer.get("id") != request_id:
+                continue  # a late line of a request that was given up on
+            if not answer.get("partial"):
                 return answer
+            if on_partial is not None:
+                on_partial(answer)
 
     def _send(self, proc: subprocess.Popen[str], message: dict[str, Any]) -> bool:
         with self._write_lock:
