@@ -22,13 +22,24 @@ from core.db import make_engine
 from core.models import utcnow
 from core.schema import upgrade as upgrade_schema
 from core.settings import PROJECT_ROOT, Settings
-from server import __version__
+from server import __version__, openai_errors
 from server.access import LoopbackUnlessToken, insecure_warning
 from server.deps import Services, require_token
 from server.errors import DomainError, status_for
-from server.routes import environments, export, health, inference, runs, sweeps, webhooks
+from server.routes import (
+    environments,
+    export,
+    health,
+    inference,
+    openai_compat,
+    runs,
+    sweeps,
+    webhooks,
+)
 from server.schemas import ErrorOut
 from server.services.catalog import Catalog
+from server.services.chat import ChatService
+from server.services.chat_models import ChatModels
 from server.services.configs import ConfigService
 from server.services.export import ExportService
 from server.services.forks import ForkService
@@ -86,6 +97,7 @@ def build_services(settings: Settings) -> Services:
         export=ExportService(settings, runs_service, metrics),
         webhooks=hooks,
         webhook_dispatch=dispatch,
+        chat=ChatService(settings, ChatModels(engine, configs, inference, models), worker),
     )
 
 
@@ -140,10 +152,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(environments.router, dependencies=protected)
     app.include_router(runs.router, dependencies=protected)
     app.include_router(export.router, dependencies=protected)
+    app.include_router(openai_compat.router, dependencies=protected)
     app.include_router(sweeps.router, dependencies=protected)
     app.include_router(webhooks.router, dependencies=protected)
     app.include_router(inference.router_for(settings.inference_max_prompts), dependencies=protected)
     _document_errors(app)
+    openai_errors.install(app)  # errors on /v1 in OpenAI's shape
     return app
 
 

@@ -12,6 +12,7 @@ from core.settings import Settings
 from server.access import token_matches
 from server.errors import Forbidden, Unauthorized
 from server.services.catalog import Catalog
+from server.services.chat import ChatService
 from server.services.configs import ConfigService
 from server.services.export import ExportService
 from server.services.forks import ForkService
@@ -42,6 +43,7 @@ class Services:
     webhook_dispatch: WebhookDispatcher
     forks: ForkService
     export: ExportService
+    chat: ChatService
 
 
 def services(request: Request) -> Services:

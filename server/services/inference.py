@@ -73,7 +73,7 @@ class InferenceService:
             name = body.environment or run.environment
             base = spec.config if name == run.environment else {}
             entry, config = self._configs.revalidate(name, base, {})
-            adapter = self._adapter(body.run_id, body.checkpoint_step)
+            adapter = self.adapter(body.run_id, body.checkpoint_step)
             model = config.model_name
         else:
             name = body.environment or self._configs.selected()
@@ -141,7 +141,8 @@ class InferenceService:
             return LOCAL_DEFAULT_MODEL
         return config.model_name
 
-    def _adapter(self, run_id: str, step: int | None) -> str:
+    def adapter(self, run_id: str, step: int | None) -> str:
+        """The path of a run's sampler checkpoint at `step` (default: its latest)."""
         with read_session(self._engine) as session:
             rows = session.exec(
                 select(Checkpoint)

@@ -1,0 +1,166 @@
+"""Bodies of the OpenAI-compatible routes (/v1), in OpenAI's own field names and shapes."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+
+MAX_CHOICES = 8  # `n`: each choice is decoded alongside the others in one request
+MAX_STOPS = 4  # as OpenAI
+MAX_TOKENS = 4096
+DEFAULT_MAX_TOKENS = 512
+
+StopText = Annotated[str, StringConstraints(min_length=1, max_length=200)]
+Text = Annotated[str, StringConstraints(max_length=64_000)]
+
+
+class _In(BaseModel):
+    # A field we do not know is refused by name rather than silently ignored: the client
+    # asked for something (tools, response_format, ...) this server would not do.
+    model_config = ConfigDict(extra="forbid")
+
+
+class TextPart(_In):
+    type: Literal["text"]
+    text: Text
+
+
+class ChatMessageIn(_In):
+    role: Literal["system", "developer", "user", "assistant"]
+    content: Text | list[TextPart] = Field(
+        description="The text, or a list of text parts (joined); images are not supported"
+    )
+    name: str | None = Field(None, max_length=64, description="Accepted and ignored")
+
+    def text(self) -> str:
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(part.text for part in self.content)
+
+
+class StreamOptions(_In):
+    include_usage: bool = False
+
+
+class ChatCompletionIn(_In):
+    """OpenAI's chat completion request; `model` is a base model or a run's checkpoint."""
+
+    model: str = Field(
+        min_length=1,
+        max_length=256,
+        description="A base model, a run id (its latest sampler checkpoint) or "
+        "'<run_id>@step-N'; GET /v1/models lists them",
+    )
+    messages: list[ChatMessageIn] = Field(min_length=1, max_length=256)
+    max_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS)
+    max_completion_tokens: int | None = Field(
+        None, ge=1, le=MAX_TOKENS, description="The same as max_tokens (OpenAI's newer name)"
+    )
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    n: int | None = Field(None, ge=1, le=MAX_CHOICES)
+    stop: StopText | Annotated[list[StopText], Field(max_length=MAX_STOPS)] | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=20, description="Only 0 is supported")
+    seed: int | None = Field(None, ge=-(2**63), le=2**63 - 1)
+    stream: bool | None = None
+    stream_options: StreamOptions | None = None
+    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0, description="Only 0")
+    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0, description="Only 0")
+    user: str | None = Field(None, max_length=256, description="Accepted and ignored")
+    store: bool | None = Field(None, description="Accepted and ignored")
+    metadata: dict[str, str] | None = Field(None, description="Accepted and ignored")
+
+    @model_validator(mode="after")
+    def _supported(self) -> ChatCompletionIn:
+        if (
+            self.max_tokens is not None
+            and self.max_completion_tokens is not None
+            and self.max_tokens != self.max_completion_tokens
+        ):
+            raise ValueError("give max_tokens or max_completion_tokens (they are the same)")
+        for name in ("frequency_penalty", "presence_penalty"):
+            if getattr(self, name):
+                raise ValueError(f"{name} is not supported here; leave it out or set it to 0")
+        if self.top_logprobs:
+            raise ValueError("top_logprobs is not supported here; use logprobs=true alone")
+        return self
+
+    def token_limit(self) -> int:
+        return self.max_completion_tokens or self.max_tokens or DEFAULT_MAX_TOKENS
+
+    def stops(self) -> list[str]:
+        if self.stop is None:
+            return []
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop)
+
+
+# Answers ---------------------------------------------------------------------------------
+
+
+class ModelOut(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str
+    root: str = Field(description="The base model")
+    parent: str | None = Field(None, description="For a run's checkpoint: the run")
+
+
+class ModelListOut(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelOut]
+
+
+class TokenLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int] | None
+    top_logprobs: list[dict[str, Any]]
+
+
+class ChoiceLogprobs(BaseModel):
+    content: list[TokenLogprob] | None
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str
+    refusal: None = None
+
+
+class ChoiceOut(BaseModel):
+    index: int
+    message: AssistantMessage
+    finish_reason: Literal["stop", "length"]
+    logprobs: ChoiceLogprobs | None
+
+
+class UsageOut(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class ChatCompletionOut(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[ChoiceOut]
+    usage: UsageOut
+    system_fingerprint: str | None = None
+
+
+class OpenAIErrorBody(BaseModel):
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class OpenAIErrorOut(BaseModel):
+    """OpenAI's error shape, which its clients read (the rest of the API answers {detail})."""
+
+    error: OpenAIErrorBody
