@@ -220,7 +220,10 @@ def test_read_tokens_may_watch_but_not_change(tmp_path: Path) -> None:
         for method, path in WRITES:
             resp = client.request(method, path, headers=reader, json={})
             assert resp.status_code == 403, (method, path, resp.text)
-            assert "read-only (scope: read)" in resp.json()["detail"]
+            body = resp.json()
+            # /v1 answers in OpenAI's error shape, every other route with {"detail": ...}.
+            message = body["error"]["message"] if path.startswith("/v1/") else body["detail"]
+            assert "read-only (scope: read)" in message
             assert READER not in resp.text and ADMIN not in resp.text
         after = client.get("/config", headers=admin).text, client.get("/runs", headers=admin).text
         assert after == before
