@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
-from cli import commands, db, export, infer, runs, sweeps, watch, webhooks
+from cli import commands, db, export, infer, mcp, runs, sweeps, watch, webhooks
 from cli.client import DEFAULT_URL, Client
 from cli.exits import EPILOG
 from cli.values import assignment, positive_float
@@ -52,6 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     _sweeps_parser(top)
     webhooks.register(top, add)
     export.register(top, add)
+    mcp.register(top, add)
     _infer_parser(top)
     db_p = top.add_parser("db", help="the database itself (run where the server runs)")
     db_cmds = db_p.add_subparsers(dest="db_command", metavar="ACTION", required=True)

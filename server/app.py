@@ -26,6 +26,7 @@ from server import __version__, openai_errors
 from server.access import LoopbackUnlessToken, insecure_warning
 from server.deps import Services, require_token
 from server.errors import DomainError, status_for
+from server.mcp.endpoint import McpEndpoint, serve_mcp
 from server.routes import (
     environments,
     export,
@@ -58,6 +59,7 @@ from server.services.webhook_dispatch import WebhookDispatcher
 from server.services.webhook_fanout import FanOut
 from server.services.webhook_signing import signing_key
 from server.services.webhooks import WebhookService
+from server.validation import validation_detail
 from server.web_guard import BodyLimit, WebGuard
 
 log = logging.getLogger("server")
@@ -95,9 +97,9 @@ def build_services(settings: Settings) -> Services:
         sweeps=sweeps,
         forks=ForkService(runs_service, configs),
         export=ExportService(settings, runs_service, metrics),
+        chat=ChatService(settings, ChatModels(engine, configs, inference, models), worker),
         webhooks=hooks,
         webhook_dispatch=dispatch,
-        chat=ChatService(settings, ChatModels(engine, configs, inference, models), worker),
     )
 
 
@@ -115,7 +117,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         svc.metrics.start()
         svc.inference.warm_up()
         try:
-            yield
+            async with serve_mcp(app, svc):
+                yield
         finally:
             await svc.webhook_dispatch.stop()
             await svc.supervisor.stop()
@@ -152,10 +155,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(environments.router, dependencies=protected)
     app.include_router(runs.router, dependencies=protected)
     app.include_router(export.router, dependencies=protected)
-    app.include_router(openai_compat.router, dependencies=protected)
     app.include_router(sweeps.router, dependencies=protected)
     app.include_router(webhooks.router, dependencies=protected)
     app.include_router(inference.router_for(settings.inference_max_prompts), dependencies=protected)
+    app.include_router(openai_compat.router, dependencies=protected)
+    # MCP (streamable HTTP); the endpoint checks the token itself, before any MCP handling.
+    app.add_route("/mcp", McpEndpoint(), include_in_schema=False)
     _document_errors(app)
     openai_errors.install(app)  # errors on /v1 in OpenAI's shape
     return app
@@ -182,17 +187,7 @@ async def _database_busy(_request: Request, exc: OperationalError) -> JSONRespon
 
 async def _validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:
     """One readable sentence naming each bad field, instead of FastAPI's list of dicts."""
-    parts = []
-    for err in exc.errors():
-        loc = [str(p) for p in err.get("loc", ()) if p not in ("body", "query", "path", "header")]
-        where = ".".join(loc) or "body"
-        if err.get("type") == "json_invalid":
-            parts.append(f"body: malformed JSON ({err.get('ctx', {}).get('error', 'invalid')})")
-        elif err.get("type") == "extra_forbidden":
-            parts.append(f"{where}: unknown field; remove it (see /docs for the accepted fields)")
-        else:
-            parts.append(f"{where}: {err.get('msg', 'invalid')}")
-    return JSONResponse({"detail": "; ".join(parts) + "."}, status_code=422)
+    return JSONResponse({"detail": validation_detail(exc.errors())}, status_code=422)
 
 
 def _document_errors(app: FastAPI) -> None:
