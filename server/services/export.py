@@ -13,10 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from core.checkpoint_check import SAMPLER_KIND, check, is_remote
-from core.models import Run, RunStatus
+from core.checkpoint_check import SAMPLER_KIND, is_remote
+from core.models import Run
 from core.settings import PROJECT_ROOT, Settings
-from server.errors import Conflict, InvalidValue, NotFound, Unavailable
+from server.errors import Conflict, InvalidValue, Unavailable
 from server.services.metrics import MetricsService
 from server.services.runs import RunService
 
@@ -89,7 +89,8 @@ class ExportService:
         """What to export and where, or the 404/409/422 that says why not (nothing written)."""
         run = self._runs.row(run_id)
         rows = self._runs.checkpoints(run_id)
-        step, source = self._sampler(run, rows, checkpoint_step)
+        sampler = self._runs.checkpoint(run_id, SAMPLER_KIND, checkpoint_step, "export")
+        step, source = sampler.step, sampler.path
         tinker = is_remote(source)
         if tinker:
             if merged:
@@ -109,44 +110,6 @@ class ExportService:
             "backend": "tinker" if tinker else "local",
         }
         return ExportJob(run.id, step, source, tinker, merged, destination, overwrite, card)
-
-    def _sampler(self, run: Run, rows: list[dict[str, Any]], step: int | None) -> tuple[int, str]:
-        samplers = sorted(
-            (r for r in rows if r["kind"] == SAMPLER_KIND), key=lambda r: r["step"], reverse=True
-        )
-        if not samplers:
-            raise Conflict(
-                f"Run {run.id} has no sampler checkpoint to export yet (one is saved every "
-                "save_every steps and when the run ends; this run is "
-                f"{RunStatus(run.status).value} at step {run.step}): wait until it saves one "
-                "(GET /runs/{id}/checkpoints lists them), or export another run."
-            )
-        if step is None:
-            for row in samplers:
-                verdict = check(row["path"], SAMPLER_KIND)
-                if verdict.usable:
-                    return row["step"], row["path"]
-            tried = "; ".join(
-                f"step {r['step']}: {check(r['path'], SAMPLER_KIND).reason}" for r in samplers
-            )
-            raise Conflict(
-                f"Run {run.id} has no sampler checkpoint that can be exported ({tried})."
-            )
-        for row in samplers:
-            if row["step"] == step:
-                verdict = check(row["path"], SAMPLER_KIND)
-                if not verdict.usable:
-                    raise Conflict(
-                        f"checkpoint_step: the sampler checkpoint at step {step} cannot be "
-                        f"exported ({verdict.reason}); choose another step or leave "
-                        "checkpoint_step out."
-                    )
-                return step, row["path"]
-        steps = ", ".join(str(s) for s in sorted({r["step"] for r in samplers}))
-        raise NotFound(
-            f"checkpoint_step: run {run.id} has no sampler checkpoint at step {step}; "
-            f"it has steps {steps}."
-        )
 
     @staticmethod
     def _tinker_state(run_id: str, rows: list[dict[str, Any]], step: int) -> str:

@@ -14,14 +14,12 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from sqlalchemy.engine import Engine
-from sqlmodel import col, select
 
-from core.db import read_session
+from core.checkpoint_check import SAMPLER_KIND
 from core.model_names import LOCAL_DEFAULT_MODEL
-from core.models import Checkpoint
 from core.settings import Settings
 from core.spec import InferenceJob, WarmJob
-from server.errors import Conflict, DomainError, NotFound, Unavailable
+from server.errors import DomainError, NotFound, Unavailable
 from server.schemas import InferenceIn
 from server.services.configs import ConfigService
 from server.services.inference_worker import InferenceWorker
@@ -143,26 +141,7 @@ class InferenceService:
 
     def adapter(self, run_id: str, step: int | None) -> str:
         """The path of a run's sampler checkpoint at `step` (default: its latest)."""
-        with read_session(self._engine) as session:
-            rows = session.exec(
-                select(Checkpoint)
-                .where(Checkpoint.run_id == run_id, Checkpoint.kind == "sampler")
-                .order_by(col(Checkpoint.step).desc(), col(Checkpoint.id).desc())
-            ).all()
-        if not rows:
-            raise Conflict(
-                f"Run {run_id} has no sampler checkpoint yet; wait for its first "
-                "checkpoint (save_every) or its end."
-            )
-        if step is None:
-            return rows[0].path
-        for row in rows:
-            if row.step == step:
-                return row.path
-        steps = ", ".join(str(r.step) for r in sorted(rows, key=lambda r: r.step))
-        raise NotFound(
-            f"checkpoint_step: run {run_id} has no checkpoint at step {step}; it has steps {steps}."
-        )
+        return self._runs.checkpoint(run_id, SAMPLER_KIND, step, "sample", verify=False).path
 
 
 def summarize(results: list[dict[str, Any]], latency_s: float) -> dict[str, Any]:

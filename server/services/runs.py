@@ -17,7 +17,7 @@ from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlmodel import col, select
 
 from core import lifecycle, procs
-from core.checkpoint_check import check, first_usable
+from core.checkpoint_check import STATE_KIND, check, first_usable
 from core.db import read_session, write_session
 from core.models import FINISHED, RAY_LAUNCHER, RUN_ID, Checkpoint, Metric, Run, RunStatus
 from core.run_folder import RunFolder, hash_config
@@ -366,42 +366,57 @@ class RunService:
     def state_checkpoint(
         self, run_id: str, step: int | None, verb: str = "resume from"
     ) -> Checkpoint:
-        """The newest state checkpoint, or the one at `step`; a 409/404 saying what exists
-        (`verb`: what the caller does with it, for the messages)."""
+        """The state checkpoint (weights + optimizer) to resume or fork from."""
+        return self.checkpoint(run_id, STATE_KIND, step, verb)
+
+    def checkpoint(
+        self,
+        run_id: str,
+        kind: str,
+        step: int | None,
+        verb: str,
+        *,
+        verify: bool = True,
+    ) -> Checkpoint:
+        """A run's checkpoint of `kind` (state or sampler) at `step`, or its newest one that
+        may be loaded; a 409/404 saying what exists otherwise (`verb`: what the caller does
+        with it, for the messages). `verify=False` skips hashing the files (sampling, where
+        the loader checks them itself)."""
         with read_session(self._engine) as session:
             rows = session.exec(
                 select(Checkpoint)
-                .where(Checkpoint.run_id == run_id, Checkpoint.kind == "state")
+                .where(Checkpoint.run_id == run_id, Checkpoint.kind == kind)
                 .order_by(col(Checkpoint.step).desc(), col(Checkpoint.id).desc())
             ).all()
         if not rows:
             raise Conflict(
-                f"Run {run_id} has no state checkpoint to {verb} (it saves one every save_every "
-                "steps and when it stops or ends); start a new run instead."
+                f"Run {run_id} has no {kind} checkpoint to {verb} (it saves one every save_every "
+                "steps and when it stops or ends); wait for one, or use another run."
             )
         if step is None:
+            if not verify:
+                return rows[0]
             # The newest one that may be loaded: a half-written or corrupted one is passed over.
-            usable, skipped = first_usable(rows, lambda r: r.path)
+            usable, skipped = first_usable(rows, lambda r: r.path, kind)
             if usable is None:
                 tried = "; ".join(f"{path}: {why}" for path, why in skipped)
                 raise Conflict(
-                    f"Run {run_id} has no state checkpoint that can be loaded to {verb} ({tried}); "
-                    "start a new run instead."
+                    f"Run {run_id} has no {kind} checkpoint that can be loaded to {verb} "
+                    f"({tried}); start a new run instead."
                 )
             return usable
         for row in rows:
             if row.step == step:
-                verdict = check(row.path)
-                if not verdict.usable:
+                verdict = check(row.path, kind) if verify else None
+                if verdict is not None and not verdict.usable:
                     raise Conflict(
                         f"checkpoint_step: the checkpoint at step {step} cannot be loaded "
-                        f"({verdict.reason}); {verb} another step or leave "
-                        "checkpoint_step out."
+                        f"({verdict.reason}); {verb} another step or leave checkpoint_step out."
                     )
                 return row
         steps = ", ".join(str(s) for s in sorted({r.step for r in rows}))
         raise NotFound(
-            f"checkpoint_step: run {run_id} has no state checkpoint at step {step}; "
+            f"checkpoint_step: run {run_id} has no checkpoint at step {step} ({kind}); "
             f"it has steps {steps}."
         )
 
