@@ -34,7 +34,7 @@ from core.procs import process_start_time
 from core.run_folder import hash_config
 from core.settings import PROJECT_ROOT, Settings
 from environments.base import EnvConfig
-from server.services.supervisor import Supervisor
+from server.launch.supervisor import Supervisor
 
 CLIENTS = 32
 RUNS = 1000

@@ -24,8 +24,8 @@ from string import Template
 import httpx
 
 from core.settings import PROJECT_ROOT
-from server.services import discovery
-from server.services.catalog import Catalog
+from server.environments import discovery
+from server.environments.catalog import Catalog
 
 HEAVY = ("torch", "transformers", "tinker", "wandb", "peft", "gem", "openreward")
 STARTS = 3

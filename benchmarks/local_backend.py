@@ -22,8 +22,8 @@ import torch
 from tinker import types
 
 from core.model_names import SMOLLM2, TINY_RANDOM
-from runners.backends.decoding import left_pad
-from runners.backends.local import LocalSamplingClient, LocalServiceClient, LocalTrainingClient
+from runners.engine.decoding import left_pad
+from runners.engine.local import LocalSamplingClient, LocalServiceClient, LocalTrainingClient
 
 ALIASES = {"tiny-random": TINY_RANDOM, "tiny": TINY_RANDOM, "smollm2": SMOLLM2}
 # Shapes of real models, built with random weights (speed does not depend on the values).
@@ -58,7 +58,7 @@ def build_random(alias: str, folder: Path) -> str:
     """Save a random-initialised model of a known shape (and a byte-level tokenizer)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from runners.tiny_model import build_tiny_tokenizer
+    from runners.models.tiny import build_tiny_tokenizer
 
     shape = dict(RANDOM_SHAPES[alias])
     config = AutoConfig.for_model(shape.pop("model_type"), **shape)

@@ -70,7 +70,7 @@ def main() -> None:
     results: dict[str, dict[str, float]] = {}
     with tempfile.TemporaryDirectory(prefix="ray-drain-") as tmp, PostgresServer() as pg:
         # The stand-in runner lives in tests/, which is not installed: the jobs find it on
-        # PYTHONPATH (a real cluster runs the installed runners.train).
+        # PYTHONPATH (a real cluster runs the installed runners.train.loop).
         head = RayHead(extra_env={"PYTHONPATH": str(PROJECT_ROOT)}).start()
         try:
             for launcher in ("local", "ray"):

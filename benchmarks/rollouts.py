@@ -1,6 +1,7 @@
-"""Episode collection: our loop (`runners.rollouts.collect`, a new episode the moment one ends)
-against wave-by-wave collection as in the reference GEM script, with a fixed-latency sampler.
-Run from the repo root: .venv/bin/python -m benchmarks.rollouts [--latency-ms 50] [--repeats 5]"""
+"""Episode collection: our loop (`runners.episodes.rollouts.collect`, a new episode the moment
+one ends) against wave-by-wave collection as in the reference GEM script, with a fixed-latency
+sampler. Run from the repo root:
+.venv/bin/python -m benchmarks.rollouts [--latency-ms 50] [--repeats 5]"""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from environments.base import BaseEnv, Split, StepResult
-from runners.rollouts import Collected, Episode, EpisodeSpec, collect, run_episode
+from runners.episodes.rollouts import Collected, Episode, EpisodeSpec, collect, run_episode
 
 MIN_TURNS, MAX_TURNS = 1, 8
 

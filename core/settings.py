@@ -108,7 +108,7 @@ class Settings(BaseSettings):
         5.0, gt=0.0, description="Most seconds one call to the Ray job server may take"
     )
 
-    # Webhooks (server.services.webhook_dispatch).
+    # Webhooks (server.webhooks.dispatch).
     webhook_allowed_hosts: Annotated[list[str], NoDecode] = Field(
         default_factory=list,
         description="Hosts (names, IP addresses or CIDR networks, comma-separated) webhooks may "
@@ -260,7 +260,7 @@ class Settings(BaseSettings):
 
     def check_bind(self) -> None:
         """Refuse to listen beyond loopback without a token (DESIGN §10); requests from other
-        machines are refused anyway (server.access), this says so before serving."""
+        machines are refused anyway (server.guards.access), this says so before serving."""
         if not is_loopback(self.host) and self.api_token is None and not self.insecure_no_token:
             raise SystemExit(
                 f"Refusing to listen on {self.host} without a token: set RLCS_API_TOKEN, "

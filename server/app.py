@@ -22,45 +22,44 @@ from core.db import make_engine
 from core.models import utcnow
 from core.schema import upgrade as upgrade_schema
 from core.settings import PROJECT_ROOT, Settings
-from server import __version__, openai_errors
-from server.access import LoopbackUnlessToken, insecure_warning
+from server import __version__
 from server.deps import Services, require_token
+from server.environments import routes as environment_routes
+from server.environments.catalog import Catalog
+from server.environments.configs import ConfigService
+from server.environments.inspector import Inspectors
+from server.environments.model_check import ModelCheck
 from server.errors import DomainError, status_for
+from server.guards.access import LoopbackUnlessToken, insecure_warning
+from server.guards.validation import validation_detail
+from server.guards.web import BodyLimit, WebGuard
+from server.health import routes as health_routes
+from server.inference import routes as inference_routes
+from server.inference.service import InferenceService
+from server.inference.worker import InferenceWorker
+from server.launch.supervisor import Supervisor
 from server.mcp.endpoint import McpEndpoint, serve_mcp
-from server.routes import (
-    environments,
-    export,
-    health,
-    inference,
-    openai_compat,
-    runs,
-    sweeps,
-    webhooks,
-)
+from server.openai_compat import errors as openai_errors
+from server.openai_compat import routes as openai_routes
+from server.openai_compat.chat import ChatService
+from server.openai_compat.chat_models import ChatModels
+from server.runs import export_routes
+from server.runs import routes as run_routes
+from server.runs.export import ExportService
+from server.runs.forks import ForkService
+from server.runs.logs import StreamSlots
+from server.runs.metrics import MetricsService
+from server.runs.service import RunService
+from server.runs.views import RunViews
+from server.runs.wandb_reader import WandbReader
 from server.schemas import ErrorOut
-from server.services.catalog import Catalog
-from server.services.chat import ChatService
-from server.services.chat_models import ChatModels
-from server.services.configs import ConfigService
-from server.services.export import ExportService
-from server.services.forks import ForkService
-from server.services.inference import InferenceService
-from server.services.inference_worker import InferenceWorker
-from server.services.inspector import Inspectors
-from server.services.log_follow import StreamSlots
-from server.services.metrics import MetricsService
-from server.services.model_check import ModelCheck
-from server.services.run_views import RunViews
-from server.services.runs import RunService
-from server.services.supervisor import Supervisor
-from server.services.sweeps import SweepService
-from server.services.wandb_reader import WandbReader
-from server.services.webhook_dispatch import WebhookDispatcher
-from server.services.webhook_fanout import FanOut
-from server.services.webhook_signing import signing_key
-from server.services.webhooks import WebhookService
-from server.validation import validation_detail
-from server.web_guard import BodyLimit, WebGuard
+from server.sweeps import routes as sweep_routes
+from server.sweeps.service import SweepService
+from server.webhooks import routes as webhook_routes
+from server.webhooks.dispatch import WebhookDispatcher
+from server.webhooks.fanout import FanOut
+from server.webhooks.service import WebhookService
+from server.webhooks.signing import signing_key
 
 log = logging.getLogger("server")
 ERROR_CODES = ("400", "401", "403", "404", "409", "413", "415", "422", "424", "429", "503")
@@ -148,17 +147,19 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_exception_handler(DomainError, _domain_error)  # type: ignore[arg-type]
     app.add_exception_handler(RequestValidationError, _validation_error)  # type: ignore[arg-type]
     app.add_exception_handler(OperationalError, _database_busy)  # type: ignore[arg-type]
-    app.include_router(health.router)
+    app.include_router(health_routes.router)
     # The dashboard's scripts, styles and vendored chart library: no data in them, no token.
-    app.mount("/static", StaticFiles(directory=health.STATIC), name="static")
+    app.mount("/static", StaticFiles(directory=health_routes.STATIC), name="static")
     protected = [Depends(require_token)]
-    app.include_router(environments.router, dependencies=protected)
-    app.include_router(runs.router, dependencies=protected)
-    app.include_router(export.router, dependencies=protected)
-    app.include_router(sweeps.router, dependencies=protected)
-    app.include_router(webhooks.router, dependencies=protected)
-    app.include_router(inference.router_for(settings.inference_max_prompts), dependencies=protected)
-    app.include_router(openai_compat.router, dependencies=protected)
+    app.include_router(environment_routes.router, dependencies=protected)
+    app.include_router(run_routes.router, dependencies=protected)
+    app.include_router(export_routes.router, dependencies=protected)
+    app.include_router(sweep_routes.router, dependencies=protected)
+    app.include_router(webhook_routes.router, dependencies=protected)
+    app.include_router(
+        inference_routes.router_for(settings.inference_max_prompts), dependencies=protected
+    )
+    app.include_router(openai_routes.router, dependencies=protected)
     # MCP (streamable HTTP); the endpoint checks the token itself, before any MCP handling.
     app.add_route("/mcp", McpEndpoint(), include_in_schema=False)
     _document_errors(app)

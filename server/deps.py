@@ -9,22 +9,22 @@ from fastapi import Request
 from sqlalchemy.engine import Engine
 
 from core.settings import Settings
-from server.access import token_matches
+from server.environments.catalog import Catalog
+from server.environments.configs import ConfigService
 from server.errors import Forbidden, Unauthorized
-from server.services.catalog import Catalog
-from server.services.chat import ChatService
-from server.services.configs import ConfigService
-from server.services.export import ExportService
-from server.services.forks import ForkService
-from server.services.inference import InferenceService
-from server.services.log_follow import StreamSlots
-from server.services.metrics import MetricsService
-from server.services.runs import RunService
-from server.services.supervisor import Supervisor
-from server.services.sweeps import SweepService
-from server.services.webhook_dispatch import WebhookDispatcher
-from server.services.webhooks import WebhookService
-from server.web_guard import SAFE_METHODS
+from server.guards.access import token_matches
+from server.guards.web import SAFE_METHODS
+from server.inference.service import InferenceService
+from server.launch.supervisor import Supervisor
+from server.openai_compat.chat import ChatService
+from server.runs.export import ExportService
+from server.runs.forks import ForkService
+from server.runs.logs import StreamSlots
+from server.runs.metrics import MetricsService
+from server.runs.service import RunService
+from server.sweeps.service import SweepService
+from server.webhooks.dispatch import WebhookDispatcher
+from server.webhooks.service import WebhookService
 
 
 @dataclass

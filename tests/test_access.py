@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from server.access import remote_peer
+from server.guards.access import remote_peer
 from tests.live_server import LiveServer
 
 UVICORN_ALL_INTERFACES = [

@@ -20,7 +20,7 @@ from core.checkpoint_check import STATE_KIND, check, pick_resume
 from core.checkpoint_manifest import MANIFEST_FILE, Verdict
 from core.run_folder import RunFolder
 from core.settings import PROJECT_ROOT
-from runners.backends.checkpoints import find_state, publish
+from runners.engine.checkpoints import find_state, publish
 from server.app import create_app
 from tests.conftest import make_settings
 from tests.fake_runners import publisher
@@ -162,8 +162,8 @@ def test_a_full_disk_is_classified_with_an_actionable_reason() -> None:
     import errno
     import sqlite3
 
-    from runners.backends.checkpoints import DiskFull
-    from runners.train import classify
+    from runners.engine.checkpoints import DiskFull
+    from runners.train.loop import classify
 
     kind, reason = classify(DiskFull(errno.ENOSPC, "No space left on device", "/ck/step-4/state"))
     assert kind == "disk_full"

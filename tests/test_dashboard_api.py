@@ -18,7 +18,7 @@ from core.models import Run, RunStatus, utcnow
 from core.procs import process_start_time
 from core.settings import Settings
 from server.app import create_app
-from server.services.metrics import thin
+from server.runs.metrics import thin
 from tests.conftest import make_settings
 
 

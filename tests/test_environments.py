@@ -9,7 +9,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from server.app import create_app
-from server.services.catalog import COUNT_TTL_S, Catalog
+from server.environments.catalog import COUNT_TTL_S, Catalog
 from tests.conftest import make_settings
 
 EXTRA_ENVS = {

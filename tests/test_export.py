@@ -17,7 +17,7 @@ from peft import PeftModel
 from tinker import types
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from runners.tiny_model import build_tiny
+from runners.models.tiny import build_tiny
 from server.app import create_app
 from tests.backend.conftest import local_service
 from tests.conftest import make_settings
@@ -82,7 +82,7 @@ def with_adapter(folder: Path) -> torch.nn.Module:
         # The run adapts the unembedding of a tied-embedding model on purpose (never the input
         # embeddings); peft warns about that tie.
         warnings.filterwarnings("ignore", message=".*ensure_weight_tying.*")
-        # peft reads transformers' deprecated name (as runners.backends.lora also allows).
+        # peft reads transformers' deprecated name (as runners.engine.lora also allows).
         warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*")
         return PeftModel.from_pretrained(base, folder)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from server.services.log_follow import _read_from, _tail_and_offset
+from server.runs.logs import _read_from, _tail_and_offset
 
 
 def test_tail_and_offset_come_from_one_read(tmp_path: Path) -> None:

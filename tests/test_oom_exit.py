@@ -13,8 +13,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from server.app import create_app
-from server.services import exit_cause
-from server.services.exit_cause import OomCounters, classify_exit, oom_evidence
+from server.launch import exit_cause
+from server.launch.exit_cause import OomCounters, classify_exit, oom_evidence
 from tests.conftest import make_settings
 from tests.helpers import wait_for
 

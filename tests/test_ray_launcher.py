@@ -18,8 +18,8 @@ from core import schema
 from core.db import make_engine, read_session, write_session
 from core.models import Run, RunStatus
 from core.settings import Settings
-from server.services.ray_jobs import RayJobs
-from server.services.ray_launcher import RayLauncher
+from server.launch.ray import RayLauncher
+from server.launch.ray_jobs import RayJobs
 from tests.helpers import TINY_RUN, finish_run, processes_with, run_of, start_run, wait_for
 from tests.live_server import LiveServer, free_port
 from tests.ray_head import RayHead, missing_reason

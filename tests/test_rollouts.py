@@ -8,9 +8,9 @@ import math
 import pytest
 
 from environments.base import BaseEnv, StepResult
-from runners.advantages import Weighted, discounted_returns, grpo_advantages, rebn_advantages
-from runners.datums import make_datum
-from runners.rollouts import Episode, EpisodeSpec, Transition, collect
+from runners.episodes.rollouts import Episode, EpisodeSpec, Transition, collect
+from runners.train.advantages import Weighted, discounted_returns, grpo_advantages, rebn_advantages
+from runners.train.datums import make_datum
 
 
 def ep(group: int, rewards: list[float]) -> Episode:

@@ -197,7 +197,7 @@ def test_two_environment_run_logs_both_sets_of_metrics(tclient: TestClient, tmp_
 
 
 def test_mixer_shares_groups_by_weight() -> None:
-    from runners.sources import Mixer, Source
+    from runners.episodes.sources import Mixer, Source
 
     a = Source("a", object, None, None, 3.0)  # type: ignore[arg-type]
     b = Source("b", object, None, None, 1.0)  # type: ignore[arg-type]

@@ -12,7 +12,7 @@ from fastapi.testclient import TestClient
 
 from core.settings import Settings
 from server.app import create_app
-from server.web_guard import host_name
+from server.guards.web import host_name
 from tests.conftest import make_settings
 from tests.live_server import LiveServer
 

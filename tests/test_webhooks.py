@@ -22,15 +22,15 @@ from core.models import RunEvent
 from core.schema import upgrade
 from core.settings import Settings
 from server.app import create_app
-from server.services.leadership import Leadership
-from server.services.metrics import MetricsService
-from server.services.run_views import RunViews
-from server.services.wandb_reader import WandbReader
-from server.services.webhook_dispatch import WebhookDispatcher
-from server.services.webhook_fanout import FanOut
-from server.services.webhook_signing import KEY_FILE, signing_key, verify
-from server.services.webhooks import WebhookService, host_allowed
-from server.webhook_schemas import EventName
+from server.launch.leadership import Leadership
+from server.runs.metrics import MetricsService
+from server.runs.views import RunViews
+from server.runs.wandb_reader import WandbReader
+from server.webhooks.dispatch import WebhookDispatcher
+from server.webhooks.fanout import FanOut
+from server.webhooks.schemas import EventName
+from server.webhooks.service import WebhookService, host_allowed
+from server.webhooks.signing import KEY_FILE, signing_key, verify
 from tests.conftest import make_settings
 from tests.helpers import end_run_leftovers, processes_with, run_of, start_run, wait_for
 from tests.standins.webhook_receiver import Received, WebhookReceiver

@@ -26,7 +26,7 @@ def create_service(backend: str, settings: Settings, checkpoint_dir: Path) -> An
         return create_tinker_service(
             key, settings.tinker_base_url, timeout_s=settings.tinker_create_timeout_s
         )
-    from runners.backends.local import LocalServiceClient
+    from runners.engine.local import LocalServiceClient
 
     return LocalServiceClient(
         checkpoint_dir=checkpoint_dir,

@@ -11,15 +11,9 @@ from server.mcp.models import ForkRunIn, SweepRef, WaitRunIn, WaitSweepIn
 from server.mcp.progress import Probe
 from server.mcp.registry import Call, ToolSpec
 from server.mcp.texts import run_line
-from server.schemas import (
-    RunForkedOut,
-    RunWaitOut,
-    SweepCreatedOut,
-    SweepCreateIn,
-    SweepDetailOut,
-    SweepWaitOut,
-)
-from server.services.run_wait import parse_until, wait_for_run, wait_for_sweep
+from server.runs.schemas import RunForkedOut, RunWaitOut
+from server.runs.wait import parse_until, wait_for_run, wait_for_sweep
+from server.sweeps.schemas import SweepCreatedOut, SweepCreateIn, SweepDetailOut, SweepWaitOut
 
 
 def _run_probe(call: Call, run_id: str) -> Probe:

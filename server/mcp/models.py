@@ -8,9 +8,11 @@ from typing import Annotated, Any
 from pydantic import BaseModel, Field
 
 from core.models import RUN_ID, SWEEP_ID, RunStatus
-from server.schemas import EnvironmentOut, Request, RunCreateIn, RunForkIn, RunSummaryOut
-from server.services.catalog import NAME_MAX, NAME_PATTERN
-from server.services.run_wait import MAX_WAIT_S
+from server.environments.catalog import NAME_MAX, NAME_PATTERN
+from server.environments.schemas import EnvironmentOut
+from server.runs.schemas import RunCreateIn, RunForkIn, RunSummaryOut
+from server.runs.wait import MAX_WAIT_S
+from server.schemas import Request
 
 RunIdField = Field(pattern=RUN_ID.pattern, description="A run id such as r-3f9c2a1b")
 SweepIdField = Field(pattern=SWEEP_ID.pattern, description="A sweep id such as s-3f9c2a1b")

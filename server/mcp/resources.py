@@ -14,7 +14,7 @@ from pydantic import AnyUrl
 
 from server.deps import Services
 from server.errors import DomainError, NotFound
-from server.schemas import RunResultsOut
+from server.runs.schemas import RunResultsOut
 
 LOG_TAIL = 200  # lines: what fits an agent's context; GET /runs/{id}/logs?tail= reads more
 LISTED = 20  # newest runs whose resources resources/list names

@@ -16,13 +16,13 @@ from sqlalchemy.exc import OperationalError
 from server import __version__
 from server.deps import Services
 from server.errors import DomainError
+from server.guards.validation import validation_detail
 from server.mcp import resources
 from server.mcp.agent_tools import agent_tools
 from server.mcp.curves import curve_tool
 from server.mcp.progress import Progress
 from server.mcp.registry import Call, ToolSpec, error_result
 from server.mcp.tools import reference_tools
-from server.validation import validation_detail
 
 log = logging.getLogger(__name__)
 

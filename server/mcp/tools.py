@@ -8,6 +8,11 @@ import threading
 from typing import Any
 
 from core.settings import Settings
+from server.environments.routes import list_environments
+from server.environments.schemas import ConfigEditIn, ConfigOut, SelectOut
+from server.health.routes import health
+from server.health.schemas import HealthOut
+from server.inference.schemas import InferenceIn, InferenceOut, inference_in
 from server.mcp.models import (
     EnvironmentsOut,
     ListRunsIn,
@@ -19,20 +24,7 @@ from server.mcp.models import (
 )
 from server.mcp.registry import Call, ToolSpec
 from server.mcp.texts import run_line
-from server.routes.environments import list_environments
-from server.routes.health import health
-from server.schemas import (
-    ConfigEditIn,
-    ConfigOut,
-    HealthOut,
-    InferenceIn,
-    InferenceOut,
-    RunCreatedOut,
-    RunDetailOut,
-    RunResultsOut,
-    SelectOut,
-    inference_in,
-)
+from server.runs.schemas import RunCreatedOut, RunDetailOut, RunResultsOut
 
 WAIT_HINT = (
     "A run takes minutes to hours: call rl_wait_for_run(run_id, timeout_s=300), which answers "

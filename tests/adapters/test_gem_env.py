@@ -18,7 +18,7 @@ from environments.base import EnvContext
 from environments.gem_env import GemConfig, GemEnv
 from environments.support import gem_catalog
 from environments.support.quiet_import import import_quietly
-from runners.models import load_tokenizer
+from runners.models.loading import load_tokenizer
 
 HINT = re.compile(r"target number is (higher|lower) than (\d+)")
 

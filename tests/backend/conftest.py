@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from runners.backends.local import LocalServiceClient, LocalTrainingClient
+from runners.engine.local import LocalServiceClient, LocalTrainingClient
 
 
 def local_service(folder: Path, **options) -> LocalServiceClient:

@@ -22,7 +22,7 @@ from core.checkpoint_check import (
     pick_resume,
 )
 from core.checkpoint_manifest import MANIFEST_FILE, Verdict
-from runners.backends.checkpoints import (
+from runners.engine.checkpoints import (
     STATE_FORMAT,
     STATE_KIND,
     STATE_RECORD,

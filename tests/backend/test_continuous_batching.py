@@ -8,7 +8,7 @@ import threading
 import numpy as np
 from tinker import types
 
-from runners.backends.local import LocalTrainingClient
+from runners.engine.local import LocalTrainingClient
 from tests.helpers import wait_for
 
 

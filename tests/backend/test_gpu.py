@@ -13,9 +13,9 @@ import pytest
 import torch
 from tinker import types
 
-from runners.backends import engine
-from runners.backends.sampling_model import SamplingModel
-from runners.backends.slot_batch import SlotBatch
+from runners.engine import scheduler as engine
+from runners.engine.sampling_model import SamplingModel
+from runners.engine.slot_batch import SlotBatch
 from tests.backend.conftest import local_service
 from tests.backend.test_local_backend import ce_batch, ce_datum, prompt, train_steps
 from tests.backend.test_slot_batch import SPECS, _drain, _rows

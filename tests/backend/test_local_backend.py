@@ -12,8 +12,8 @@ import torch
 from tinker import types
 
 from core.model_names import ModelNotAvailable
-from runners.backends.local import LocalServiceClient, LocalTrainingClient
-from runners.backends.sampler import _stops
+from runners.engine.local import LocalServiceClient, LocalTrainingClient
+from runners.engine.sampler import _stops
 from tests.backend.conftest import local_service
 
 ADAM = types.AdamParams(learning_rate=1e-2, beta1=0.9, beta2=0.95, eps=1e-8)
@@ -340,7 +340,7 @@ def test_sampler_weights_reload_to_identical_samples(trainer, tmp_path):
 def test_sampler_folder_is_a_standard_peft_adapter(trainer):
     from peft import PeftModel
 
-    from runners.tiny_model import build_tiny
+    from runners.models.tiny import build_tiny
 
     train_steps(trainer, ce_batch(trainer), 2)
     path = trainer.save_weights_for_sampler("peft-check").result().path

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from core.loss_config import DRO_DEFAULT_BETA
-from runners.backends.losses import check_input_keys, compute_loss, resolve_config
+from runners.engine.losses import check_input_keys, compute_loss, resolve_config
 
 # A three-token example: learner logprobs p, sampler logprobs q, advantages A, weights w.
 P = [-1.0, -2.0, -0.5]

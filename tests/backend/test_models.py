@@ -12,8 +12,8 @@ import torch
 
 from core import model_names
 from core.model_names import SMOLLM2, TINY_RANDOM, ModelNotAvailable
-from runners import models, smollm2_gguf
-from runners.tiny_model import build_tiny
+from runners.models import loading, smollm2_gguf
+from runners.models.tiny import build_tiny
 
 try:
     importlib.metadata.distribution(model_names.SMOLLM2_DISTRIBUTION)
@@ -56,22 +56,22 @@ def test_tiny_tokenizer_specials_and_chat_template():
 
 
 def test_load_model_and_tokenizer_tiny(tmp_path):
-    model, tokenizer = models.load_model_and_tokenizer(TINY_RANDOM, tmp_path, "cpu", "float32")
+    model, tokenizer = loading.load_model_and_tokenizer(TINY_RANDOM, tmp_path, "cpu", "float32")
     assert model.config.vocab_size == len(tokenizer)
     assert next(model.parameters()).dtype == torch.float32
     assert not model.training
-    assert type(models.load_tokenizer(TINY_RANDOM, tmp_path)) is type(tokenizer)
+    assert type(loading.load_tokenizer(TINY_RANDOM, tmp_path)) is type(tokenizer)
 
 
 def test_device_and_dtype_resolution():
-    assert models.resolve_device("cpu") == torch.device("cpu")
-    assert models.resolve_dtype("auto", torch.device("cpu")) == torch.float32
-    assert models.resolve_dtype("auto", torch.device("cuda")) == torch.bfloat16
-    assert models.resolve_dtype("bfloat16", torch.device("cpu")) == torch.bfloat16
+    assert loading.resolve_device("cpu") == torch.device("cpu")
+    assert loading.resolve_dtype("auto", torch.device("cpu")) == torch.float32
+    assert loading.resolve_dtype("auto", torch.device("cuda")) == torch.bfloat16
+    assert loading.resolve_dtype("bfloat16", torch.device("cpu")) == torch.bfloat16
     with pytest.raises(ValueError, match="device must be one of"):
-        models.resolve_device("gpu0")
+        loading.resolve_device("gpu0")
     with pytest.raises(ValueError, match="dtype must be one of"):
-        models.resolve_dtype("fp16", torch.device("cpu"))
+        loading.resolve_dtype("fp16", torch.device("cpu"))
 
 
 def test_model_available_is_cheap_and_clear(tmp_path):
@@ -90,9 +90,9 @@ def test_model_available_is_cheap_and_clear(tmp_path):
 def test_unknown_names_raise_model_not_available(tmp_path):
     started = time.monotonic()
     with pytest.raises(ModelNotAvailable, match="cannot be resolved offline"):
-        models.load_model_and_tokenizer("no-such-org/no-such-model-xyz", tmp_path, "cpu")
+        loading.load_model_and_tokenizer("no-such-org/no-such-model-xyz", tmp_path, "cpu")
     with pytest.raises(ModelNotAvailable, match="no such folder"):
-        models.load_tokenizer("./missing-folder", tmp_path)
+        loading.load_tokenizer("./missing-folder", tmp_path)
     assert time.monotonic() - started < 30  # no minutes of hub retries
     assert issubclass(ModelNotAvailable, ValueError)
 
@@ -102,7 +102,7 @@ def test_a_local_folder_loads(tmp_path):
     model.save_pretrained(tmp_path / "tiny")
     tokenizer.save_pretrained(tmp_path / "tiny")
     assert model_names.model_available(str(tmp_path / "tiny"))[0]
-    loaded, loaded_tok = models.load_model_and_tokenizer(str(tmp_path / "tiny"), tmp_path, "cpu")
+    loaded, loaded_tok = loading.load_model_and_tokenizer(str(tmp_path / "tiny"), tmp_path, "cpu")
     ids = torch.tensor([tokenizer.encode("same weights")])
     with torch.no_grad():
         assert torch.allclose(model(ids).logits, loaded(ids).logits, atol=1e-6)
@@ -153,7 +153,7 @@ def test_smollm2_gguf_is_found_without_importing_the_package():
 def test_smollm2_loads_and_answers_a_chat_prompt(tmp_path):
     from tinker import types
 
-    from runners.backends.local import LocalServiceClient
+    from runners.engine.local import LocalServiceClient
 
     service = LocalServiceClient(
         checkpoint_dir=tmp_path / "ckpt", models_dir=tmp_path / "models", device="cpu"

@@ -10,8 +10,8 @@ import pytest
 import torch
 from tinker import types
 
-from runners.backends.local import LocalServiceClient
-from runners.backends.sampling_model import (
+from runners.engine.local import LocalServiceClient
+from runners.engine.sampling_model import (
     SamplingModel,
     next_token_logits,
     resolve_sampling_dtype,

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from runners.backends.selection import row_keys, select_tokens, uniform_noise
+from runners.engine.selection import row_keys, select_tokens, uniform_noise
 
 
 def settings(rows: int, vocab: int, seed: int = 0) -> dict[str, torch.Tensor]:

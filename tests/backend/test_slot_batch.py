@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 import torch
 
-from runners.backends import engine
-from runners.backends.decoding import Row, RunningBatch
-from runners.backends.sampling_model import SamplingModel
-from runners.backends.slot_batch import SlotBatch
+from runners.engine import scheduler as engine
+from runners.engine.decoding import Row, RunningBatch
+from runners.engine.sampling_model import SamplingModel
+from runners.engine.slot_batch import SlotBatch
 from tests.backend.test_continuous_batching import params, prompt
 
 

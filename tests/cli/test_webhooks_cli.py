@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from server.services.webhook_signing import verify
+from server.webhooks.signing import verify
 from tests.cli.conftest import Rlctl
 from tests.helpers import end_run_leftovers, processes_with, wait_for
 from tests.live_server import LiveServer

@@ -26,7 +26,7 @@ from core.models import RunStatus
 from core.procs import process_start_time
 from core.run_folder import RunFolder
 from core.settings import Settings
-from runners.backends.checkpoints import (
+from runners.engine.checkpoints import (
     STATE_FORMAT,
     STATE_KIND,
     STATE_RECORD,
@@ -35,7 +35,7 @@ from runners.backends.checkpoints import (
     publish,
     write_record,
 )
-from runners.resume import loadable_state
+from runners.train.resume import loadable_state
 
 PAYLOAD = "payload.bin"
 PAUSED = "paused"

@@ -10,6 +10,6 @@ if __name__ == "__main__":
     # Blocked before anything starts a thread (importing the runner may), so every thread
     # inherits the mask and SIGTERM stays pending.
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
-    from runners import train
+    from runners.train import loop as train
 
     sys.exit(train.main())

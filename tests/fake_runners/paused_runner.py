@@ -1,4 +1,4 @@
-"""The real runner (runners.train) with hooks for crash tests, set from the environment:
+"""The real runner (runners.train.loop) with hooks for crash tests, set from the environment:
 
 FAKE_PAUSE_AT = resume | sampling:<step> | training:<step> | checkpoint:<name>/<kind> (e.g.
 checkpoint:step-000004/state), or several, comma-separated: there it writes `paused` in its run
@@ -20,9 +20,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from runners import train
-from runners.backends import checkpoints
-from runners.collection import Collector
+from runners.engine import checkpoints
+from runners.episodes.collection import Collector
+from runners.train import loop as train
 
 PAUSED = "paused"
 _DEADLINE_S = 120.0  # never outlive a test that forgot us

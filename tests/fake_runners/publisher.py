@@ -12,8 +12,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from runners.backends import checkpoints
-from runners.backends.checkpoints import (
+from runners.engine import checkpoints
+from runners.engine.checkpoints import (
     STATE_FORMAT,
     STATE_KIND,
     STATE_RECORD,

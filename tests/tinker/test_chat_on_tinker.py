@@ -10,8 +10,8 @@ import openai
 import pytest
 from fastapi.testclient import TestClient
 
-from runners.render import Renderer
-from runners.tiny_model import build_tiny_tokenizer
+from runners.episodes.render import Renderer
+from runners.models.tiny import build_tiny_tokenizer
 from server.app import create_app
 from tests.conftest import make_settings
 from tests.helpers import finish_run, start_run

@@ -13,7 +13,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from environments.repeat_word import WORDS
-from runners.tiny_model import build_tiny_tokenizer
+from runners.models.tiny import build_tiny_tokenizer
 from server.app import create_app
 from tests.conftest import make_settings
 from tests.helpers import wait_for

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from server.services.wandb_reader import WandbReader
+from server.runs.wandb_reader import WandbReader
 from tests.standins.wandb_standin import WandbStandin
 
 KEY = "standin0" + "0123456789abcdef" * 2  # 40 characters, like a real W&B key

@@ -7,7 +7,7 @@ import sys
 import threading
 import time
 
-from server.services.wandb_reader import WandbReader, WandbResult
+from server.runs.wandb_reader import WandbReader, WandbResult
 from tests.standins.wandb_standin import WandbStandin
 from tests.wandb.conftest import (
     ENTITY,
@@ -324,7 +324,7 @@ def test_rejected_key_is_named_but_never_shown(
 
 def test_server_module_does_not_import_wandb() -> None:
     code = (
-        "import sys, server.services.wandb_reader as m; "
+        "import sys, server.runs.wandb_reader as m; "
         "m.WandbReader(None, None, 5, 3).read('r', 'a/b/c'); "
         "sys.exit('wandb' in sys.modules)"
     )

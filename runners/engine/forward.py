@@ -1,0 +1,161 @@
+"""Datums to target logprobs and a loss: validation, padded micro-batches, forward (+ backward).
+
+Position i of a datum's model_input predicts target_tokens[i]; sequences are right-padded,
+grouped by length under a token budget, and gradients accumulate across micro-batches.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from tinker import types
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from runners.engine.decoding import right_pad
+from runners.engine.losses import check_input_keys, compute_loss
+
+
+@dataclass
+class DatumBatch:
+    """Validated datums: token ids, targets and the other loss inputs, one entry per datum."""
+
+    tokens: list[list[int]]
+    targets: list[torch.Tensor]
+    inputs: list[dict[str, torch.Tensor]]
+
+
+def validate_data(
+    data: list[types.Datum], loss_fn: str, vocab: int, max_positions: int | None
+) -> DatumBatch:
+    """Check every datum against the loss (keys, lengths, token ranges) before any work."""
+    if not data:
+        raise ValueError("data is empty: give at least one Datum")
+    batch = DatumBatch([], [], [])
+    for i, datum in enumerate(data):
+        where = f"data[{i}]"
+        tokens = datum.model_input.to_ints()
+        if not tokens:
+            raise ValueError(f"{where}.model_input is empty")
+        if min(tokens) < 0 or max(tokens) >= vocab:
+            raise ValueError(f"{where}.model_input has token ids outside [0, {vocab})")
+        if max_positions is not None and len(tokens) > max_positions:
+            raise ValueError(
+                f"{where} has {len(tokens)} tokens; this model's context is {max_positions}"
+            )
+        check_input_keys(loss_fn, datum.loss_fn_inputs, where=f"{where}.loss_fn_inputs")
+        inputs: dict[str, torch.Tensor] = {}
+        for key, value in datum.loss_fn_inputs.items():
+            tensor = value.to_torch()
+            if tensor.dim() != 1 or tensor.numel() != len(tokens):
+                raise ValueError(
+                    f"{where}.loss_fn_inputs[{key!r}] has shape {tuple(tensor.shape)}; "
+                    f"expected ({len(tokens)},), one entry per model_input token"
+                )
+            inputs[key] = tensor
+        targets = inputs.pop("target_tokens")
+        if targets.is_floating_point():
+            raise ValueError(f"{where}.loss_fn_inputs['target_tokens'] must be int64")
+        if int(targets.min()) < 0 or int(targets.max()) >= vocab:
+            raise ValueError(f"{where} has target_tokens outside [0, {vocab})")
+        batch.tokens.append(tokens)
+        batch.targets.append(targets.long())
+        batch.inputs.append({k: v.float() for k, v in inputs.items()})
+    return batch
+
+
+def microbatches(lengths: list[int], token_budget: int) -> list[list[int]]:
+    """Datum indices grouped longest first so each padded micro-batch fits the token budget."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    groups: list[list[int]] = []
+    for i in order:
+        if groups and (len(groups[-1]) + 1) * lengths[groups[-1][0]] <= token_budget:
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    return groups
+
+
+# Rows of hidden states turned into logits at a time: [chunk, vocab] float32 at most.
+LOGIT_CHUNK_ROWS = 1024
+
+
+def target_logprobs(hidden: torch.Tensor, targets: torch.Tensor, head: nn.Module) -> torch.Tensor:
+    """log p(target) for each row of `hidden` [N, H], by chunks of rows; with gradients on,
+    each chunk's logits are recomputed in backward rather than kept (no [N, vocab] tensor)."""
+    pieces = []
+    for begin in range(0, len(hidden), LOGIT_CHUNK_ROWS):
+        rows = slice(begin, begin + LOGIT_CHUNK_ROWS)
+        if torch.is_grad_enabled():
+            piece = checkpoint(
+                _chunk_logprobs, hidden[rows], targets[rows], head, use_reentrant=False
+            )
+        else:
+            piece = _chunk_logprobs(hidden[rows], targets[rows], head)
+        pieces.append(piece)
+    return torch.cat(pieces)
+
+
+def _chunk_logprobs(hidden: torch.Tensor, targets: torch.Tensor, head: nn.Module) -> torch.Tensor:
+    logits = head(hidden).float()
+    picked = logits.gather(-1, targets[:, None])[:, 0]
+    return picked - torch.logsumexp(logits, dim=-1)
+
+
+def _autocast(device: torch.device, model: nn.Module):
+    """bf16 autocast on CUDA for a bf16 base: the float32 adapter (master weights) then runs
+    its matmuls in bf16 too; elsewhere a no-op."""
+    base_dtype = model.get_output_embeddings().weight.dtype
+    enabled = device.type == "cuda" and base_dtype == torch.bfloat16
+    return torch.autocast("cuda", dtype=torch.bfloat16, enabled=enabled)
+
+
+def run_loss(
+    model: nn.Module,
+    batch: DatumBatch,
+    loss_fn: str,
+    config: dict[str, float],
+    *,
+    backward: bool,
+    pad_id: int,
+    token_budget: int,
+) -> types.ForwardBackwardOutput:
+    """Target logprobs and the summed loss; with `backward`, gradients are added to .grad."""
+    device = next(model.parameters()).device
+    lengths = [len(t) for t in batch.tokens]
+    logprobs: list[torch.Tensor | None] = [None] * len(lengths)
+    total = torch.zeros((), device=device)
+    decoder, head = model.get_decoder(), model.get_output_embeddings()
+    for group in microbatches(lengths, token_budget):
+        ids, real = right_pad([batch.tokens[i] for i in group], pad_id)
+        targets = torch.cat([batch.targets[i] for i in group]).to(device)
+        with torch.set_grad_enabled(backward), _autocast(device, model):
+            # Right padding needs no mask: causal attention keeps pads out of real positions.
+            hidden = decoder(input_ids=ids.to(device), use_cache=False).last_hidden_state
+            # Row-major selection keeps datum order: datum group[0]'s positions, then the next.
+            token_lp = target_logprobs(hidden[real.to(device).bool()], targets, head)
+            inputs = {
+                key: torch.cat([batch.inputs[i][key] for i in group]).to(device)
+                for key in batch.inputs[group[0]]
+            }
+            loss = compute_loss(loss_fn, token_lp, inputs, config)
+        if backward:
+            loss.backward()
+        total += loss.detach()
+        for i, piece in zip(
+            group, token_lp.detach().split([lengths[i] for i in group]), strict=True
+        ):
+            logprobs[i] = piece
+    # One transfer to the host for the whole call, then split per datum.
+    flat = torch.cat([lp for lp in logprobs if lp is not None]).float().cpu().numpy()
+    outputs: list[dict[str, types.TensorData]] = []
+    offset = 0
+    for n in lengths:
+        outputs.append({"logprobs": types.TensorData.from_numpy(flat[offset : offset + n])})
+        offset += n
+    return types.ForwardBackwardOutput(
+        loss_fn_output_type="ArrayRecord",
+        loss_fn_outputs=outputs,
+        metrics={"loss:sum": float(total)},
+    )

@@ -1,0 +1,123 @@
+"""One loaded model shared by a training client and its samplers, with a lock and adapter swaps.
+
+Sampling clients hold frozen copies of the LoRA tensors only (never of the base model); a
+forward pass under `use(adapter)` points the LoRA parameters at that copy for its duration.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from itertools import count
+from typing import Any
+
+import torch
+from torch import nn
+
+from runners.engine import lora
+
+_adapter_ids = count(1)
+
+
+class AdapterWeights:
+    """A frozen copy of LoRA tensors by parameter name; batching groups requests on identity."""
+
+    def __init__(self, tensors: dict[str, torch.Tensor]) -> None:
+        self.tensors = tensors
+        self.id = next(_adapter_ids)
+
+
+class ModelHost:
+    """A model (plain or peft-wrapped), its tokenizer, and the lock every forward pass takes."""
+
+    def __init__(
+        self,
+        base_model: str,
+        model: nn.Module,
+        tokenizer: Any,
+        *,
+        max_batch_sequences: int = 64,
+        batch_window_s: float = 0.005,
+        sampling_dtype: str = "auto",
+    ) -> None:
+        self.base_model = base_model
+        self.model = model
+        self.tokenizer = tokenizer
+        self.device = next(model.parameters()).device
+        # One forward or backward at a time: training and sampling share the weights.
+        self.lock = threading.RLock()
+        self.is_lora = hasattr(model, "peft_config")
+        self.file_keys: dict[str, str] = lora.file_key_map(model) if self.is_lora else {}
+        # The adapter's parameters, in model order (the optimizer and its saved state rely on it).
+        adapter_names = set(self.file_keys.values())
+        self.params: dict[str, nn.Parameter] = {
+            n: p for n, p in model.named_parameters() if n in adapter_names
+        }
+        self.signature = (
+            lora.adapter_signature(model.peft_config["default"]) if self.is_lora else None
+        )
+        self.max_batch_sequences = max_batch_sequences
+        self.batch_window_s = batch_window_s
+        self.sampling_dtype = sampling_dtype  # see sampling_model.resolve_sampling_dtype
+        # What runs on this host and must end with it (its sampling engine, see
+        # engine.engine_for): the host itself does not know engines.
+        self._closers: list[Callable[[], None]] = []
+        self._closers_lock = threading.Lock()
+
+    @property
+    def max_positions(self) -> int | None:
+        config = getattr(self.model, "config", None)
+        return getattr(config, "max_position_embeddings", None)
+
+    def snapshot(self) -> AdapterWeights:
+        with self.lock, torch.no_grad():
+            return AdapterWeights({n: p.detach().clone() for n, p in self.params.items()})
+
+    def adapter_from_file(self, tensors: dict[str, torch.Tensor]) -> AdapterWeights:
+        """Adapter tensors as saved by peft, placed on this host's parameters."""
+        missing = set(self.file_keys) - set(tensors)
+        unknown = set(tensors) - set(self.file_keys)
+        if missing or unknown:
+            raise ValueError(
+                f"adapter does not fit this model: missing {sorted(missing)[:3]}, "
+                f"unexpected {sorted(unknown)[:3]}"
+            )
+        placed = {}
+        for key, name in self.file_keys.items():
+            param = self.params[name]
+            if tuple(tensors[key].shape) != tuple(param.shape):
+                raise ValueError(f"adapter tensor {key} has shape {tuple(tensors[key].shape)}")
+            placed[name] = tensors[key].to(device=param.device, dtype=param.dtype)
+        return AdapterWeights(placed)
+
+    @contextmanager
+    def use(self, adapter: AdapterWeights | None) -> Iterator[nn.Module]:
+        """The model with `adapter` in place (None: the base model alone), lock held."""
+        with self.lock:
+            if adapter is None:
+                if self.is_lora:
+                    with self.model.disable_adapter():
+                        yield self.model
+                else:
+                    yield self.model
+                return
+            # Swapping .data is a pointer change, not a copy; the live tensors come back after.
+            live = {n: p.data for n, p in self.params.items()}
+            try:
+                for name, tensor in adapter.tensors.items():
+                    self.params[name].data = tensor
+                yield self.model
+            finally:
+                for name, tensor in live.items():
+                    self.params[name].data = tensor
+
+    def on_close(self, closer: Callable[[], None]) -> None:
+        with self._closers_lock:
+            self._closers.append(closer)
+
+    def close(self) -> None:
+        with self._closers_lock:
+            closers, self._closers = self._closers, []
+        for closer in closers:
+            closer()

@@ -1,0 +1,211 @@
+"""The embedded local backend's entry point: a ServiceClient shaped like tinker's (SDK 0.38).
+
+Everything it needs is passed in (paths, device, dtype); it reads no environment variables.
+Training and sampling clients live in training.py and sampler.py.
+"""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from core.model_names import validate_device_dtype
+from runners.engine import checkpoints as ckpt
+from runners.engine import lora
+from runners.engine.futures import LocalFuture, resolved, submit
+from runners.engine.host import ModelHost
+from runners.engine.sampler import LocalSamplingClient
+from runners.engine.training import LocalTrainingClient
+from runners.models import loading
+
+__all__ = ["LocalSamplingClient", "LocalServiceClient", "LocalTrainingClient"]
+
+
+class LocalServiceClient:
+    """Creates LoRA training clients and sampling clients on this machine (CPU or CUDA)."""
+
+    def __init__(
+        self,
+        *,
+        checkpoint_dir: Path,
+        models_dir: Path,
+        device: str = "auto",
+        dtype: str = "auto",
+        max_batch_sequences: int = 64,
+        batch_window_s: float = 0.005,
+        sampling_dtype: str = "auto",
+        tokens_per_microbatch: int = 4096,
+    ) -> None:
+        validate_device_dtype(device, dtype)
+        validate_device_dtype(device, sampling_dtype)
+        torch_device = loading.resolve_device(device)
+        self.device = str(torch_device)
+        self.dtype = str(loading.resolve_dtype(dtype, torch_device)).removeprefix("torch.")
+        self.checkpoint_dir = Path(checkpoint_dir)
+        self.models_dir = Path(models_dir)
+        self._host_options = {
+            "max_batch_sequences": max_batch_sequences,
+            "batch_window_s": batch_window_s,
+            "sampling_dtype": sampling_dtype,
+        }
+        self._tokens_per_microbatch = tokens_per_microbatch
+        self._lock = threading.Lock()
+        self._hosts: list[ModelHost] = []
+        self._training_clients: list[LocalTrainingClient] = []
+        # Model loading is slow (seconds); it runs here so the caller gets a future at once.
+        self._loader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="local-service")
+        self._closed = False
+
+    # ----- training clients -----------------------------------------------------------------
+
+    def create_lora_training_client(
+        self,
+        base_model: str,
+        rank: int = 32,
+        seed: int | None = None,
+        train_mlp: bool = True,
+        train_attn: bool = True,
+        train_unembed: bool = True,
+        user_metadata: dict[str, str] | None = None,
+        optimizer: Any = None,
+    ) -> LocalFuture[LocalTrainingClient]:
+        """A new LoRA adapter (alpha 32) on `base_model`, initialised from `seed`."""
+        spec = lora.LoraSpec(rank, train_mlp, train_attn, train_unembed)
+        self._check_optimizer(optimizer)
+        return submit(self._loader, self._new_training_client, base_model, spec, seed)
+
+    def create_training_client_from_state(
+        self, path: str, base_model: str | None = None, **_: Any
+    ) -> LocalFuture[LocalTrainingClient]:
+        """A training client with the weights of a state checkpoint and a fresh optimizer."""
+        return self._from_state(path, base_model, with_optimizer=False)
+
+    def create_training_client_from_state_with_optimizer(
+        self, path: str, base_model: str | None = None, **_: Any
+    ) -> LocalFuture[LocalTrainingClient]:
+        """A training client with the weights and AdamW state of a checkpoint (to resume)."""
+        return self._from_state(path, base_model, with_optimizer=True)
+
+    # ----- sampling clients -----------------------------------------------------------------
+
+    def create_sampling_client(
+        self, model_path: str | None = None, base_model: str | None = None, **_: Any
+    ) -> LocalFuture[LocalSamplingClient]:
+        """A sampler over saved sampler weights (`model_path`) or over the bare `base_model`."""
+        self._check_open()
+        if model_path is not None:
+            folder, record = ckpt.find_sampler(model_path)
+            return submit(self._loader, self._sampler_from_folder, folder, record)
+        if base_model is None:
+            raise ValueError("create_sampling_client needs model_path or base_model")
+        return submit(self._loader, self._base_sampler, base_model)
+
+    def close(self, status: str = "success", detail: str | None = None) -> LocalFuture[None]:
+        """Stop every worker and sampling engine of this service."""
+        with self._lock:
+            self._closed = True
+            clients, hosts = list(self._training_clients), list(self._hosts)
+        for client in clients:
+            client.close()
+        for host in hosts:
+            host.close()
+        self._loader.shutdown(wait=False)
+        return resolved(None)
+
+    def __enter__(self) -> LocalServiceClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ----- helpers ----------------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("this LocalServiceClient is closed")
+
+    @staticmethod
+    def _check_optimizer(optimizer: Any) -> None:
+        if optimizer is not None and getattr(optimizer, "type", "adamw") != "adamw":
+            raise ValueError("the local backend implements the AdamW optimizer only")
+
+    def _load(self, base_model: str) -> tuple[Any, Any]:
+        return loading.load_model_and_tokenizer(
+            base_model, self.models_dir, device=self.device, dtype=self.dtype
+        )
+
+    def _register(self, host: ModelHost) -> ModelHost:
+        with self._lock:
+            self._hosts.append(host)
+        return host
+
+    def _new_training_client(
+        self, base_model: str, spec: lora.LoraSpec, seed: int | None
+    ) -> LocalTrainingClient:
+        self._check_open()
+        model, tokenizer = self._load(base_model)
+        model = lora.apply_lora(model, spec, seed, base_model)
+        host = self._register(ModelHost(base_model, model, tokenizer, **self._host_options))
+        client = LocalTrainingClient(
+            host=host,
+            spec=spec,
+            seed=seed,
+            open_sampler=lambda path: self.create_sampling_client(model_path=path),
+            checkpoint_dir=self.checkpoint_dir,
+            tokens_per_microbatch=self._tokens_per_microbatch,
+        )
+        with self._lock:
+            self._training_clients.append(client)
+        return client
+
+    def _from_state(
+        self, path: str, base_model: str | None, *, with_optimizer: bool
+    ) -> LocalFuture[LocalTrainingClient]:
+        self._check_open()
+        # The record only, at once (a wrong path or model fails here); the files are checked
+        # against the manifest on the loader thread, before any model is loaded.
+        folder, record = ckpt.find_state(path, verify=False)
+        if base_model is not None and base_model != record["base_model"]:
+            raise ValueError(
+                f"{path} holds an adapter for {record['base_model']!r}, not {base_model!r}"
+            )
+        spec = lora.LoraSpec(**record["lora"])
+
+        def create() -> LocalTrainingClient:
+            ckpt.find_state(folder)
+            client = self._new_training_client(record["base_model"], spec, record.get("seed"))
+            client.restore(str(folder), with_optimizer, verify=False)
+            return client
+
+        return submit(self._loader, create)
+
+    def _find_host(self, base_model: str, signature: str | None) -> ModelHost | None:
+        with self._lock:
+            for host in self._hosts:
+                if host.base_model == base_model and (
+                    signature is None or host.signature == signature
+                ):
+                    return host
+        return None
+
+    def _sampler_from_folder(self, folder: Path, record: dict[str, Any]) -> LocalSamplingClient:
+        self._check_open()
+        tensors, config = lora.load_adapter(folder)
+        base_model = record["base_model"]
+        signature = lora.adapter_signature(config)
+        host = self._find_host(base_model, signature)
+        if host is None:
+            model, tokenizer = self._load(base_model)
+            model = lora.wrap_with_config(model, config, seed=0)
+            host = self._register(ModelHost(base_model, model, tokenizer, **self._host_options))
+        return LocalSamplingClient(host, host.adapter_from_file(tensors), model_path=str(folder))
+
+    def _base_sampler(self, base_model: str) -> LocalSamplingClient:
+        self._check_open()
+        host = self._find_host(base_model, None)
+        if host is None:
+            model, tokenizer = self._load(base_model)
+            host = self._register(ModelHost(base_model, model, tokenizer, **self._host_options))
+        return LocalSamplingClient(host, None)

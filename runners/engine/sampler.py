@@ -1,0 +1,210 @@
+"""The local sampling client: checks a sample() call and hands it to the model's engine.
+
+Settings follow tinker's SamplingParams; logprobs are those of the raw model distribution.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import threading
+from collections.abc import Callable
+from functools import partial
+from itertools import count
+from typing import Any
+
+from tinker import types
+
+from runners.engine.decoding import Row
+from runners.engine.futures import LocalFuture
+from runners.engine.host import AdapterWeights, ModelHost
+from runners.engine.scheduler import SampleRequest, engine_for
+
+# Used when SamplingParams.max_tokens is None (tinker advises always setting it).
+DEFAULT_MAX_TOKENS = 1024
+_client_ids = count(1)
+
+
+def eos_ids(host: ModelHost) -> set[int]:
+    ids: set[int] = set()
+    for value in (
+        getattr(host.tokenizer, "eos_token_id", None),
+        getattr(getattr(host.model, "generation_config", None), "eos_token_id", None),
+    ):
+        if isinstance(value, int):
+            ids.add(value)
+        elif isinstance(value, list | tuple):
+            ids.update(int(v) for v in value)
+    return ids
+
+
+def _stops(stop: Any, eos: set[int]) -> tuple[frozenset[int], tuple[str, ...]]:
+    """Stop ids and strings; EOS stops too unless `stop` is an empty list (as in tinker).
+
+    A stop token is kept as the last sampled token. A stop string ends sampling after the
+    token that completes it; that token is kept (tokens are what training uses), so the
+    decoded text still holds the string.
+    """
+    if stop is None:
+        return frozenset(eos), ()
+    if isinstance(stop, str):
+        return frozenset(eos), (stop,)
+    stop = list(stop)
+    if not stop:
+        return frozenset(), ()
+    if all(isinstance(s, str) for s in stop):
+        if any(s == "" for s in stop):
+            raise ValueError("stop strings must not be empty")
+        return frozenset(eos), tuple(stop)
+    if all(isinstance(s, int) and not isinstance(s, bool) for s in stop):
+        return frozenset(eos) | frozenset(stop), ()
+    raise ValueError("SamplingParams.stop must be a string, a list of strings or a list of ints")
+
+
+def _row_seed(seed: int, index: int) -> int:
+    digest = hashlib.blake2b(f"{seed}:{index}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") >> 1
+
+
+def _prompt_tokens(prompt: types.ModelInput, vocab: int) -> list[int]:
+    try:
+        tokens = prompt.to_ints()
+    except Exception as exc:
+        raise ValueError(f"the local backend samples from token prompts only ({exc})") from exc
+    if not tokens:
+        raise ValueError("the prompt is empty: give at least one token")
+    if min(tokens) < 0 or max(tokens) >= vocab:
+        raise ValueError(f"prompt token ids must lie in [0, {vocab})")
+    return tokens
+
+
+class LocalSamplingClient:
+    """Samples from a frozen snapshot of the weights (or from the base model alone)."""
+
+    def __init__(
+        self, host: ModelHost, adapter: AdapterWeights | None, *, model_path: str | None = None
+    ) -> None:
+        self._host = host
+        self._adapter = adapter
+        self.model_path = model_path
+        self._tag = f"local{next(_client_ids)}"
+        self._vocab = int(host.model.get_output_embeddings().weight.shape[0])
+        self._eos = eos_ids(host)
+
+    def sample(
+        self,
+        prompt: types.ModelInput,
+        num_samples: int,
+        sampling_params: types.SamplingParams,
+        include_prompt_logprobs: bool = False,
+        topk_prompt_logprobs: int = 0,
+        topk_sample_logprobs: int = 0,
+        target_prompt_logprobs: Any = None,
+        prompt_alt_tokens_k: int = 0,
+        prompt_logprobs_last_n: int | None = None,
+        *,
+        deadline: float | None = None,
+        cancel: threading.Event | None = None,
+        on_token: Callable[[int, int, float], None] | None = None,
+    ) -> LocalFuture[types.SampleResponse]:
+        """tinker's sample(), plus local extensions: `deadline` (a time.monotonic() value)
+        after which every sequence stops where it is, with stop_reason "length", `cancel`,
+        an event that does the same at the next decode step once set, and `on_token`, called
+        with (sample index, token, logprob) on the engine thread as each token is picked."""
+        unsupported = {
+            "topk_prompt_logprobs": topk_prompt_logprobs,
+            "topk_sample_logprobs": topk_sample_logprobs,
+            "target_prompt_logprobs": target_prompt_logprobs,
+            "prompt_alt_tokens_k": prompt_alt_tokens_k,
+        }
+        for name, value in unsupported.items():
+            if value:
+                raise ValueError(f"{name} is not supported by the local backend")
+        if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
+            raise ValueError(f"num_samples must be a positive integer, got {num_samples!r}")
+        wants_prompt_lp = include_prompt_logprobs or prompt_logprobs_last_n is not None
+        return self._submit(
+            prompt,
+            num_samples,
+            sampling_params,
+            (prompt_logprobs_last_n or 0) if wants_prompt_lp else -1,
+            deadline,
+            cancel,
+            on_token,
+        )
+
+    def compute_logprobs(
+        self, prompt: types.ModelInput, prompt_logprobs_last_n: int | None = None
+    ) -> LocalFuture[list[float | None]]:
+        """Logprobs of each prompt token given the ones before it (None for the first)."""
+        inner = self._submit(
+            prompt, 0, types.SamplingParams(max_tokens=1), prompt_logprobs_last_n or 0
+        )
+        outer: LocalFuture[list[float | None]] = LocalFuture()
+
+        def relay(done: LocalFuture) -> None:
+            if done.exception() is not None:
+                outer.set_exception(done.exception())
+            else:
+                outer.set_result(done.result().prompt_logprobs)
+
+        inner.add_done_callback(relay)
+        return outer
+
+    def _submit(
+        self,
+        prompt: types.ModelInput,
+        num_samples: int,
+        params: types.SamplingParams,
+        prompt_lp: int,
+        deadline: float | None = None,
+        cancel: threading.Event | None = None,
+        on_token: Callable[[int, int, float], None] | None = None,
+    ) -> LocalFuture[types.SampleResponse]:
+        tokens = _prompt_tokens(prompt, self._vocab)
+        limit = self._host.max_positions
+        if limit is not None and len(tokens) >= limit:
+            raise ValueError(
+                f"the prompt has {len(tokens)} tokens; this model's context is {limit}"
+            )
+        max_tokens = DEFAULT_MAX_TOKENS if params.max_tokens is None else params.max_tokens
+        if max_tokens < 1:
+            raise ValueError(f"max_tokens must be at least 1, got {params.max_tokens}")
+        if params.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {params.temperature}")
+        if not 0 < params.top_p <= 1:
+            raise ValueError(f"top_p must lie in (0, 1], got {params.top_p}")
+        stop_ids, stop_strings = _stops(params.stop, self._eos)
+        seed = params.seed if params.seed is not None else random.SystemRandom().randrange(2**62)
+        rows = []
+        for index in range(num_samples):
+            rows.append(
+                Row(
+                    prompt=tokens,
+                    max_tokens=max_tokens,
+                    temperature=float(params.temperature),
+                    top_k=int(params.top_k),
+                    top_p=float(params.top_p),
+                    stop_ids=stop_ids,
+                    stop_strings=stop_strings,
+                    seed=_row_seed(seed, index),
+                    deadline=deadline,
+                    cancel=cancel,
+                    on_token=partial(on_token, index) if on_token is not None else None,
+                )
+            )
+        future: LocalFuture[types.SampleResponse] = LocalFuture()
+        request = SampleRequest(self._adapter, tokens, rows, prompt_lp, self._tag, future)
+        engine_for(self._host).submit(request)
+        return future
+
+    def get_tokenizer(self) -> Any:
+        return self._host.tokenizer
+
+    def get_base_model(self) -> str:
+        return self._host.base_model
+
+    def sampling_stats(self) -> dict[str, int]:
+        """Batches decoded and sequences sampled by this model's engine so far."""
+        engine = engine_for(self._host)
+        return {"batches": engine.batches, "sequences": engine.sequences}

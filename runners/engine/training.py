@@ -1,0 +1,285 @@
+"""The local training client: tinker's losses with real LoRA gradients, AdamW, checkpoints.
+
+Requests run one at a time on the client's own worker thread, in submission order, so a loop
+can submit forward_backward and optim_step back to back before waiting on either.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import uuid
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import torch
+from tinker import types
+
+from runners.engine import checkpoints as ckpt
+from runners.engine import lora
+from runners.engine.forward import DatumBatch, run_loss, validate_data
+from runners.engine.futures import LocalFuture, submit
+from runners.engine.host import ModelHost
+from runners.engine.losses import resolve_config
+from runners.engine.sampler import LocalSamplingClient
+
+OPTIMIZER_FILE = "optimizer.pt"
+
+
+class LocalTrainingClient:
+    """A LoRA adapter being trained on one base model (tinker's TrainingClient surface)."""
+
+    def __init__(
+        self,
+        *,
+        host: ModelHost,
+        spec: lora.LoraSpec,
+        seed: int | None,
+        open_sampler: Callable[[str], LocalFuture[LocalSamplingClient]],
+        checkpoint_dir: Path,
+        tokens_per_microbatch: int = 4096,
+    ) -> None:
+        self._host = host
+        self._spec = spec
+        self._seed = seed
+        # The service's create_sampling_client(model_path=...): saved weights get a host of
+        # their own when they do not fit this one.
+        self._open_sampler = open_sampler
+        self._checkpoint_dir = Path(checkpoint_dir)
+        self._tokens_per_microbatch = max(1, tokens_per_microbatch)
+        self.model_id = f"local-{uuid.uuid4().hex[:12]}"
+        self.steps = 0
+        self.forward_backward_calls = 0
+        self._vocab = int(host.model.get_output_embeddings().weight.shape[0])
+        # The hyperparameters are set from AdamParams on every step; these are placeholders.
+        self._optimizer = torch.optim.AdamW(
+            list(host.params.values()), lr=1e-4, betas=(0.9, 0.95), eps=1e-12, weight_decay=0.0
+        )
+        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="local-train")
+
+    # ----- training -----------------------------------------------------------------------
+
+    def forward_backward(
+        self,
+        data: list[types.Datum],
+        loss_fn: str,
+        loss_fn_config: dict[str, float] | None = None,
+    ) -> LocalFuture[types.ForwardBackwardOutput]:
+        """Loss and gradients (accumulated until optim_step) for `data`."""
+        return self._submit_forward(data, loss_fn, loss_fn_config, backward=True)
+
+    def forward(
+        self,
+        data: list[types.Datum],
+        loss_fn: str,
+        loss_fn_config: dict[str, float] | None = None,
+    ) -> LocalFuture[types.ForwardBackwardOutput]:
+        """Like forward_backward, without gradients."""
+        return self._submit_forward(data, loss_fn, loss_fn_config, backward=False)
+
+    def _submit_forward(
+        self,
+        data: list[types.Datum],
+        loss_fn: str,
+        loss_fn_config: dict[str, float] | None,
+        backward: bool,
+    ) -> LocalFuture[types.ForwardBackwardOutput]:
+        # Bad input fails here, at the call, as the hosted service refuses it at submission.
+        config = resolve_config(loss_fn, loss_fn_config)
+        batch = validate_data(data, loss_fn, self._vocab, self._host.max_positions)
+        return submit(self._worker, self._run_forward, batch, loss_fn, config, backward)
+
+    def optim_step(
+        self,
+        optim_params: types.AdamParams | None = None,
+        *,
+        adam_params: types.AdamParams | None = None,
+    ) -> LocalFuture[types.OptimStepResponse]:
+        """One AdamW step on the adapter with the accumulated gradients, then zero them."""
+        params = optim_params or adam_params or types.AdamParams()
+        if not isinstance(params, types.AdamParams):
+            raise ValueError(
+                f"the local backend implements AdamW only; got {type(params).__name__}"
+            )
+        return submit(self._worker, self._run_optim_step, params)
+
+    # ----- checkpoints and samplers -----------------------------------------------------------
+
+    def save_state(
+        self,
+        name: str,
+        ttl_seconds: int | None = None,
+        overwrite: bool = False,
+        user_metadata: dict[str, str] | None = None,
+    ) -> LocalFuture[types.SaveWeightsResponse]:
+        """Adapter + optimizer into `<checkpoint_dir>/<name>/state/`, replacing an older one."""
+        folder = ckpt.checkpoint_folder(self._checkpoint_dir, name, ckpt.STATE_KIND)
+        return submit(self._worker, self._run_save_state, folder, user_metadata or {})
+
+    def save_weights_for_sampler(
+        self,
+        name: str,
+        ttl_seconds: int | None = None,
+        user_metadata: dict[str, str] | None = None,
+    ) -> LocalFuture[types.SaveWeightsForSamplerResponse]:
+        """A peft adapter folder `<checkpoint_dir>/<name>/sampler/` for sampling later."""
+        folder = ckpt.checkpoint_folder(self._checkpoint_dir, name, ckpt.SAMPLER_KIND)
+        return submit(self._worker, self._run_save_sampler, folder, user_metadata or {})
+
+    def save_weights_and_get_sampling_client(
+        self, name: str | None = None, retry_config: Any = None, **_: Any
+    ) -> LocalFuture[LocalSamplingClient]:
+        """A sampler over a snapshot of the current adapter (nothing is written to disk)."""
+        return submit(self._worker, lambda: LocalSamplingClient(self._host, self._host.snapshot()))
+
+    def create_sampling_client(
+        self, model_path: str, retry_config: Any = None, **_: Any
+    ) -> LocalFuture[LocalSamplingClient]:
+        return self._open_sampler(model_path)
+
+    def load_state(self, path: str) -> LocalFuture[None]:
+        """Adapter weights from a state checkpoint (the optimizer starts fresh)."""
+        return submit(self._worker, self.restore, path, False)
+
+    def load_state_with_optimizer(self, path: str) -> LocalFuture[None]:
+        return submit(self._worker, self.restore, path, True)
+
+    # ----- information ----------------------------------------------------------------------
+
+    def get_tokenizer(self) -> Any:
+        return self._host.tokenizer
+
+    def get_info(self) -> types.GetInfoResponse:
+        arch = type(self._host.model.get_base_model()).__name__
+        name = self._host.base_model
+        return types.GetInfoResponse(
+            model_id=self.model_id,
+            model_data=types.ModelData(arch=arch, model_name=name, tokenizer_id=name),
+            is_lora=True,
+            lora_rank=self._spec.rank,
+            model_name=name,
+        )
+
+    def close(self) -> None:
+        self._worker.shutdown(wait=True)
+
+    # ----- work done on the worker thread ----------------------------------------------------
+
+    def _run_forward(
+        self, batch: DatumBatch, loss_fn: str, config: dict[str, float], backward: bool
+    ) -> types.ForwardBackwardOutput:
+        with self._host.lock:
+            out = run_loss(
+                self._host.model,
+                batch,
+                loss_fn,
+                config,
+                backward=backward,
+                pad_id=int(self._host.tokenizer.pad_token_id or 0),
+                token_budget=self._tokens_per_microbatch,
+            )
+            if backward:
+                self.forward_backward_calls += 1
+        return out
+
+    def _run_optim_step(self, params: types.AdamParams) -> types.OptimStepResponse:
+        host = self._host
+        with host.lock:
+            grads = [p for p in host.params.values() if p.grad is not None]
+            if not grads:
+                norm = 0.0
+            elif params.grad_clip_norm > 0:
+                norm = float(torch.nn.utils.clip_grad_norm_(grads, params.grad_clip_norm))
+            else:
+                norm = float(torch.nn.utils.get_total_norm([p.grad for p in grads]))
+            for group in self._optimizer.param_groups:
+                group["lr"] = params.learning_rate
+                group["betas"] = (params.beta1, params.beta2)
+                group["eps"] = params.eps
+                group["weight_decay"] = params.weight_decay
+            self._optimizer.step()
+            self._optimizer.zero_grad(set_to_none=True)
+            self.steps += 1
+        return types.OptimStepResponse(
+            metrics={
+                "grad_norm": norm if math.isfinite(norm) else float("nan"),
+                "learning_rate": params.learning_rate,
+                "step": float(self.steps),
+            }
+        )
+
+    def _record(self, user_metadata: dict[str, str]) -> dict[str, Any]:
+        return {
+            "base_model": self._host.base_model,
+            "model_id": self.model_id,
+            "lora": {
+                "rank": self._spec.rank,
+                "alpha": self._spec.alpha,
+                "train_mlp": self._spec.train_mlp,
+                "train_attn": self._spec.train_attn,
+                "train_unembed": self._spec.train_unembed,
+            },
+            "seed": self._seed,
+            "steps": self.steps,
+            "forward_backward_calls": self.forward_backward_calls,
+            "saved_at": time.time(),
+            "user_metadata": user_metadata,
+        }
+
+    def _live_tensors(self) -> dict[str, torch.Tensor]:
+        return {name: p.detach() for name, p in self._host.params.items()}
+
+    def _run_save_state(self, folder: Path, user_metadata: dict[str, str]) -> Any:
+        def build(tmp: Path) -> None:
+            lora.save_adapter(self._host.model, tmp, self._live_tensors())
+            torch.save(
+                {
+                    "optimizer": self._optimizer.state_dict(),
+                    "param_names": list(self._host.params),
+                },
+                tmp / OPTIMIZER_FILE,
+            )
+            record = {"format": ckpt.STATE_FORMAT, **self._record(user_metadata)}
+            ckpt.write_record(tmp, ckpt.STATE_RECORD, record)
+
+        with self._host.lock:
+            ckpt.publish(folder, build)
+        return types.SaveWeightsResponse(path=str(folder))
+
+    def _run_save_sampler(self, folder: Path, user_metadata: dict[str, str]) -> Any:
+        def build(tmp: Path) -> None:
+            lora.save_adapter(self._host.model, tmp, self._live_tensors())
+            record = {"format": ckpt.SAMPLER_FORMAT, **self._record(user_metadata)}
+            ckpt.write_record(tmp, ckpt.SAMPLER_RECORD, record)
+
+        with self._host.lock:
+            ckpt.publish(folder, build)
+        return types.SaveWeightsForSamplerResponse(path=str(folder))
+
+    def restore(self, path: str, with_optimizer: bool, verify: bool = True) -> None:
+        """Load a state checkpoint into this client (runs on the caller's thread). Its manifest
+        is checked first unless the caller just did (`verify=False`)."""
+        folder, record = ckpt.find_state(path, verify=verify)
+        if record.get("base_model") != self._host.base_model:
+            raise ValueError(
+                f"{path} was saved from {record.get('base_model')!r}, "
+                f"this client trains {self._host.base_model!r}"
+            )
+        tensors, _ = lora.load_adapter(folder)
+        adapter = self._host.adapter_from_file(tensors)
+        with self._host.lock, torch.no_grad():
+            for name, tensor in adapter.tensors.items():
+                self._host.params[name].copy_(tensor)
+            if with_optimizer:
+                saved = torch.load(folder / OPTIMIZER_FILE, map_location=self._host.device)
+                if saved["param_names"] != list(self._host.params):
+                    raise ValueError(f"{path}: optimizer state does not match this adapter")
+                self._optimizer.load_state_dict(saved["optimizer"])
+                self.steps = int(record.get("steps", 0))
+                self.forward_backward_calls = int(record.get("forward_backward_calls", 0))
+            else:
+                # Weights only: forget the moments gathered for the weights just replaced.
+                self._optimizer.state.clear()
+                self._optimizer.zero_grad(set_to_none=True)

@@ -1,0 +1,367 @@
+"""The inference worker: `python -m runners.infer`, started by the server (at start-up to warm
+the default model, or on first use).
+
+It keeps models and adapters loaded between requests. Protocol: one JSON request per line on
+stdin, one JSON answer per line on stdout (a streamed chat request's answer is preceded by
+`{"id", "partial": true, "index", "delta"}` lines of new text). `{"cancel": id}` on stdin
+stops that request's local sampling at the next decode step. It exits the moment stdin
+closes, busy or not: the server is gone (however it died) and nobody waits for the answer.
+A request may carry a `deadline` (epoch seconds): local sampling stops there and the answer
+says which responses were cut short, so a client with its own timeout gets an answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from core.settings import Settings
+from core.spec import ChatJob, InferenceJob, WarmJob
+from environments.base import BaseEnv, EnvConfig, EnvContext, SingleTurnEnv, Unscorable
+from environments.support.loader import load_env_class
+from runners.backends.factory import create_service, resolve_backend
+from runners.episodes.policy import Completion, SamplerPolicy
+from runners.episodes.render import Renderer
+from runners.episodes.rollouts import EpisodeSpec, run_episode
+from runners.episodes.sources import env_context
+from runners.infer.chat import ChatCompletion, Emit
+
+log = logging.getLogger("infer")
+MAX_CACHED_SAMPLERS = 4
+
+
+class Envelope(BaseModel):
+    """One line on stdin: a job and the id its answer carries back."""
+
+    id: int
+    job: InferenceJob | ChatJob | WarmJob = Field(discriminator="op")
+
+
+class Worker:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.context: EnvContext = env_context(settings)
+        self._services: dict[str, Any] = {}
+        self._samplers: dict[tuple[str, str, str | None], Any] = {}
+        self._renderers: dict[str, Renderer] = {}
+
+    async def handle(
+        self,
+        job: InferenceJob | ChatJob | WarmJob,
+        cancel: threading.Event | None = None,
+        emit: Emit | None = None,
+    ) -> dict[str, Any]:
+        if isinstance(job, WarmJob):
+            return await self.warm(job.model, job.backend)
+        if isinstance(job, ChatJob):
+            sampler = await self._sampler(job.backend, job.model, job.adapter)
+            tokenizer = self._renderer(job.model, EnvConfig(model_name=job.model)).tokenizer
+            return await ChatCompletion(job, sampler, tokenizer).run(cancel, emit)
+        started = time.monotonic()
+        env_cls = load_env_class(Path(job.source.env_file), job.source.env_class)
+        config = env_cls.Config.model_validate(job.source.config)
+        model = job.model
+        backend = resolve_backend(config.backend, self.settings)
+        sampler = await self._sampler(backend, model, job.adapter)
+        renderer = self._renderer(model, config)
+        budget = Budget.from_job(job)
+        policy = SamplerPolicy(
+            sampler,
+            max_tokens=job.max_tokens,
+            temperature=job.temperature,
+            top_p=config.top_p,
+            top_k=config.top_k,
+            stop=renderer.stop_token_ids(),
+            seed=job.seed,
+            deadline=budget.deadline if backend == "local" else None,
+            cancel=cancel if backend == "local" else None,
+        )
+        results = await asyncio.gather(
+            *(self._one(env_cls, config, renderer, policy, item, budget) for item in _items(job))
+        )
+        return {
+            "ok": True,
+            "model": model,
+            "backend": backend,
+            "results": results,
+            "latency_s": round(time.monotonic() - started, 3),
+        }
+
+    async def _one(
+        self,
+        env_cls: type[BaseEnv],
+        config: EnvConfig,
+        renderer: Renderer,
+        policy: SamplerPolicy,
+        item: dict[str, Any],
+        budget: Budget,
+    ) -> dict[str, Any]:
+        if issubclass(env_cls, SingleTurnEnv):
+            env = env_cls(config, self.context)
+            return await self._single_turn(env, renderer, policy, item, budget)
+        return await self._episode(env_cls, config, renderer, policy, item, budget)
+
+    async def _single_turn(
+        self,
+        env: SingleTurnEnv,
+        renderer: Renderer,
+        policy: SamplerPolicy,
+        item: dict[str, Any],
+        budget: Budget,
+    ) -> dict[str, Any]:
+        task = None
+        prompt = item["prompt"]
+        if prompt is None:
+            task = env.get_task(item["seed"], "eval")
+            prompt = task.prompt
+        completion = await policy.complete(renderer.prompt_tokens(prompt))
+        response = renderer.decode(completion.tokens)
+        cut = budget.cut_short(completion, policy.max_tokens)
+        result: dict[str, Any] = {
+            "prompt": prompt,
+            "response": response,
+            "tokens": len(completion.tokens),
+            "truncated": cut is not None,
+        }
+        reasons = [cut] if cut else []
+        try:
+            score = float(env.score(prompt, response, task))
+            result.update(score=score, correct=score >= 1.0 - 1e-9)
+        except Unscorable as exc:
+            result.update(score=None, correct=None)
+            reasons.append(f"cannot score this prompt: {exc}")
+        except Exception as exc:  # a verifier bug is reported per prompt, not as a failure
+            result.update(score=None, correct=None)
+            reasons.append(f"the verifier failed: {type(exc).__name__}: {exc}")
+        result["reason"] = "; ".join(reasons) or None
+        return result
+
+    async def _episode(
+        self,
+        env_cls: type[BaseEnv],
+        config: EnvConfig,
+        renderer: Renderer,
+        policy: SamplerPolicy,
+        item: dict[str, Any],
+        budget: Budget,
+    ) -> dict[str, Any]:
+        """A multi-turn environment plays a whole episode; a free prompt steers it as the
+        system prompt."""
+        steering = Renderer(
+            renderer.tokenizer, renderer.template, item["prompt"] or renderer.system_prompt
+        )
+        spec = EpisodeSpec(
+            group=0, seed=item["seed"], make_env=lambda: env_cls(config, self.context)
+        )
+        episode = await run_episode(
+            spec, policy, steering.prompt_tokens, steering.decode, split="eval"
+        )
+        turns = []
+        observation = None
+        for t in episode.transitions:
+            turns.append({"action": steering.decode(t.action_tokens), "reward": t.reward})
+        if episode.transitions:
+            observation = steering.decode(episode.transitions[0].prompt_tokens)
+        cut = budget.episode_cut_short()
+        return {
+            "prompt": item["prompt"] or observation,
+            "response": turns[-1]["action"] if turns else "",
+            "score": episode.total_reward,
+            "correct": episode.correct,
+            "reason": cut,
+            "truncated": cut is not None,
+            "tokens": sum(len(t.action_tokens) for t in episode.transitions),
+            "turns": turns,
+        }
+
+    async def warm(self, model: str, backend: str) -> dict[str, Any]:
+        """Load `model` and its tokenizer and sample one token, so a first request is warm."""
+        started = time.monotonic()
+        sampler = await self._sampler(backend, model, None)
+        renderer = self._renderer(model, EnvConfig(model_name=model))
+        policy = SamplerPolicy(
+            sampler, max_tokens=1, temperature=0.0, top_p=1.0, top_k=-1, stop=[], seed=0
+        )
+        await policy.sample(renderer.prompt_tokens("Hello"))
+        return {"ok": True, "model": model, "latency_s": round(time.monotonic() - started, 3)}
+
+    async def _sampler(self, backend: str, model: str, adapter: str | None) -> Any:
+        key = (backend, model, adapter)
+        if key not in self._samplers:
+            service = self._service(backend)
+            if adapter:
+                sampler = await service.create_sampling_client(model_path=adapter)
+            else:
+                sampler = await service.create_sampling_client(base_model=model)
+            if len(self._samplers) >= MAX_CACHED_SAMPLERS:
+                self._samplers.pop(next(iter(self._samplers)))
+            self._samplers[key] = sampler
+        return self._samplers[key]
+
+    def _service(self, backend: str) -> Any:
+        if backend not in self._services:
+            self._services[backend] = create_service(
+                backend, self.settings, self.settings.var_dir / "inference"
+            )
+        return self._services[backend]
+
+    def _renderer(self, model: str, config: EnvConfig) -> Renderer:
+        from runners.models.loading import load_tokenizer
+
+        if model not in self._renderers:
+            self._renderers[model] = Renderer(load_tokenizer(model, self.settings.models_dir))
+        base = self._renderers[model]
+        return Renderer(base.tokenizer, config.prompt_template, config.system_prompt)
+
+
+def _items(job: InferenceJob) -> list[dict[str, Any]]:
+    """The prompts to answer: the request's own, or `num_items` tasks drawn from the env."""
+    if job.prompts:
+        return [{"prompt": p, "seed": i} for i, p in enumerate(job.prompts)]
+    base = job.seed or 0
+    return [{"prompt": None, "seed": base + i} for i in range(job.num_items or 0)]
+
+
+class Budget:
+    """A request's time budget: when local sampling must stop, and how to say it did."""
+
+    def __init__(self, deadline: float | None, budget_s: float | None) -> None:
+        self.deadline = deadline  # time.monotonic()
+        self.budget_s = budget_s
+
+    @classmethod
+    def from_job(cls, job: InferenceJob) -> Budget:
+        if job.deadline is None:
+            return cls(None, None)
+        # The server stamps wall-clock time; the engine compares monotonic time.
+        return cls(time.monotonic() + (job.deadline - time.time()), job.budget_s)
+
+    def ran_out(self) -> bool:
+        return self.deadline is not None and time.monotonic() >= self.deadline
+
+    def cut_short(self, completion: Completion, max_tokens: int) -> str | None:
+        """Why a completion ended before its stop token and its max_tokens, if it did."""
+        n = len(completion.tokens)
+        if completion.stop_reason != "length" or n >= max_tokens:
+            return None
+        if self.ran_out():
+            return (
+                f"cut short after {n} of {max_tokens} tokens: the time budget of this request "
+                f"({self.budget_s:g} s, RLCS_INFERENCE_BUDGET_S) ran out; ask for fewer prompts "
+                "or a smaller max_tokens for complete answers"
+            )
+        return f"cut short after {n} of {max_tokens} tokens: the model's context is full"
+
+    def episode_cut_short(self) -> str | None:
+        if not self.ran_out():
+            return None
+        return (
+            f"the time budget of this request ({self.budget_s:g} s, RLCS_INFERENCE_BUDGET_S) "
+            "ran out during the episode: later turns were cut short"
+        )
+
+
+def error_answer(exc: BaseException) -> dict[str, Any]:
+    kind = {
+        "ModelNotAvailable": "model",
+        "TinkerUnavailable": "backend",
+        "TinkerUnreachable": "backend",
+    }.get(type(exc).__name__, "error")
+    return {"ok": False, "kind": kind, "error": f"{type(exc).__name__}: {exc}"}
+
+
+class Inbox:
+    """stdin, read by a thread so that its end is seen even mid-request: requests queue up
+    for the event loop, cancels set the request's event, end of input ends the process."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self.requests: asyncio.Queue[str] = asyncio.Queue()
+        self._cancels: dict[int, threading.Event] = {}
+        self._last_done = 0  # request ids only grow: a late cancel of an answered one is moot
+        self._lock = threading.Lock()
+        threading.Thread(target=self._read, name="infer-stdin", daemon=True).start()
+
+    def cancel_event(self, request_id: int) -> threading.Event:
+        with self._lock:
+            return self._cancels.setdefault(request_id, threading.Event())
+
+    def forget(self, request_id: int) -> None:
+        with self._lock:
+            self._cancels.pop(request_id, None)
+            self._last_done = max(self._last_done, request_id)
+
+    def _read(self) -> None:
+        for line in sys.stdin:
+            cancel = _cancel_id(line)
+            if cancel is not None:
+                if cancel > self._last_done:
+                    log.info("request %s cancelled by the server", cancel)
+                    self.cancel_event(cancel).set()
+            else:
+                self._loop.call_soon_threadsafe(self.requests.put_nowait, line)
+        # The server closed our stdin or died: stop now, even in the middle of a request.
+        log.info("stdin closed: the server is gone or done with us; exiting")
+        logging.shutdown()
+        os._exit(0)
+
+
+def _cancel_id(line: str) -> int | None:
+    try:
+        message = json.loads(line)
+    except ValueError:
+        return None
+    if isinstance(message, dict) and set(message) == {"cancel"}:
+        value = message["cancel"]
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+    return None
+
+
+async def serve(worker: Worker) -> None:
+    inbox = Inbox(asyncio.get_running_loop())
+    while True:
+        line = await inbox.requests.get()
+        envelope: Envelope | None = None
+        try:
+            envelope = Envelope.model_validate_json(line)
+            answer = await worker.handle(
+                envelope.job, inbox.cancel_event(envelope.id), partial_writer(envelope.id)
+            )
+        except Exception as exc:
+            log.error("request failed:\n%s", traceback.format_exc())
+            answer = error_answer(exc)
+        finally:
+            if envelope is not None:
+                inbox.forget(envelope.id)
+        answer["id"] = envelope.id if envelope is not None else None
+        write_line(answer)
+
+
+def write_line(message: dict[str, Any]) -> None:
+    sys.stdout.write(json.dumps(message) + "\n")
+    sys.stdout.flush()
+
+
+def partial_writer(request_id: int) -> Emit:
+    """Lines of a request's text so far (streamed chat), each before its answer line."""
+    return lambda message: write_line({**message, "id": request_id, "partial": True})
+
+
+def main() -> int:
+    logging.basicConfig(
+        level=logging.INFO,
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    asyncio.run(serve(Worker(Settings())))
+    return 0

@@ -1,0 +1,2 @@
+"""`python -m runners.inspector`: import one environment file in a process of its own and
+answer questions about its config class over a line protocol."""

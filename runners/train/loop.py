@@ -1,0 +1,402 @@
+"""The training runner: `python -m runners.train --run-dir DIR` is what a run is.
+
+It reads DIR/config.json (the RunSpec frozen by the server), records its progress in the
+database, and runs the RL loop, one step at a time: sample with the current weights ->
+advantages -> forward_backward + optim_step -> record; checkpoints and evaluations between
+steps. SIGTERM ends it cleanly with a checkpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+import time
+import traceback
+from collections.abc import Awaitable
+from pathlib import Path
+from typing import TYPE_CHECKING, TypeVar
+
+from core import lifecycle
+from core.checkpoint_check import CheckpointUnusable
+from core.db import make_engine
+from core.models import RunStatus
+from core.procs import process_start_time
+from core.run_folder import RunFolder
+from core.settings import Settings
+from core.spec import RunSpec
+from environments.base import EnvConfig
+from runners.episodes.policy import SamplerPolicy, bounded
+from runners.episodes.rollouts import Collected, Episode
+from runners.episodes.sources import env_context, load_sources
+from runners.train.advantages import Weighted, grpo_advantages, rebn_advantages
+from runners.train.datums import kl_metrics, make_datums
+from runners.train.disk_full import full_errno
+from runners.train.resume import loadable_state
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import Engine
+
+    from runners.backends.surface import SamplingClient, TrainingClient
+    from runners.episodes.collection import Collector
+    from runners.train.report import Reporter
+
+log = logging.getLogger("runner")
+STOP_POLL_S = 1.0  # how often the runner reads whether a stop was requested
+T = TypeVar("T")
+
+
+class Stopped(Exception):
+    """SIGTERM arrived: wind down with a checkpoint."""
+
+
+class Trainer:
+    def __init__(self, settings: Settings, folder: RunFolder, spec: RunSpec, engine: Engine):
+        self.settings = settings
+        self.folder = folder
+        self.run_id = spec.run_id
+        self.sources = load_sources(spec, env_context(settings))
+        self.config: EnvConfig = self.sources[0].config  # training settings come from it
+        self.engine = engine
+        self.stop_event = asyncio.Event()
+        self.step = 0
+        # The step of the last checkpoint this attempt holds (or resumed from): a stop right
+        # after a periodic save must not save the same name again (Tinker refuses that).
+        self.saved_step: int | None = None
+
+    async def run(self) -> RunStatus:
+        training = await self.set_up()
+        status = RunStatus.succeeded
+        try:
+            while self.step < self.config.total_steps:
+                if self.stop_event.is_set():
+                    raise Stopped
+                await self.train_step(training, self.step + 1)
+        except Stopped:
+            log.info("stop requested: stopping after step %s", self.step)
+            status = RunStatus.stopped
+        await self.tear_down(training, status)
+        return status
+
+    # Set-up --------------------------------------------------------------------------------
+
+    async def set_up(self) -> TrainingClient:
+        """Backend, tokenizer, collector and reporter; a training client, fresh or resumed."""
+        # Heavy imports live here so `--help` and the server's imports stay light.
+        from tinker import types
+
+        from runners.backends.factory import create_service, resolve_backend
+        from runners.episodes.collection import Collector, concurrency_for
+        from runners.episodes.render import Renderer
+        from runners.models.loading import load_tokenizer
+        from runners.train.report import Reporter
+
+        cfg = self.config
+        backend = resolve_backend(cfg.backend, self.settings)
+        log.info(
+            "run %s: %s on %s backend, model %s",
+            self.run_id,
+            " + ".join(f"{s.name} (weight {s.weight:g})" for s in self.sources),
+            backend,
+            cfg.model_name,
+        )
+        service = create_service(backend, self.settings, self.folder.path / "checkpoints")
+        tokenizer = load_tokenizer(cfg.model_name, self.settings.models_dir)
+        self.renderer = Renderer(tokenizer, cfg.prompt_template, cfg.system_prompt)
+        self.collector: Collector = Collector(
+            self.sources, self.renderer, concurrency_for(cfg, backend)
+        )
+        self.reporter: Reporter = Reporter(
+            self.engine, self.settings, self.run_id, self.folder, cfg
+        )
+        self.adam = types.AdamParams(
+            learning_rate=cfg.learning_rate, beta1=0.9, beta2=0.95, eps=1e-8
+        )
+
+        own_resume = self.folder.resume_point()  # a new attempt of this run
+        wanted = own_resume.state_path if own_resume else cfg.resume_from
+        if wanted is None:
+            training = await self._call(
+                service.create_lora_training_client(
+                    base_model=cfg.model_name, rank=cfg.lora_rank, seed=cfg.seed
+                ),
+                "create_lora_training_client",
+            )
+        else:
+            wanted_step = own_resume.step if own_resume else step_from_name(wanted)
+            state_path, self.step = loadable_state(wanted, wanted_step)
+            if own_resume and self.step != wanted_step:
+                lifecycle.rewind(self.engine, self.run_id, self.step)
+            self.saved_step = self.step
+            log.info("resuming from %s at step %s", state_path, self.step)
+            training = await self._call(
+                service.create_training_client_from_state_with_optimizer(state_path), "resume"
+            )
+        # Our own earlier attempt logged under this run's W&B id: rewind it to the checkpoint.
+        self.reporter.start_wandb(resume_step=self.step if own_resume else None)
+        return training
+
+    # One step ------------------------------------------------------------------------------
+
+    async def train_step(self, training: TrainingClient, step: int) -> None:
+        started = time.monotonic()
+        collected = await self.sample(training, step)
+        sampled = time.monotonic()
+        weighted, dropped = self.advantages(self.collector.usable(collected), step)
+        train_metrics = await self.train(training, weighted)
+        trained = time.monotonic()
+        self.step = step
+        self.record(
+            step,
+            collected,
+            {
+                **train_metrics,
+                "sampler/dropped_groups": dropped,
+                "time/sample": sampled - started,
+                "time/train": trained - sampled,
+                "time/step": trained - started,
+            },
+        )
+        cfg = self.config
+        if cfg.save_every and step % cfg.save_every == 0 and step < cfg.total_steps:
+            await self.checkpoint(training)
+        if cfg.steps_per_eval and step % cfg.steps_per_eval == 0:
+            await self.evaluate(training)
+
+    async def sample(self, training: TrainingClient, step: int) -> Collected:
+        """The step's episodes, sampled from a snapshot of the current weights."""
+        sampler = await self._call(
+            training.save_weights_and_get_sampling_client(), "sampler snapshot"
+        )
+        collected = await self._until_stopped(
+            self.collector.train_batch(self._policy(sampler, step), step)
+        )
+        if not collected.episodes and collected.failed:
+            raise RuntimeError(
+                f"every episode of step {step} failed ({collected.failed}), e.g. "
+                f"{collected.errors[0]}"
+            )
+        if collected.errors:
+            log.warning(
+                "step %s: %s episode(s) failed, e.g. %s",
+                step,
+                collected.failed,
+                collected.errors[0],
+            )
+        return collected
+
+    def advantages(self, episodes: list[Episode], step: int) -> tuple[list[Weighted], int]:
+        """Weighted transitions and the number of groups dropped (no signal in them)."""
+        cfg = self.config
+        if cfg.advantage == "rebn":
+            return rebn_advantages(episodes, cfg.gamma, cfg.batch_size, seed=cfg.seed + step), 0
+        return grpo_advantages(episodes, cfg.scale_advantage_by_std)
+
+    async def train(self, training: TrainingClient, weighted: list[Weighted]) -> dict[str, float]:
+        """forward_backward and optim_step, submitted back to back, then awaited."""
+        datums, kept = make_datums(weighted)
+        if not datums:
+            return {}
+        cfg = self.config
+        fwd_bwd = training.forward_backward(datums, cfg.loss_fn, dict(cfg.loss_fn_config))
+        optim = training.optim_step(self.adam)
+        result = await self._call(fwd_bwd, "forward_backward")
+        await self._call(optim, "optim_step")
+        action_tokens = sum(len(w.transition.action_tokens) for w in kept)
+        loss_sum = float(result.metrics.get("loss:sum", 0.0))
+        return {
+            "train/loss": loss_sum / max(1, action_tokens),
+            "train/loss_sum": loss_sum,
+            "train/num_datums": len(datums),
+            "train/num_action_tokens": action_tokens,
+            **kl_metrics(kept, result.loss_fn_outputs),
+        }
+
+    def record(self, step: int, collected: Collected, metrics: dict[str, float]) -> None:
+        episode_metrics = self.collector.metrics(collected.episodes, "env")
+        all_metrics = {
+            **episode_metrics,
+            "sampler/failed_episodes": collected.failed,
+            **metrics,
+        }
+        self.reporter.step(step, self.config.total_steps, all_metrics)
+        example = self.collector.example(collected.episodes)
+        if example:
+            print(example, flush=True)
+
+    # Between steps -------------------------------------------------------------------------
+
+    async def checkpoint(self, training: TrainingClient, final: bool = False) -> None:
+        if self.saved_step == self.step:
+            log.info("step %s is already checkpointed; nothing new to save", self.step)
+            return
+        name = f"step-{self.step:06d}"
+        state = await self._call(training.save_state(name), "save_state")
+        sampler = await self._call(training.save_weights_for_sampler(name), "save_weights")
+        self.saved_step = self.step
+        self.reporter.checkpoint(self.step, name, state.path, sampler.path, final=final)
+
+    async def evaluate(self, training: TrainingClient) -> None:
+        """Held-out tasks (`eval` split) of every environment of the run, one episode each."""
+        sampler = await self._call(
+            training.save_weights_and_get_sampling_client(), "sampler snapshot"
+        )
+        policy = self._policy(sampler, 10_000_000 + self.step)
+        collected = await self._until_stopped(self.collector.eval_batch(policy))
+        metrics = self.collector.metrics(collected.episodes, "eval")
+        metrics["eval/failed_episodes"] = collected.failed
+        self.reporter.eval(self.step, metrics)
+
+    # Teardown ------------------------------------------------------------------------------
+
+    async def tear_down(self, training: TrainingClient, status: RunStatus) -> None:
+        """A last checkpoint (also on a stop), a last evaluation when one is due, W&B closed."""
+        cfg = self.config
+        await self.checkpoint(training, final=status == RunStatus.succeeded)
+        due = cfg.steps_per_eval and cfg.total_steps % cfg.steps_per_eval != 0
+        if status == RunStatus.succeeded and due:
+            await self.evaluate(training)
+        self.reporter.finish_wandb()
+
+    # Helpers -------------------------------------------------------------------------------
+
+    async def _call(self, call: Awaitable[T], what: str) -> T:
+        return await bounded(call, self.settings.backend_call_timeout_s, what)
+
+    async def _until_stopped(self, work: Awaitable[T]) -> T:
+        """Await `work`, abandoning it if SIGTERM arrives first."""
+        task = asyncio.ensure_future(work)
+        stop = asyncio.create_task(self.stop_event.wait())
+        done, _ = await asyncio.wait({task, stop}, return_when=asyncio.FIRST_COMPLETED)
+        stop.cancel()
+        if task not in done:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            raise Stopped
+        return task.result()
+
+    def _policy(self, sampler: SamplingClient, step: int) -> SamplerPolicy:
+        cfg = self.config
+        return SamplerPolicy(
+            sampler,
+            max_tokens=cfg.max_token_length,
+            temperature=cfg.temperature,
+            top_p=cfg.top_p,
+            top_k=cfg.top_k,
+            stop=self.renderer.stop_token_ids(),
+            seed=(cfg.seed * 7_919 + step) * 100_003,
+            timeout_s=self.settings.backend_call_timeout_s,
+        )
+
+
+def step_from_name(path: str) -> int:
+    """The step in a checkpoint name like .../step-000050 (0 when the name has none)."""
+    tail = path.rstrip("/").split("/")
+    for part in reversed(tail):
+        if part.startswith("step-") and part[5:].isdigit():
+            return int(part[5:])
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Run one training run from its folder.")
+    parser.add_argument("--run-dir", type=Path, required=True)
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO,
+        stream=sys.stdout,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    for noisy in ("httpx", "urllib3", "filelock", "huggingface_hub"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    settings = Settings()
+    folder = RunFolder(args.run_dir.resolve())
+    folder.adopt_carried(settings.run_spec, settings.resume_point)
+    spec = folder.spec()
+    engine = make_engine(settings.db_url)
+    pid = os.getpid()
+    if not lifecycle.record_running(engine, spec.run_id, pid, process_start_time(pid)):
+        # Stopped (or settled) before this process got going: nothing to do.
+        lifecycle.record_end(engine, spec.run_id, RunStatus.stopped, details="stopped before start")
+        return 0
+    try:
+        return asyncio.run(_run(Trainer(settings, folder, spec, engine)))
+    except Exception as exc:
+        kind, summary = classify(exc)
+        try:
+            lifecycle.record_end(
+                engine, spec.run_id, RunStatus.failed, failure_kind=kind, details=summary
+            )
+        finally:
+            # Printed after the record: on a full disk, writing the log may fail as well.
+            log.error("run failed: %s", summary)
+            traceback.print_exc()
+        return 1
+
+
+async def _run(trainer: Trainer) -> int:
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, trainer.stop_event.set)
+    watcher = asyncio.create_task(_watch_stop_request(trainer))
+    try:
+        status = await trainer.run()
+    finally:
+        watcher.cancel()
+    details = (
+        f"stopped at step {trainer.step}; resumable from its checkpoint"
+        if status == RunStatus.stopped
+        else None
+    )
+    lifecycle.record_end(trainer.engine, trainer.run_id, status, details=details)
+    print(f"run {status.value} at step {trainer.step}", flush=True)
+    return 0
+
+
+async def _watch_stop_request(trainer: Trainer) -> None:
+    """A stop asked through the database works like SIGTERM, from a server that cannot signal
+    this process (another machine, or one that adopted the run)."""
+    while not trainer.stop_event.is_set():
+        await asyncio.sleep(STOP_POLL_S)
+        try:
+            asked = await asyncio.to_thread(
+                lifecycle.stop_requested, trainer.engine, trainer.run_id
+            )
+        except Exception:  # a database hiccup must not end the run; SIGTERM still works
+            log.warning("could not read the stop request; trying again", exc_info=True)
+            continue
+        if asked:
+            log.info("a stop was requested through the database")
+            trainer.stop_event.set()
+
+
+def classify(exc: Exception) -> tuple[str, str]:
+    """A failure kind and a one-line reason a user can act on."""
+    name = type(exc).__name__
+    if full_errno(exc) is not None:
+        return "disk_full", disk_full_reason(exc)
+    if isinstance(exc, CheckpointUnusable):
+        return "checkpoint", (
+            f"{exc}. Resume from an earlier checkpoint (checkpoint_step), or point resume_from "
+            "at another one."
+        )
+    if name in ("TinkerUnavailable", "TinkerUnreachable"):
+        return "backend", str(exc)
+    if name == "ModelNotAvailable":
+        return "model", str(exc)
+    if name in ("ImportError", "ModuleNotFoundError"):
+        return "environment", f"the environment could not be imported: {exc}"
+    return "error", f"{name}: {exc}"
+
+
+def disk_full_reason(exc: BaseException) -> str:
+    where = getattr(exc, "filename", None)
+    what = f"while writing {where}" if where else f"({type(exc).__name__}: {exc})"
+    return (
+        f"the disk is full (or its quota used up): the run stopped {what}. Free space on that "
+        "disk, or save checkpoints less often (save_every), then resume the run: it continues "
+        "from its last complete checkpoint, which the failed write left intact."
+    )

@@ -1,0 +1,174 @@
+"""The environment catalog: listing by source scan, lookup by name, inspecting on demand.
+
+Listing never imports. What needs the class (its Config) comes from an inspector subprocess
+(server.environments.inspector) on select, config, run and inference; a failure is remembered
+(per file version) and shown in the listing as `importable: false` with the error.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from core.spec import EnvSource
+from server.environments import discovery
+from server.environments.inspector import ConfigSchema, InspectFailed, Inspectors
+from server.errors import Conflict, InvalidValue, NotFound
+
+# Letters, digits, '_', '-' and single dots between them: nothing that walks a path.
+NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_\-]*(?:\.[A-Za-z0-9_\-]+)*$")
+NAME_MAX = 128
+COUNT_TTL_S = 10.0  # how old the environment count /health reports may be
+
+
+@dataclass(frozen=True)
+class EnvEntry:
+    name: str
+    class_name: str | None
+    file_path: str
+    description: str
+    importable: bool | None
+    error: str | None
+    path: Path
+
+    def source(self, config: dict[str, Any], weight: float = 1.0) -> EnvSource:
+        """This environment with `config`, as a run or the inference worker receives it."""
+        if self.class_name is None:
+            raise ValueError(f"{self.file_path} holds no environment class")
+        return EnvSource(
+            env_file=str(self.path), env_class=self.class_name, config=config, weight=weight
+        )
+
+
+class Catalog:
+    def __init__(
+        self,
+        dirs: list[Path],
+        root: Path,
+        inspectors: Inspectors | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        # Resolved once, so every path discovery returns is absolute and needs no resolve().
+        self._dirs = [d.resolve() for d in dirs]
+        self._root = root.resolve()
+        self._inspectors = inspectors
+        self._lock = threading.Lock()
+        # (path, class name) -> (file mtime, Config schema or error text) of the last attempt.
+        self._imports: dict[tuple[Path, str], tuple[float, ConfigSchema | str]] = {}
+        self._inspecting: dict[tuple[Path, str], threading.Lock] = {}
+        self._clock = clock
+        self._count: tuple[float, int] | None = None  # (when, how many) of the last scan
+
+    def list(self) -> list[EnvEntry]:
+        entries = [self._entry(found) for found in discovery.scan(self._dirs)]
+        self._count = (self._clock(), len(entries))
+        return entries
+
+    def count(self) -> int:
+        """How many environments there are, from a scan at most COUNT_TTL_S old (cheap)."""
+        last = self._count
+        if last is None or self._clock() - last[0] > COUNT_TTL_S:
+            return len(self.list())
+        return last[1]
+
+    def get(self, name: str) -> EnvEntry:
+        check_name(name)
+        entries = self.list()
+        for entry in entries:
+            if entry.name == name:
+                return entry
+        close = difflib.get_close_matches(name, [e.name for e in entries], n=3, cutoff=0.5)
+        hint = f" Did you mean {', '.join(close)}?" if close else ""
+        known = ", ".join(e.name for e in entries) or "none"
+        raise NotFound(
+            f"Unknown environment '{name}'.{hint} Known environments: {known} "
+            "(GET /environments lists them).",
+            close_matches=close,
+        )
+
+    def load(self, name: str) -> tuple[EnvEntry, ConfigSchema]:
+        """The environment's Config, from its inspector; a failure becomes a 409 naming it."""
+        entry = self.get(name)
+        if entry.class_name is None:
+            raise Conflict(
+                f"Environment '{name}' cannot be imported: {entry.error}. Fix {entry.file_path}.",
+                importable=False,
+                error=entry.error,
+            )
+        if self._inspectors is None:
+            raise RuntimeError("this catalog lists only; it was built without inspectors")
+        key = (entry.path, entry.class_name)
+        with self._lock:
+            # One inspection per file at a time; other files are not held up meanwhile.
+            file_lock = self._inspecting.setdefault(key, threading.Lock())
+        with file_lock:
+            mtime = _mtime(entry.path)
+            hit = self._imports.get(key)
+            if hit is None or hit[0] != mtime:
+                try:
+                    result: ConfigSchema | str = self._inspectors.inspect(*key, mtime)
+                except InspectFailed as exc:
+                    result = str(exc)
+                self._imports[key] = hit = (mtime, result)
+        if isinstance(hit[1], str):
+            raise Conflict(
+                f"Environment '{name}' cannot be imported: {hit[1]}. Fix {entry.file_path}.",
+                importable=False,
+                error=hit[1],
+            )
+        return self._entry_for(entry), hit[1]
+
+    def close(self) -> None:
+        """End the inspector processes (at server shutdown)."""
+        if self._inspectors is not None:
+            self._inspectors.close()
+
+    def _entry(self, found: discovery.FoundEnv) -> EnvEntry:
+        importable: bool | None = None
+        error = found.syntax_error
+        if error is not None:
+            importable = False
+        elif found.class_name is not None:
+            hit = self._imports.get((found.path, found.class_name))
+            if hit is not None and hit[0] == _mtime(found.path):
+                importable = not isinstance(hit[1], str)
+                error = hit[1] if isinstance(hit[1], str) else None
+        return EnvEntry(
+            name=found.name,
+            class_name=found.class_name,
+            file_path=self._relative(found.path),
+            description=found.description,
+            importable=importable,
+            error=error,
+            path=found.path,
+        )
+
+    def _entry_for(self, entry: EnvEntry) -> EnvEntry:
+        return EnvEntry(**{**entry.__dict__, "importable": True, "error": None})
+
+    def _relative(self, path: Path) -> str:
+        try:
+            return str(path.relative_to(self._root))
+        except ValueError:
+            return str(path)
+
+
+def check_name(name: str) -> None:
+    if len(name) > NAME_MAX or not NAME_PATTERN.match(name):
+        raise InvalidValue(
+            f"name: '{name[:80]}' is not a valid environment name; use letters, digits, "
+            "'_', '-' or '.' (no path characters), as listed by GET /environments."
+        )
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return -1.0

@@ -1,0 +1,189 @@
+"""Environment code runs in inspector subprocesses (`runners.inspector`), never in the server:
+one process per environment file version, each answer within a deadline. A file whose import
+hangs, raises, exits or floods its output costs its own process only."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import queue
+import signal
+import subprocess
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from core import procs
+from core.settings import PROJECT_ROOT, Settings
+from server.line_pipe import read_lines, send_line
+
+log = logging.getLogger(__name__)
+INSPECTOR_MODULE = "runners.inspector"
+MAX_PROCESSES = 8  # environments inspected at once; the least recently used one is ended
+
+
+class InspectFailed(Exception):
+    """The file could not be imported or inspected; the message says what happened."""
+
+
+class ConfigInvalid(Exception):
+    """The environment's Config rejected the values; `errors` as pydantic lists them."""
+
+    def __init__(self, errors: list[dict[str, Any]]) -> None:
+        super().__init__(f"{len(errors)} validation errors")
+        self.errors = errors
+
+
+@dataclass
+class ConfigSchema:
+    """What the server knows of an environment's Config, learnt from its inspector."""
+
+    fields: frozenset[str]
+    locked: frozenset[str]
+    schema: dict[str, Any]
+    defaults: dict[str, Any]
+    _ask: Callable[[dict[str, Any]], dict[str, Any]] = field(repr=False)
+
+    def validate(self, values: dict[str, Any]) -> dict[str, Any]:
+        """The values as the Config validates and dumps them (strict); ConfigInvalid else."""
+        answer = self._ask({"values": values})
+        if answer.get("ok"):
+            return answer["values"]
+        if "errors" in answer:
+            raise ConfigInvalid(answer["errors"])
+        raise InspectFailed(f"its Config's validation failed: {answer.get('error')}")
+
+
+class InspectorProcess:
+    """One `python -m runners.inspector FILE CLASS`: started, asked, ended."""
+
+    def __init__(self, settings: Settings, path: Path, class_name: str) -> None:
+        self.path = path
+        self.timeout_s = settings.inspect_timeout_s
+        self._lock = threading.Lock()
+        self._proc = subprocess.Popen(
+            [settings.python_executable, "-m", INSPECTOR_MODULE, str(path), class_name],
+            cwd=PROJECT_ROOT,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,  # a flood of output must not fill a pipe nobody reads
+            text=True,
+            env={**settings.inspector_environment(), procs.PARENT_PID_VARIABLE: str(os.getpid())},
+            start_new_session=True,
+        )
+        self._answers = read_lines(self._proc, "inspector-read")
+
+    def first_answer(self) -> dict[str, Any]:
+        with self._lock:
+            return self._wait("importing it")
+
+    def ask(self, request: dict[str, Any]) -> dict[str, Any]:
+        with self._lock:
+            if not send_line(self._proc, request):
+                self.close()
+                raise InspectFailed("its inspector process is gone; try again")
+            return self._wait("validating a config")
+
+    def _wait(self, doing: str) -> dict[str, Any]:
+        try:
+            line = self._answers.get(timeout=self.timeout_s)
+        except queue.Empty:
+            self.close()
+            raise InspectFailed(
+                f"{doing} did not finish within {self.timeout_s:g} s (RLCS_INSPECT_TIMEOUT_S); "
+                "its inspector process was stopped. Look for code that blocks at import time "
+                "(a network call, input(), an endless loop)"
+            ) from None
+        if line is None:
+            code = self._proc.wait(timeout=5)
+            raise InspectFailed(
+                f"its process ended while {doing} ({procs.describe_exit(code)}): the file "
+                "exits or crashes the interpreter at import (os._exit, a fatal signal)"
+            )
+        return json.loads(line)
+
+    @property
+    def alive(self) -> bool:
+        return self._proc.poll() is None
+
+    def close(self) -> None:
+        if self._proc.poll() is None:
+            procs.signal_group(self._proc.pid, signal.SIGKILL)  # it and anything it started
+        try:
+            self._proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            log.warning("inspector %s did not end after SIGKILL", self._proc.pid)
+        if self._proc.stdin is not None:
+            try:
+                self._proc.stdin.close()
+            except OSError:
+                pass
+
+
+Key = tuple[Path, str, float]  # file, class, mtime
+
+
+class Inspectors:
+    """Inspector processes by (file, class, mtime), at most MAX_PROCESSES alive; one that was
+    ended (evicted, timed out, crashed) is started again when next asked."""
+
+    def __init__(self, settings: Settings) -> None:
+        self._settings = settings
+        self._lock = threading.Lock()
+        self._alive: OrderedDict[Key, InspectorProcess] = OrderedDict()
+
+    def inspect(self, path: Path, class_name: str, mtime: float) -> ConfigSchema:
+        """Import the file in an inspector and describe its Config; InspectFailed else."""
+        key = (path, class_name, mtime)
+        process, first = self._start(key)
+        self._keep(key, process)
+        return ConfigSchema(
+            fields=frozenset(first["fields"]),
+            locked=frozenset(first["locked"]),
+            schema=first["schema"],
+            defaults=first["defaults"],
+            _ask=lambda request: self._ask(key, request),
+        )
+
+    def _start(self, key: Key) -> tuple[InspectorProcess, dict[str, Any]]:
+        process = InspectorProcess(self._settings, key[0], key[1])
+        try:
+            first = process.first_answer()
+        except InspectFailed:
+            process.close()
+            raise
+        if not first.get("ok"):
+            process.close()
+            raise InspectFailed(first.get("error", "unknown error"))
+        return process, first
+
+    def _keep(self, key: Key, process: InspectorProcess) -> None:
+        with self._lock:
+            old = [self._alive.pop(k) for k in list(self._alive) if k[:2] == key[:2]]
+            self._alive[key] = process
+            while len(self._alive) > MAX_PROCESSES:
+                old.append(self._alive.popitem(last=False)[1])
+        for proc in old:
+            if proc is not process:
+                proc.close()
+
+    def _ask(self, key: Key, request: dict[str, Any]) -> dict[str, Any]:
+        with self._lock:
+            process = self._alive.get(key)
+            if process is not None:
+                self._alive.move_to_end(key)
+        if process is None or not process.alive:
+            process = self._start(key)[0]
+            self._keep(key, process)
+        return process.ask(request)
+
+    def close(self) -> None:
+        with self._lock:
+            old = list(self._alive.values())
+            self._alive.clear()
+        for proc in old:
+            proc.close()

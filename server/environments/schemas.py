@@ -1,0 +1,52 @@
+"""Bodies of the environment and config routes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+)
+
+from server.schemas import MAX_FIELDS, Request
+
+
+class EnvironmentOut(BaseModel):
+    name: str
+    class_name: str | None
+    file_path: str
+    description: str
+    importable: bool | None = Field(description="null until an import was attempted")
+    error: str | None
+
+
+class SelectOut(BaseModel):
+    selected: str
+    file_path: str
+    class_name: str | None
+    description: str
+    config: dict[str, Any]
+
+
+class ConfigOut(BaseModel):
+    model_config = ConfigDict(populate_by_name=True)
+
+    environment: str
+    configurable_fields: dict[str, Any]
+    locked_fields: dict[str, Any]
+    schema_: dict[str, Any] = Field(alias="schema", serialization_alias="schema")
+    version: int
+    updated_at: str | None
+
+
+class ConfigEditIn(Request):
+    field: str = Field(min_length=1, max_length=128)
+    value: Any = Field(description="The new value, as its JSON type")
+
+
+class ConfigPutIn(Request):
+    values: dict[str, Any] = Field(
+        max_length=MAX_FIELDS, description="Fields to change, validated together"
+    )

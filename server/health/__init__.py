@@ -1,0 +1,1 @@
+"""`GET /health` and the dashboard page at `/`: both open without a token."""

@@ -1,0 +1,26 @@
+"""POST /test/inference: sample a model (or a run's adapter) on prompts and score them."""
+
+# No `from __future__ import annotations`: FastAPI must see the body model built below, which a
+# string annotation naming a local variable would hide from it.
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Request
+
+from server.deps import Services, services
+from server.inference.schemas import InferenceOut, inference_in
+
+
+def router_for(max_prompts: int) -> APIRouter:
+    """The route, its body capped at `max_prompts` prompts (RLCS_INFERENCE_MAX_PROMPTS)."""
+    router = APIRouter(tags=["inference"])
+    body_model = inference_in(max_prompts)
+
+    @router.post("/test/inference", response_model=InferenceOut)
+    async def test_inference(
+        body: body_model,  # type: ignore[valid-type]
+        svc: Annotated[Services, Depends(services)],
+        request: Request,
+    ) -> dict[str, Any]:
+        return await svc.inference.infer_for(body, request.is_disconnected)
+
+    return router

@@ -1,0 +1,168 @@
+"""Test inference: resolve environment, model and adapter, ask the worker, summarise.
+
+Each answer comes within the time budget (RLCS_INFERENCE_BUDGET_S): what the model has not
+finished by then is returned cut short, marked so. The default model is loaded at start-up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from sqlalchemy.engine import Engine
+
+from core.checkpoint_check import SAMPLER_KIND
+from core.model_names import LOCAL_DEFAULT_MODEL
+from core.settings import Settings
+from core.spec import InferenceJob, WarmJob
+from server.environments.configs import ConfigService
+from server.environments.model_check import ModelCheck
+from server.errors import DomainError, NotFound, Unavailable
+from server.inference.schemas import InferenceIn
+from server.inference.worker import InferenceWorker
+from server.runs.service import RunService
+
+log = logging.getLogger(__name__)
+WARMUP_TIMEOUT_S = 900.0  # a first start converts SmolLM2 from its GGUF (tens of seconds)
+CLIENT_POLL_S = 0.25  # how often a request in flight checks that its client is still there
+
+
+class InferenceService:
+    def __init__(
+        self,
+        settings: Settings,
+        engine: Engine,
+        configs: ConfigService,
+        runs: RunService,
+        worker: InferenceWorker,
+        models: ModelCheck,
+    ) -> None:
+        self._settings = settings
+        self._engine = engine
+        self._configs = configs
+        self._runs = runs
+        self.worker = worker
+        self._models = models
+
+    async def infer_for(
+        self, body: InferenceIn, disconnected: Callable[[], Awaitable[bool]]
+    ) -> dict[str, Any]:
+        """`infer` in a thread, cancelling the work in the worker if the client goes away."""
+        abandoned = threading.Event()
+        answer = asyncio.ensure_future(asyncio.to_thread(self.infer, body, abandoned))
+        while not answer.done():
+            await asyncio.wait({answer}, timeout=CLIENT_POLL_S)
+            if not answer.done() and await disconnected():
+                abandoned.set()  # the worker stops decoding at its next step
+                break
+        return await answer
+
+    def infer(self, body: InferenceIn, abandoned: threading.Event | None = None) -> dict[str, Any]:
+        arrived = time.time()
+        budget = min(self._settings.inference_budget_s, self._settings.inference_timeout_s)
+        adapter = None
+        if body.run_id is not None:
+            run = self._runs.row(body.run_id)
+            spec = self._runs.spec(run)
+            name = body.environment or run.environment
+            base = spec.config if name == run.environment else {}
+            entry, config = self._configs.revalidate(name, base, {})
+            adapter = self.adapter(body.run_id, body.checkpoint_step)
+            model = config.model_name
+        else:
+            name = body.environment or self._configs.selected()
+            entry, config = self._configs.resolve(name)
+            model = body.model or config.model_name
+            field = "model" if body.model is not None else "model_name (from the config)"
+            self._models.check(model, config.backend, field, "sample", error=NotFound)
+        job = InferenceJob(
+            source=entry.source(config.model_dump(mode="json")),
+            model=model,
+            adapter=adapter,
+            prompts=body.prompts,
+            num_items=body.num_items,
+            max_tokens=body.max_tokens,
+            temperature=body.temperature,
+            seed=body.seed,
+            deadline=arrived + budget,
+            budget_s=budget,
+        )
+        answer = self.worker.request(
+            job,
+            self._settings.inference_timeout_s,
+            queue_s=budget - (time.time() - arrived),
+            abandoned=abandoned,
+        )
+        if not answer.get("ok"):
+            raise _error_for(answer, model)
+        results = answer["results"]
+        return {
+            "environment": entry.name,
+            "model": model,
+            "adapter": adapter,
+            "backend": answer["backend"],
+            "results": results,
+            "summary": summarize(results, answer["latency_s"]),
+        }
+
+    def warm_up(self) -> None:
+        """Load the model a first request would use, in the background (local backend)."""
+        settings = self._settings
+        if not settings.inference_warmup or settings.default_backend != "local":
+            return
+        threading.Thread(target=self._warm, name="inference-warm-up", daemon=True).start()
+
+    def _warm(self) -> None:
+        try:
+            model = self._default_model()
+            started = time.monotonic()
+            answer = self.worker.request(WarmJob(model=model, backend="local"), WARMUP_TIMEOUT_S)
+        except Exception as exc:  # a failed warm-up only costs the first request its speed
+            log.warning("inference warm-up did not finish: %s", exc)
+            return
+        if answer.get("ok"):
+            log.info("inference worker warm: %s in %.1f s", model, time.monotonic() - started)
+        else:
+            log.warning("inference warm-up failed: %s", answer.get("error"))
+
+    def _default_model(self) -> str:
+        """The selected environment's model when it runs locally, else the local default."""
+        try:
+            _, config = self._configs.resolve(self._configs.selected())
+        except DomainError:  # nothing selected, or it does not import
+            return LOCAL_DEFAULT_MODEL
+        if self._models.backend_for(config.backend) != "local":
+            return LOCAL_DEFAULT_MODEL
+        return config.model_name
+
+    def adapter(self, run_id: str, step: int | None) -> str:
+        """The path of a run's sampler checkpoint at `step` (default: its latest)."""
+        return self._runs.checkpoint(run_id, SAMPLER_KIND, step, "sample", verify=False).path
+
+
+def summarize(results: list[dict[str, Any]], latency_s: float) -> dict[str, Any]:
+    scored = [r["score"] for r in results if r.get("score") is not None]
+    return {
+        "count": len(results),
+        "scored": len(scored),
+        "mean_score": sum(scored) / len(scored) if scored else None,
+        "percent_correct": (
+            100.0 * sum(1 for r in results if r.get("correct")) / len(results) if results else None
+        ),
+        "tokens": sum(int(r.get("tokens") or 0) for r in results),
+        "truncated": sum(1 for r in results if r.get("truncated")),
+        "latency_s": latency_s,
+    }
+
+
+def _error_for(answer: dict[str, Any], model: str) -> Exception:
+    kind, error = answer.get("kind"), answer.get("error", "unknown error")
+    if kind == "model":
+        return NotFound(f"model: {error}")
+    if kind == "backend":
+        return Unavailable(f"the training backend is not usable for inference: {error}")
+    return Unavailable(f"inference failed for model {model}: {error}")

@@ -1,0 +1,252 @@
+"""The `ray` launcher (RLCS_LAUNCHER=ray): a queued run becomes a Ray job whose submission id
+is the run's (a retried submit never makes a second job), its spec travelling in the job's
+environment; the supervisor reads each job's state every tick to say why it waits, to stop it
+after the grace period and to record an end its runner could not (DESIGN §4, issue 15)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import shlex
+from datetime import timedelta
+from typing import Any
+
+from sqlalchemy.engine import Engine
+
+from core import lifecycle
+from core.db import write_session
+from core.models import FINISHED, RAY_LAUNCHER, Run, RunStatus, utcnow
+from core.run_folder import RunFolder
+from core.settings import Settings
+from server.launch import exit_cause
+from server.launch.ray_jobs import FINAL_STATES, JobState, RayJobs, RayUnreachable, Resources
+
+log = logging.getLogger(__name__)
+LOG_TAIL_LINES = 20
+
+
+def job_id_for(run: Run) -> str:
+    """The run id for its first attempt; a resumed run's later attempts are new jobs."""
+    return run.id if run.attempt <= 1 else f"{run.id}-{run.attempt}"
+
+
+def resources_for(config: dict[str, Any], settings: Settings) -> Resources:
+    """What the job asks of the cluster: the config's num_gpus/num_cpus, else 1 GPU for a
+    local backend told to use CUDA, none for Tinker (its GPUs are remote), and 1 CPU."""
+    num_gpus = config.get("num_gpus")
+    if num_gpus is None:
+        backend = config.get("backend", "auto")
+        if backend == "auto":
+            backend = settings.default_backend
+        num_gpus = 1 if backend == "local" and settings.device == "cuda" else 0
+    num_cpus = config.get("num_cpus")
+    return Resources(num_cpus=1.0 if num_cpus is None else float(num_cpus), num_gpus=num_gpus)
+
+
+class RayLauncher:
+    def __init__(self, settings: Settings, engine: Engine, jobs: RayJobs | None = None) -> None:
+        self._settings = settings
+        self._engine = engine
+        self.jobs = jobs or RayJobs(settings)
+        self._stop_sent: set[str] = set()
+
+    def health(self) -> dict[str, Any]:
+        reachable = self.jobs.reachable()
+        return {
+            "kind": RAY_LAUNCHER,
+            "address": self.jobs.address,
+            "reachable": reachable,
+            "reason": None if reachable else self.jobs.last_error,
+        }
+
+    # Starting ------------------------------------------------------------------------------
+
+    def start(self, run: Run) -> bool:
+        """Submit a queued run as a Ray job; False when Ray cannot be reached (the run stays
+        queued, saying so, and no later run is tried this tick)."""
+        job_id = job_id_for(run)
+        folder = RunFolder(run.run_dir)
+        spec = folder.spec()
+        resume = folder.resume_point()
+        env = self._settings.runner_variables(
+            run_spec=spec.model_dump_json(exclude_none=True),
+            resume_point=resume.model_dump_json() if resume is not None else None,
+        )
+        entrypoint = shlex.join(
+            [
+                self._settings.python_executable,
+                "-m",
+                self._settings.runner_module,
+                "--run-dir",
+                run.run_dir,
+            ]
+        )
+        # The job's stored metadata names the run, never a key: keys travel in env_vars only.
+        metadata = {"rlcs_run_id": run.id, "environment": run.environment}
+        try:
+            self.jobs.submit(
+                job_id, entrypoint, env, resources_for(spec.config, self._settings), metadata
+            )
+        except RayUnreachable as exc:
+            self._note_waiting(run.id, f"waiting for the Ray cluster (RLCS_RAY_ADDRESS): {exc}")
+            return False
+        except (RuntimeError, ValueError) as exc:  # Ray refused the job itself
+            lifecycle.set_status(
+                self._engine,
+                run.id,
+                RunStatus.failed,
+                failure_kind="launcher",
+                details=f"Ray refused the job: {exc}"[:4000],
+            )
+            return True
+        with write_session(self._engine) as session:
+            row = session.get(Run, run.id)
+            submitted = row is not None and row.status == RunStatus.queued
+            if submitted:
+                assert row is not None
+                lifecycle.transition(
+                    session,
+                    row,
+                    RunStatus.queued,
+                    launcher=RAY_LAUNCHER,
+                    job_id=job_id,
+                    details=f"submitted to Ray as job {job_id}; waiting for it to start",
+                )
+        if not submitted:  # cancelled while being submitted
+            self.jobs.stop(job_id)
+        log.info("submitted run %s as Ray job %s", run.id, job_id)
+        return True
+
+    def _note_waiting(self, run_id: str, why: str) -> None:
+        with write_session(self._engine) as session:
+            row = session.get(Run, run_id)
+            if row is not None and row.status == RunStatus.queued and row.details != why:
+                lifecycle.transition(session, row, RunStatus.queued, details=why)
+
+    # Watching ------------------------------------------------------------------------------
+
+    def watch(self, runs: list[Run]) -> None:
+        """One look at each unfinished Ray run's job; nothing is decided while Ray is away."""
+        capacity: dict[str, tuple[float, float]] | None = None
+        for run in runs:
+            assert run.job_id is not None
+            try:
+                state = self.jobs.state(run.job_id)
+                if state is None:
+                    self._settle(run, None)
+                elif state.status in FINAL_STATES:
+                    self._settle(run, state)
+                elif state.status == "PENDING" and run.status == RunStatus.queued:
+                    if capacity is None:
+                        capacity = self.jobs.capacity()
+                    self._note_waiting(run.id, self._pending_reason(run, state, capacity))
+                elif run.status == RunStatus.stopping:
+                    self._enforce_stop(run, state)
+            except RayUnreachable:
+                return  # the runs go on in Ray; /health says the launcher is unreachable
+
+    def _pending_reason(
+        self, run: Run, state: JobState, capacity: dict[str, tuple[float, float]]
+    ) -> str:
+        wants = resources_for(json.loads(run.config_json), self._settings)
+        why = ""
+        gpus_used, gpus_total = capacity.get("GPU", (0.0, 0.0))
+        cpus_used, cpus_total = capacity.get("CPU", (0.0, 0.0))
+        if capacity and wants.num_gpus > gpus_total:
+            why = (
+                f"it asks for {wants.num_gpus:g} GPU(s) (num_gpus) and the cluster has "
+                f"{gpus_total:g} in all: it waits until a node with enough GPUs joins (or stop "
+                "it and start it with a smaller num_gpus). "
+            )
+        elif capacity and wants.num_gpus > gpus_total - gpus_used:
+            why = f"waiting for GPUs: {gpus_used:g} of {gpus_total:g} in use. "
+        elif capacity and wants.num_cpus > cpus_total - cpus_used:
+            why = f"waiting for CPUs: {cpus_used:g} of {cpus_total:g} in use. "
+        return f"Ray job {run.job_id} is PENDING: {why}Ray says: {state.message}"
+
+    def _enforce_stop(self, run: Run, state: JobState) -> None:
+        """The runner reads the stop request from the database and ends with a checkpoint; a
+        job still running after the grace period is stopped by Ray. A job that never started
+        ends the run at once: Ray delivers a stop to a pending job only once it is scheduled
+        (never, for one the cluster cannot fit), and no runner would record the end."""
+        assert run.job_id is not None
+        if state.status == "PENDING":
+            self.jobs.stop(run.job_id)
+            lifecycle.set_status(
+                self._engine,
+                run.id,
+                RunStatus.stopped,
+                details=f"stopped before it started; its Ray job {run.job_id} was PENDING and "
+                "is asked to stop (Ray stops it if the cluster ever schedules it)",
+            )
+            return
+        requested = run.stop_requested_at or utcnow()
+        overdue = utcnow() - requested > timedelta(seconds=self._settings.stop_grace_s)
+        if overdue and run.job_id not in self._stop_sent:
+            log.warning(
+                "run %s ignored the stop for %ss: stopping its Ray job",
+                run.id,
+                self._settings.stop_grace_s,
+            )
+            self.jobs.stop(run.job_id)
+            self._stop_sent.add(run.job_id)
+
+    # Settling ends -------------------------------------------------------------------------
+
+    def _settle(self, run: Run, state: JobState | None) -> None:
+        """Record how a job ended, unless its runner recorded its own end."""
+        assert run.job_id is not None
+        self._stop_sent.discard(run.job_id)
+        tail = self._log_tail(run.job_id) if state is not None else ""
+        with write_session(self._engine) as session:
+            row = session.get(Run, run.id)
+            if row is None or row.job_id != run.job_id:
+                return  # a later attempt is under way
+            status = RunStatus(row.status)
+            exit_code = state.exit_code if state is not None else None
+            if status in FINISHED:
+                if exit_code is not None and row.exit_code is None:
+                    lifecycle.transition(session, row, status, exit_code=exit_code)
+                return
+            if state is None:
+                why = f"Ray has no job {run.job_id} (was the cluster restarted?)"
+            else:
+                why = f"its Ray job {run.job_id} ended {state.status}: {state.message}"
+            if status == RunStatus.stopping:
+                lifecycle.transition(
+                    session,
+                    row,
+                    RunStatus.stopped,
+                    exit_code=exit_code,
+                    details=f"stopped on request; {why}",
+                )
+                return
+            if state is None:
+                kind, summary = "lost", f"lost: {why}, and the runner recorded no end"
+            elif exit_code is not None and exit_code != 0:
+                kind, summary = exit_cause.classify_exit(exit_code, f"exit code {exit_code}", None)
+                summary = f"{summary} ({why})"
+            elif state.status == "STOPPED":
+                lifecycle.transition(
+                    session, row, RunStatus.stopped, details=f"stopped outside this server; {why}"
+                )
+                return
+            else:
+                kind = "launcher" if row.started_at is None else "lost"
+                summary = f"{why}, and the runner recorded no end"
+            details = f"{summary}. Last lines of the job's log:\n{tail}" if tail else summary
+            lifecycle.transition(
+                session,
+                row,
+                RunStatus.failed,
+                exit_code=exit_code,
+                failure_kind=kind,
+                details=details[-8000:],
+            )
+
+    def _log_tail(self, job_id: str) -> str:
+        try:
+            text = self.jobs.logs(job_id)
+        except (RayUnreachable, RuntimeError):
+            return ""
+        return "\n".join(text.splitlines()[-LOG_TAIL_LINES:])[-4000:]

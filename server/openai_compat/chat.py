@@ -1,0 +1,143 @@
+"""Chat completions for the OpenAI-compatible endpoint: resolve the model id, hand the
+conversation to the warm inference worker, answer in OpenAI's shape (whole or streamed)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from core.settings import Settings
+from core.spec import ChatJob, ChatMessage
+from server.errors import InvalidValue, Unavailable
+from server.inference.worker import InferenceWorker
+from server.openai_compat.chat_models import ChatModels, Target, not_found
+from server.openai_compat.schemas import ChatCompletionIn
+
+CLIENT_POLL_S = 0.25  # how often a request in flight checks that its client is still there
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A checked request, ready for the worker: its job, when it arrived and its id."""
+
+    target: Target
+    job: ChatJob
+    arrived: float
+    completion_id: str
+    include_usage: bool
+
+
+class ChatService:
+    def __init__(self, settings: Settings, models: ChatModels, worker: InferenceWorker) -> None:
+        self._settings = settings
+        self.models = models
+        self._worker = worker
+
+    def prepare(self, body: ChatCompletionIn) -> Prepared:
+        """Resolve the model and build the worker's job (every 4xx is raised here, before a
+        stream has started)."""
+        arrived = time.time()
+        target = self.models.resolve(body.model)
+        messages = [
+            ChatMessage(role="system" if m.role == "developer" else m.role, content=m.text())
+            for m in body.messages
+        ]
+        job = ChatJob(
+            model=target.model,
+            adapter=target.adapter,
+            backend=target.backend,  # type: ignore[arg-type]
+            messages=messages,
+            max_tokens=body.token_limit(),
+            temperature=1.0 if body.temperature is None else body.temperature,
+            top_p=1.0 if body.top_p is None else body.top_p,
+            n=body.n or 1,
+            stop=body.stops(),
+            logprobs=bool(body.logprobs),
+            seed=body.seed,
+            stream=bool(body.stream),
+            deadline=arrived + self._budget_s(),
+        )
+        usage = bool(body.stream_options and body.stream_options.include_usage)
+        return Prepared(target, job, arrived, f"chatcmpl-{uuid.uuid4().hex[:24]}", usage)
+
+    def run(
+        self,
+        prepared: Prepared,
+        abandoned: threading.Event | None = None,
+        on_partial: Callable[[dict[str, Any]], None] | None = None,
+    ) -> dict[str, Any]:
+        """The worker's answer for `prepared` (blocking); a failure raises its 4xx/424."""
+        budget = self._budget_s()
+        answer = self._worker.request(
+            prepared.job,
+            self._settings.inference_timeout_s,
+            queue_s=budget - (time.time() - prepared.arrived),
+            abandoned=abandoned,
+            on_partial=on_partial,
+        )
+        if not answer.get("ok"):
+            raise worker_error(answer, prepared.target)
+        return answer
+
+    async def complete(
+        self, prepared: Prepared, disconnected: Callable[[], Awaitable[bool]]
+    ) -> dict[str, Any]:
+        """The whole completion; the worker stops decoding if the client goes away."""
+        abandoned = threading.Event()
+        answer = asyncio.ensure_future(asyncio.to_thread(self.run, prepared, abandoned))
+        while not answer.done():
+            await asyncio.wait({answer}, timeout=CLIENT_POLL_S)
+            if not answer.done() and await disconnected():
+                abandoned.set()
+                break
+        return completion_body(prepared, await answer)
+
+    def _budget_s(self) -> float:
+        return min(self._settings.inference_budget_s, self._settings.inference_timeout_s)
+
+
+def completion_body(prepared: Prepared, answer: dict[str, Any]) -> dict[str, Any]:
+    choices = [
+        {
+            "index": c["index"],
+            "message": {"role": "assistant", "content": c["text"], "refusal": None},
+            "finish_reason": c["finish_reason"],
+            "logprobs": {"content": c["logprobs"]} if c["logprobs"] is not None else None,
+        }
+        for c in answer["choices"]
+    ]
+    return {
+        "id": prepared.completion_id,
+        "object": "chat.completion",
+        "created": int(prepared.arrived),
+        "model": prepared.target.model_id,
+        "choices": choices,
+        "usage": usage(answer),
+        "system_fingerprint": None,
+    }
+
+
+def usage(answer: dict[str, Any]) -> dict[str, int]:
+    completion = sum(int(c["tokens"]) for c in answer["choices"])
+    prompt = int(answer["prompt_tokens"])
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+    }
+
+
+def worker_error(answer: dict[str, Any], target: Target) -> Exception:
+    kind, error = answer.get("kind"), answer.get("error", "unknown error")
+    if kind == "model":
+        return not_found(target.model_id, f"its weights do not load ({error})")
+    if kind == "backend":
+        return Unavailable(f"the {target.backend} backend is not usable for sampling: {error}")
+    if error.startswith("ValueError:"):  # the sampler refused the input (say, too long)
+        return InvalidValue(f"messages: {error.removeprefix('ValueError: ')}", param="messages")
+    return Unavailable(f"sampling {target.model_id} failed: {error}")

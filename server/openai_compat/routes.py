@@ -1,0 +1,43 @@
+"""GET /v1/models and POST /v1/chat/completions: an OpenAI-compatible face on base models and
+runs' checkpoints, for OpenAI clients (base_url http://host:port/v1, api_key = the token)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import StreamingResponse
+
+from server.deps import Services, services
+from server.openai_compat.chat_stream import stream
+from server.openai_compat.schemas import ChatCompletionIn, ChatCompletionOut, ModelListOut
+
+router = APIRouter(prefix="/v1", tags=["openai"])
+
+CHAT_RESPONSES: dict[int | str, dict[str, Any]] = {
+    200: {
+        "description": "The completion; with stream=true, server-sent chunks as OpenAI sends",
+        "content": {"text/event-stream": {"schema": {"type": "string"}}},
+    }
+}
+
+
+@router.get("/models", response_model=ModelListOut)
+async def list_models(svc: Annotated[Services, Depends(services)]) -> dict[str, Any]:
+    data = await asyncio.to_thread(svc.chat.models.listing)
+    return {"object": "list", "data": data}
+
+
+@router.post("/chat/completions", response_model=ChatCompletionOut, responses=CHAT_RESPONSES)
+async def chat_completions(
+    body: ChatCompletionIn, svc: Annotated[Services, Depends(services)], request: Request
+) -> Any:
+    prepared = await asyncio.to_thread(svc.chat.prepare, body)
+    if body.stream:
+        return StreamingResponse(
+            stream(svc.chat, prepared),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
+    return await svc.chat.complete(prepared, request.is_disconnected)

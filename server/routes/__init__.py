@@ -1,1 +1,0 @@
-"""HTTP routes: thin wrappers, one service call each."""

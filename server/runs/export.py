@@ -1,0 +1,219 @@
+"""Export a run's checkpoint as a Hugging Face folder: choose the checkpoint and the destination
+here (torch-free), then let `python -m runners.export` write it in its own process."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from core.checkpoint_check import SAMPLER_KIND, is_remote
+from core.models import Run
+from core.settings import PROJECT_ROOT, Settings
+from server.errors import Conflict, InvalidValue, Unavailable
+from server.runs.metrics import MetricsService
+from server.runs.service import RunService
+
+log = logging.getLogger(__name__)
+# runners.export.job's exit codes: the checkpoint failed its check; the destination is taken.
+_EXIT_UNUSABLE, _EXIT_EXISTS = 3, 4
+
+
+@dataclass(frozen=True)
+class ExportJob:
+    run_id: str
+    step: int
+    source: str  # the sampler folder, or for Tinker the state checkpoint's tinker:// path
+    tinker: bool
+    merged: bool
+    destination: Path
+    overwrite: bool
+    card: dict[str, Any]
+
+
+class ExportService:
+    def __init__(self, settings: Settings, runs: RunService, metrics: MetricsService) -> None:
+        self._settings = settings
+        self._runs = runs
+        self._metrics = metrics
+        self._busy: set[Path] = set()
+        self._lock = threading.Lock()
+
+    def export(
+        self,
+        run_id: str,
+        checkpoint_step: int | None,
+        merged: bool,
+        path: str | None,
+        overwrite: bool,
+    ) -> dict[str, Any]:
+        job = self.plan(run_id, checkpoint_step, merged, path, overwrite)
+        with self._lock:
+            if job.destination in self._busy:
+                raise Conflict(
+                    f"path: an export into {job.destination} is under way; wait for it, or "
+                    "choose another path."
+                )
+            self._busy.add(job.destination)
+        try:
+            answer = self._write(job)
+        finally:
+            with self._lock:
+                self._busy.discard(job.destination)
+        return {
+            "run_id": job.run_id,
+            "step": job.step,
+            "path": str(job.destination),
+            "files": answer.get("files", []),
+            "merged": job.merged,
+            "format": answer.get("format"),
+            "base_model": answer.get("base_model"),
+        }
+
+    # Choosing -----------------------------------------------------------------------------
+
+    def plan(
+        self,
+        run_id: str,
+        checkpoint_step: int | None,
+        merged: bool,
+        path: str | None,
+        overwrite: bool,
+    ) -> ExportJob:
+        """What to export and where, or the 404/409/422 that says why not (nothing written)."""
+        run = self._runs.row(run_id)
+        rows = self._runs.checkpoints(run_id)
+        sampler = self._runs.checkpoint(run_id, SAMPLER_KIND, checkpoint_step, "export")
+        step, source = sampler.step, sampler.path
+        tinker = is_remote(source)
+        if tinker:
+            if merged:
+                raise InvalidValue(
+                    "merged: a Tinker run is exported as Tinker writes its weights (its external "
+                    "Hugging Face format); leave merged out, and merge after downloading if needed."
+                )
+            source = self._tinker_state(run_id, rows, step)
+        destination = self._destination(run, step, merged, path, overwrite)
+        card = {
+            "run_id": run.id,
+            "step": step,
+            "total_steps": run.total_steps,
+            "environment": run.environment,
+            "config_hash": run.config_hash,
+            "reward_mean": self._metrics.latest_rewards([run.id]).get(run.id),
+            "backend": "tinker" if tinker else "local",
+        }
+        return ExportJob(run.id, step, source, tinker, merged, destination, overwrite, card)
+
+    @staticmethod
+    def _tinker_state(run_id: str, rows: list[dict[str, Any]], step: int) -> str:
+        # Tinker writes external weights from a training client, which loads a state checkpoint.
+        for row in rows:
+            if row["kind"] == "state" and row["step"] == step and is_remote(row["path"]):
+                return str(row["path"])
+        raise Conflict(
+            f"checkpoint_step: run {run_id} has a Tinker sampler checkpoint at step {step} but no "
+            "state checkpoint there, and Tinker exports weights only from a state checkpoint; "
+            "choose a step that has both (GET /runs/{id}/checkpoints)."
+        )
+
+    def _destination(
+        self, run: Run, step: int, merged: bool, path: str | None, overwrite: bool
+    ) -> Path:
+        if path is None:
+            destination = Path(run.run_dir) / "export" / f"step-{step}{'-merged' if merged else ''}"
+        else:
+            root = self._settings.export_root.resolve()
+            try:
+                destination = (root / path).resolve()
+            except (ValueError, OSError, RuntimeError) as exc:
+                raise InvalidValue(f"path: {path!r} is not a usable path ({exc}).") from None
+            if root not in destination.parents:
+                raise InvalidValue(
+                    f"path: {path!r} is outside the export folder {root} (RLCS_EXPORT_DIR), the "
+                    "only place an export may be written; give a name inside it (e.g. "
+                    f"'my-model', which becomes {root / 'my-model'}), or leave path out to "
+                    "export into the run's folder."
+                )
+        if destination.is_symlink() or (destination.exists() and not destination.is_dir()):
+            raise Conflict(f"path: {destination} exists and is not a folder; choose another path.")
+        if destination.is_dir() and any(destination.iterdir()) and not overwrite:
+            raise Conflict(
+                f"path: {destination} exists and is not empty; pass overwrite: true to replace "
+                "it, or choose another path."
+            )
+        return destination
+
+    # Writing ------------------------------------------------------------------------------
+
+    def _write(self, job: ExportJob) -> dict[str, Any]:
+        argv = [
+            self._settings.python_executable,
+            "-m",
+            "runners.export",
+            "--tinker-state" if job.tinker else "--sampler",
+            job.source,
+            "--out",
+            str(job.destination),
+            "--name",
+            f"{job.run_id}-step-{job.step}",
+            "--card",
+            json.dumps(job.card),
+        ]
+        argv += ["--merged"] * job.merged + ["--overwrite"] * job.overwrite
+        timeout = self._settings.export_timeout_s
+        proc = subprocess.Popen(
+            argv,
+            cwd=PROJECT_ROOT,
+            env=self._settings.child_environment(),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,  # its own group: a timeout ends the export and its helpers
+        )
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            raise Unavailable(
+                f"The export of run {job.run_id} step {job.step} took longer than {timeout:g} s "
+                "(RLCS_EXPORT_TIMEOUT_S) and was stopped; nothing was written to "
+                f"{job.destination}. Raise the limit or try again."
+            ) from None
+        answer = _last_json(out)
+        if proc.returncode == 0 and answer.get("ok"):
+            return answer
+        why = answer.get("error") or f"the exporter exited with code {proc.returncode}"
+        log.warning("export of %s step %s failed: %s\n%s", job.run_id, job.step, why, err[-4000:])
+        if proc.returncode == _EXIT_UNUSABLE:
+            raise Conflict(
+                f"checkpoint_step: the checkpoint at step {job.step} of run {job.run_id} cannot "
+                f"be exported ({why}); choose another step."
+            )
+        if proc.returncode == _EXIT_EXISTS:
+            raise Conflict(
+                f"path: {why}; pass overwrite: true to replace it, or choose another path."
+            )
+        raise Unavailable(
+            f"The export of run {job.run_id} step {job.step} failed: {why}. Nothing was written "
+            f"to {job.destination}; the server log has the details."
+        )
+
+
+def _last_json(text: str) -> dict[str, Any]:
+    for line in reversed(text.splitlines()):
+        try:
+            value = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(value, dict):
+            return value
+    return {}

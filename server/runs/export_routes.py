@@ -1,0 +1,23 @@
+"""Export a run's checkpoint as a Hugging Face folder (adapter, or model merged)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Path
+
+from core.models import RUN_ID
+from server.deps import Services, services
+from server.runs.schemas import ExportIn, ExportOut
+
+router = APIRouter(tags=["runs"])
+Svc = Annotated[Services, Depends(services)]
+RunId = Annotated[str, Path(pattern=RUN_ID.pattern, description="A run id such as r-3f9c2a1b")]
+
+
+@router.post("/runs/{run_id}/export", response_model=ExportOut)
+def export_run(run_id: RunId, svc: Svc, body: ExportIn | None = None) -> dict[str, Any]:
+    """Write the checkpoint's folder and answer where; it takes seconds (a merge of a larger
+    model, or a Tinker download, longer). A plain `def`: it runs on a worker thread."""
+    body = body or ExportIn()
+    return svc.export.export(run_id, body.checkpoint_step, body.merged, body.path, body.overwrite)

@@ -1,0 +1,151 @@
+"""Follow a run's log: the last lines, then new lines as they come, then one final event;
+each client address may hold a bounded number of such streams open."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+from collections import Counter
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+from core.models import FINISHED, RAY_LAUNCHER, Run, RunStatus
+from server.errors import TooMany
+from server.runs.service import RunService
+
+
+class StreamSlots:
+    """Open follow streams per client address, so one client cannot pin every worker."""
+
+    def __init__(self, per_client: int) -> None:
+        self.per_client = per_client
+        self._open: Counter[str] = Counter()
+        self._lock = threading.Lock()  # taken in the route's thread, given back in the loop
+
+    def _take(self, client: str) -> None:
+        with self._lock:
+            if self._open[client] >= self.per_client:
+                raise TooMany(
+                    f"{self._open[client]} log streams are already open from {client} (the "
+                    "limit, RLCS_MAX_STREAMS_PER_CLIENT); close one, or read "
+                    "GET /runs/{id}/logs?tail=N instead."
+                )
+            self._open[client] += 1
+
+    def _give_back(self, client: str) -> None:
+        with self._lock:
+            self._open[client] -= 1
+            if self._open[client] <= 0:
+                del self._open[client]
+
+    def open(self, client: str, events: AsyncIterator[str]) -> AsyncIterator[str]:
+        """Take one of `client`'s places (429 when none is left) for `events`, given back
+        however the stream ends (the client gone included)."""
+        self._take(client)
+        return self._held(client, events)
+
+    async def _held(self, client: str, events: AsyncIterator[str]) -> AsyncIterator[str]:
+        try:
+            async for event in events:
+                yield event
+        finally:
+            self._give_back(client)
+
+
+async def follow(
+    runs: RunService, run_id: str, tail: int, poll_s: float = 0.25
+) -> AsyncIterator[tuple[str, Any]]:
+    """Yield ("line", text) events, then ("end", {status, ...}) once the run has finished."""
+    run = await asyncio.to_thread(runs.row, run_id)
+    if run.launcher == RAY_LAUNCHER:
+        async for event in _follow_job(runs, run_id, tail, max(poll_s, 1.0)):
+            yield event
+        return
+    path: Path = await asyncio.to_thread(runs.log_path, run_id)
+    lines, offset = await asyncio.to_thread(_tail_and_offset, path, tail)
+    for line in lines:
+        yield "line", line
+    pending = b""
+    while True:
+        run = await asyncio.to_thread(runs.row, run_id)
+        finished = RunStatus(run.status) in FINISHED
+        chunk, offset = await asyncio.to_thread(_read_from, path, offset)
+        pending += chunk
+        *complete, pending = pending.split(b"\n")
+        for raw in complete:
+            yield "line", raw.decode("utf-8", errors="replace")
+        if finished:
+            if pending:
+                yield "line", pending.decode("utf-8", errors="replace")
+            yield "end", _end(run)
+            return
+        await asyncio.sleep(poll_s)
+
+
+async def _follow_job(
+    runs: RunService, run_id: str, tail: int, poll_s: float
+) -> AsyncIterator[tuple[str, Any]]:
+    """The same events for a Ray job, from the log Ray keeps (read whole each poll: Ray's
+    job server hands out no offsets); a partial last line waits until it is complete."""
+    sent: int | None = None  # complete lines already accounted for
+    while True:
+        run = await asyncio.to_thread(runs.row, run_id)
+        finished = RunStatus(run.status) in FINISHED
+        text = await asyncio.to_thread(runs.job_log, run) or ""
+        lines = text.splitlines()
+        complete = lines if finished or text.endswith("\n") else lines[:-1]
+        if sent is None:
+            sent = max(0, len(complete) - tail)
+        for line in complete[sent:]:
+            yield "line", line
+        sent = max(sent, len(complete))
+        if finished:
+            yield "end", _end(run)
+            return
+        await asyncio.sleep(poll_s)
+
+
+def _end(run: Run) -> dict[str, Any]:
+    return {
+        "run_id": run.id,
+        "status": run.status.value,
+        "exit_code": run.exit_code,
+        "failure_kind": run.failure_kind,
+        "details": run.details,
+    }
+
+
+def _tail_and_offset(path: Path, count: int, max_bytes: int = 1 << 20) -> tuple[list[str], int]:
+    """The last `count` complete lines and the offset right after them, from one read, so a
+    line written meanwhile is either in the tail or read later, never both. A trailing partial
+    line is left for the follow loop to read once it is complete."""
+    try:
+        with path.open("rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            size = fh.tell()
+            start = max(0, size - max_bytes)
+            fh.seek(start)
+            data = fh.read(size - start)
+    except OSError:
+        return [], 0
+    complete = data[: data.rfind(b"\n") + 1]
+    offset = start + len(complete)
+    if count <= 0:
+        return [], offset
+    text = complete.decode("utf-8", errors="replace")
+    return text.splitlines()[-count:], offset
+
+
+def _read_from(path: Path, offset: int, limit: int = 1 << 20) -> tuple[bytes, int]:
+    try:
+        with path.open("rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            if fh.tell() < offset:  # truncated or replaced: start again from the top
+                offset = 0
+            fh.seek(offset)
+            data = fh.read(limit)
+    except OSError:
+        return b"", offset
+    return data, offset + len(data)

@@ -1,0 +1,153 @@
+"""Training runs: start, list, inspect, wait, stop, resume, fork, logs."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Header, Path, Query, Request
+from fastapi.responses import StreamingResponse
+
+from core.models import RUN_ID, RunStatus
+from server.deps import Services, services
+from server.runs.logs import follow
+from server.runs.schemas import (
+    CheckpointOut,
+    RunCreatedOut,
+    RunCreateIn,
+    RunDetailOut,
+    RunForkedOut,
+    RunForkIn,
+    RunHistoryOut,
+    RunLogsOut,
+    RunResultsOut,
+    RunResumedOut,
+    RunResumeIn,
+    RunSummaryOut,
+    RunWaitOut,
+)
+from server.runs.wait import MAX_WAIT_S, wait_for_run
+
+router = APIRouter(tags=["runs"])
+Svc = Annotated[Services, Depends(services)]
+RunId = Annotated[str, Path(pattern=RUN_ID.pattern, description="A run id such as r-3f9c2a1b")]
+
+
+@router.post("/runs", response_model=RunCreatedOut)
+def create_run(
+    svc: Svc,
+    body: RunCreateIn | None = None,
+    idempotency_key: Annotated[
+        str | None, Header(alias="Idempotency-Key", min_length=1, max_length=200)
+    ] = None,
+) -> dict[str, Any]:
+    body = body or RunCreateIn()
+    return svc.runs.create(body.environment, body.overrides(), idempotency_key)
+
+
+@router.get("/runs", response_model=list[RunSummaryOut])
+def list_runs(
+    svc: Svc,
+    status: RunStatus | None = None,
+    environment: Annotated[str | None, Query(max_length=128)] = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    offset: Annotated[int, Query(ge=0, le=1_000_000)] = 0,
+) -> list[dict[str, Any]]:
+    return svc.runs.list(status, environment, limit, offset)
+
+
+@router.get("/runs/{run_id}", response_model=RunDetailOut)
+def get_run(run_id: RunId, svc: Svc) -> dict[str, Any]:
+    return svc.runs.get(run_id)
+
+
+@router.get("/runs/{run_id}/wait", response_model=RunWaitOut)
+async def wait_run(
+    run_id: RunId,
+    svc: Svc,
+    until: Annotated[
+        str, Query(max_length=32, description="terminal, or step:N (step N recorded)")
+    ] = "terminal",
+    timeout: Annotated[
+        float, Query(ge=0, le=MAX_WAIT_S, description="Seconds to wait at most")
+    ] = 60.0,
+) -> dict[str, Any]:
+    """Answer as soon as the run has finished (or reached step N), or when `timeout` passes:
+    either way with its current state and whether the condition held."""
+    return await wait_for_run(svc.runs, run_id, until, timeout)
+
+
+@router.post("/runs/{run_id}/stop", response_model=RunCreatedOut)
+def stop_run(run_id: RunId, svc: Svc) -> dict[str, Any]:
+    return svc.runs.stop(run_id)
+
+
+@router.get("/runs/{run_id}/metrics", response_model=RunResultsOut)
+def run_metrics(run_id: RunId, svc: Svc) -> dict[str, Any]:
+    """Final (or latest) metrics, the last rows of history, checkpoints and weights path."""
+    return svc.runs.results(run_id)
+
+
+@router.get("/runs/{run_id}/history", response_model=RunHistoryOut)
+def run_history(
+    run_id: RunId,
+    svc: Svc,
+    keys: Annotated[
+        str | None, Query(max_length=2000, description="Comma-separated metric keys")
+    ] = None,
+    limit: Annotated[int, Query(ge=1, le=100_000)] = 1000,
+    max_points: Annotated[
+        int | None,
+        Query(ge=2, le=100_000, description="Thin each metric's series to at most this many"),
+    ] = None,
+) -> dict[str, Any]:
+    return svc.runs.history(run_id, keys, limit, max_points)
+
+
+@router.get("/runs/{run_id}/checkpoints", response_model=list[CheckpointOut])
+def run_checkpoints(run_id: RunId, svc: Svc) -> list[dict[str, Any]]:
+    return svc.runs.checkpoints(run_id)
+
+
+@router.post("/runs/{run_id}/resume", response_model=RunResumedOut)
+def resume_run(run_id: RunId, svc: Svc, body: RunResumeIn | None = None) -> dict[str, Any]:
+    body = body or RunResumeIn()
+    return svc.runs.resume(run_id, body.overrides(), body.force, body.checkpoint_step)
+
+
+@router.post("/runs/{run_id}/fork", response_model=RunForkedOut)
+def fork_run(run_id: RunId, svc: Svc, body: RunForkIn | None = None) -> dict[str, Any]:
+    """A new run from this run's state checkpoint (weights and optimizer state) with the
+    parent's config plus the overrides; its steps continue from the checkpoint's step."""
+    body = body or RunForkIn()
+    return svc.forks.fork(run_id, body.overrides(), body.checkpoint_step)
+
+
+@router.get(
+    "/runs/{run_id}/logs",
+    response_model=RunLogsOut,
+    responses={200: {"content": {"text/event-stream": {}}}},
+)
+def run_logs(
+    run_id: RunId,
+    svc: Svc,
+    request: Request,
+    tail: Annotated[int, Query(ge=0, le=10_000)] = 100,
+    follow_: Annotated[bool, Query(alias="follow")] = False,
+) -> Any:
+    """The last `tail` lines; with follow=true a server-sent event stream that ends with an
+    `end` event carrying the run's final status."""
+    if not follow_:
+        return svc.runs.logs(run_id, tail)
+    svc.runs.row(run_id)  # 404/422 before the stream starts
+    client = request.client.host if request.client else "local"
+    events = svc.streams.open(client, _sse(follow(svc.runs, run_id, tail)))
+    return StreamingResponse(events, media_type="text/event-stream")
+
+
+async def _sse(events: AsyncIterator[tuple[str, Any]]) -> AsyncIterator[str]:
+    async for kind, data in events:
+        payload = data if isinstance(data, str) else json.dumps(data)
+        lines = "".join(f"data: {part}\n" for part in payload.split("\n"))
+        yield f"event: {kind}\n{lines}\n"

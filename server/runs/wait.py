@@ -1,0 +1,70 @@
+"""Waiting without polling: on a run, `until=terminal` (it has finished) or `until=step:N` (it
+has recorded step N, or finished); on a sweep, until all its runs have finished. Answered as
+soon as that holds or the timeout passes."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from core.models import FINISHED, Run, RunStatus
+from server.errors import InvalidValue
+from server.runs.service import RunService
+from server.sweeps.service import SweepService
+
+MAX_WAIT_S = 600.0  # one request holds a connection at most this long; ask again after it
+POLL_S = 0.2  # a database read of one row: the answer comes within this of the event
+_STEP = re.compile(r"^step:(\d{1,9})$")
+
+
+@dataclass(frozen=True)
+class Condition:
+    step: int | None  # None: until the run has finished
+
+    def holds(self, run: Run) -> bool:
+        if RunStatus(run.status) in FINISHED:
+            return True  # a finished run reaches no later step: waiting longer is pointless
+        return self.step is not None and run.step >= self.step
+
+
+def parse_until(until: str) -> Condition:
+    if until == "terminal":
+        return Condition(step=None)
+    if match := _STEP.match(until):
+        return Condition(step=int(match[1]))
+    raise InvalidValue(
+        f"until: '{until[:40]}' is not a condition; use until=terminal (the run has finished) "
+        "or until=step:N (it has recorded step N)."
+    )
+
+
+async def wait_for_run(
+    runs: RunService, run_id: str, until: str, timeout_s: float
+) -> dict[str, Any]:
+    """The run's detail once `until` holds, or as it is when `timeout_s` (capped) has passed,
+    with `condition_met` saying which."""
+    condition = parse_until(until)
+    deadline = time.monotonic() + min(timeout_s, MAX_WAIT_S)
+    while True:
+        run = await asyncio.to_thread(runs.row, run_id)
+        met = condition.holds(run)
+        left = deadline - time.monotonic()
+        if met or left <= 0:
+            return {**await asyncio.to_thread(runs.get, run.id), "condition_met": met}
+        await asyncio.sleep(min(POLL_S, left))
+
+
+async def wait_for_sweep(sweeps: SweepService, sweep_id: str, timeout_s: float) -> dict[str, Any]:
+    """The sweep's results once every run has finished, or as they are at the timeout."""
+    deadline = time.monotonic() + min(timeout_s, MAX_WAIT_S)
+    sweeps.row(sweep_id)  # 404/422 at once
+    while True:
+        runs = await asyncio.to_thread(sweeps.members, sweep_id)
+        met = all(RunStatus(run.status) in FINISHED for run in runs)
+        left = deadline - time.monotonic()
+        if met or left <= 0:
+            return {**await asyncio.to_thread(sweeps.get, sweep_id), "condition_met": met}
+        await asyncio.sleep(min(POLL_S, left))

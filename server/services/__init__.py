@@ -1,1 +1,0 @@
-"""Services: the logic behind the routes."""

@@ -1,0 +1,79 @@
+"""Sweeps: start a grid (or list) of runs at once, read their results side by side, wait on
+them, stop them."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Header, Path, Query
+
+from core.models import SWEEP_ID
+from server.deps import Services, services
+from server.runs.wait import MAX_WAIT_S, wait_for_sweep
+from server.sweeps.schemas import (
+    SweepCreatedOut,
+    SweepCreateIn,
+    SweepDetailOut,
+    SweepOut,
+    SweepStoppedOut,
+    SweepWaitOut,
+)
+
+router = APIRouter(tags=["sweeps"])
+Svc = Annotated[Services, Depends(services)]
+SweepId = Annotated[
+    str, Path(pattern=SWEEP_ID.pattern, description="A sweep id such as s-3f9c2a1b")
+]
+
+
+@router.post("/sweeps", response_model=SweepCreatedOut)
+def create_sweep(
+    body: SweepCreateIn,
+    svc: Svc,
+    idempotency_key: Annotated[
+        str | None, Header(alias="Idempotency-Key", min_length=1, max_length=200)
+    ] = None,
+) -> dict[str, Any]:
+    """Every combination is validated first: one bad value is a 422 naming it, and nothing
+    is created. The runs then go through the normal queue."""
+    return svc.sweeps.create(
+        body.environment,
+        body.base,
+        body.grid,
+        body.runs,
+        body.metric,
+        body.goal,
+        body.max_runs,
+        idempotency_key,
+    )
+
+
+@router.get("/sweeps", response_model=list[SweepOut])
+def list_sweeps(
+    svc: Svc,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    offset: Annotated[int, Query(ge=0, le=1_000_000)] = 0,
+) -> list[dict[str, Any]]:
+    return svc.sweeps.list(limit, offset)
+
+
+@router.get("/sweeps/{sweep_id}", response_model=SweepDetailOut)
+def get_sweep(sweep_id: SweepId, svc: Svc) -> dict[str, Any]:
+    return svc.sweeps.get(sweep_id)
+
+
+@router.get("/sweeps/{sweep_id}/wait", response_model=SweepWaitOut)
+async def wait_sweep(
+    sweep_id: SweepId,
+    svc: Svc,
+    timeout: Annotated[
+        float, Query(ge=0, le=MAX_WAIT_S, description="Seconds to wait at most")
+    ] = 60.0,
+) -> dict[str, Any]:
+    """Answer once every run of the sweep has finished, or when `timeout` passes."""
+    return await wait_for_sweep(svc.sweeps, sweep_id, timeout)
+
+
+@router.post("/sweeps/{sweep_id}/stop", response_model=SweepStoppedOut)
+def stop_sweep(sweep_id: SweepId, svc: Svc) -> dict[str, Any]:
+    return svc.sweeps.stop(sweep_id)
