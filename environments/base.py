@@ -12,10 +12,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field
 
-from core import loss_config
-from core.model_names import LOCAL_DEFAULT_MODEL
+from core.training_config import TrainingConfig
 
 Split = Literal["train", "eval"]
 
@@ -31,13 +30,10 @@ class MixEntry(BaseModel):
     )
 
 
-class EnvConfig(BaseModel):
-    """Fields every environment has: episode shape, run length, logging and training."""
-
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
-
-    # Fields decided by the server: shown to the user, never edited (see `locked_fields`).
-    LOCKED: ClassVar[frozenset[str]] = frozenset({"tokenizer_name"})
+class EnvConfig(TrainingConfig):
+    """An environment's config: the episode, batch and run-length fields every environment has,
+    on top of the training config it includes (model, LoRA, optimizer, loss, W&B, resources).
+    Environments subclass this and add their own fields."""
 
     # Episodes and batches.
     group_size: int = Field(4, ge=1, le=256, description="Episodes per task (rollouts per prompt)")
@@ -48,83 +44,23 @@ class EnvConfig(BaseModel):
     max_num_workers: int = Field(
         -1, ge=-1, le=1024, description="Episodes in flight at once (-1 = automatic)"
     )
-    # Run length, evaluation and checkpoints.
+    # Run length and evaluation.
     total_steps: int = Field(20, ge=1, le=1_000_000, description="Training steps")
     steps_per_eval: int = Field(
         10, ge=0, le=1_000_000, description="Steps between evaluations (0 = never)"
     )
     eval_num_tasks: int = Field(16, ge=1, le=4096, description="Held-out tasks per evaluation")
-    save_every: int = Field(
-        5, ge=0, le=1_000_000, description="Steps between checkpoints (0 = only at the end)"
-    )
-    # Logging.
-    use_wandb: bool = Field(True, description="Log to Weights & Biases (offline without a key)")
-    wandb_project: str = Field("rl-training", min_length=1, max_length=128)
-    wandb_name: str | None = Field(None, max_length=128, description="W&B run name prefix")
-    # Model and backend.
-    # The class default; the server puts the backend's own default in when a config names none.
-    model_name: str = Field(LOCAL_DEFAULT_MODEL, min_length=1, max_length=256)
-    tokenizer_name: str = Field(LOCAL_DEFAULT_MODEL, description="Derived from model_name")
-    backend: Literal["auto", "local", "tinker"] = Field(
-        "auto", description="auto = tinker when TINKER_API_KEY is set, else local"
-    )
-    # Resources a run asks of a Ray cluster (RLCS_LAUNCHER=ray); ignored by local runs.
-    num_gpus: float | None = Field(
-        None,
-        ge=0,
-        le=64,
-        description="GPUs for the run's Ray job (default: 1 for a local backend on CUDA, else 0)",
-    )
-    num_cpus: float | None = Field(
-        None, ge=0, le=1024, description="CPUs for the run's Ray job (default: 1)"
-    )
-    # Optimisation.
-    lora_rank: int = Field(32, ge=1, le=512)
-    learning_rate: float = Field(4e-5, gt=0, le=1.0)
-    loss_fn: Literal["importance_sampling", "ppo", "cispo", "dro"] = "importance_sampling"
-    loss_fn_config: dict[str, float] = Field(
-        default_factory=dict, description="e.g. clip_low_threshold/clip_high_threshold or beta"
-    )
-    advantage: Literal["grpo", "rebn"] = Field(
-        "grpo", description="grpo: group-relative; rebn: discounted returns, batch-normalised"
-    )
-    scale_advantage_by_std: bool = Field(False, description="grpo: divide by the group's std")
-    gamma: float = Field(0.9, ge=0.0, le=1.0, description="Discount for rebn returns")
-    temperature: float = Field(1.0, ge=0.0, le=5.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
-    top_k: int = Field(-1, ge=-1, le=1_000_000)
+    # How observations reach the model.
     prompt_template: Literal["chat", "plain"] = Field(
         "chat", description="chat: the tokenizer's chat template; plain: the observation as is"
     )
     system_prompt: str | None = Field(None, max_length=4000)
-    seed: int = Field(0, ge=0, le=2**31 - 1)
-    resume_from: str | None = Field(None, description="A state checkpoint path to start from")
     environments: dict[str, MixEntry] = Field(
         default_factory=dict,
         description="Multi-environment runs: other environments to mix into each batch, by "
         "name, with weights (this environment is in the mix with weight 1 unless listed); "
         "each uses its own stored config",
     )
-
-    @field_validator("loss_fn_config")
-    @classmethod
-    def _known_loss_keys(cls, value: dict[str, float], info: ValidationInfo) -> dict[str, float]:
-        # Checked here, at POST /runs, rather than by the backend after the model loaded.
-        loss_fn = info.data.get("loss_fn")
-        if loss_fn is not None:
-            loss_config.resolve(loss_fn, value)
-        return value
-
-    @model_validator(mode="after")
-    def _derive_locked(self) -> EnvConfig:
-        # The tokenizer always follows the model; bypass validate_assignment to avoid recursion.
-        if self.tokenizer_name != self.model_name:
-            object.__setattr__(self, "tokenizer_name", self.model_name)
-        return self
-
-    @classmethod
-    def locked_fields(cls) -> frozenset[str]:
-        return cls.LOCKED
 
 
 @dataclass
