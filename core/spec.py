@@ -7,6 +7,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+# Whose BaseEnv an environment derives from: ours (environments.base) or Atropos's.
+Framework = Literal["rlcs", "atropos"]
+
 
 class _Frozen(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -19,6 +22,7 @@ class EnvSource(_Frozen):
     env_class: str
     config: dict[str, Any]
     weight: float = 1.0
+    framework: Framework = "rlcs"
 
 
 class RunSpec(_Frozen):
@@ -32,12 +36,18 @@ class RunSpec(_Frozen):
     config: dict[str, Any]
     # Multi-environment runs: every environment of the mix by name (this one included).
     mix: dict[str, EnvSource] | None = None
+    framework: Framework = "rlcs"
 
     def sources(self) -> dict[str, EnvSource]:
         """The environments to train on, by name, the run's own first."""
         if self.mix:
             return dict(self.mix)
-        own = EnvSource(env_file=self.env_file, env_class=self.env_class, config=self.config)
+        own = EnvSource(
+            env_file=self.env_file,
+            env_class=self.env_class,
+            config=self.config,
+            framework=self.framework,
+        )
         return {self.environment: own}
 
     def with_config(self, config: dict[str, Any], config_hash: str) -> RunSpec:

@@ -25,6 +25,7 @@ from core.settings import PROJECT_ROOT, Settings
 from server import __version__
 from server.deps import Services, require_token
 from server.environments import routes as environment_routes
+from server.environments.atropos_config import describe_atropos
 from server.environments.catalog import Catalog
 from server.environments.configs import ConfigService
 from server.environments.inspector import Inspectors
@@ -70,7 +71,9 @@ def build_services(settings: Settings) -> Services:
     settings.runs_dir.mkdir(parents=True, exist_ok=True)
     engine = make_engine(settings.db_url, settings.db_busy_timeout_s)
     upgrade_schema(engine)
-    catalog = Catalog(settings.environment_dirs, PROJECT_ROOT, Inspectors(settings))
+    catalog = Catalog(
+        settings.environment_dirs, PROJECT_ROOT, Inspectors(settings, describe_atropos)
+    )
     models = ModelCheck.from_settings(settings)
     configs = ConfigService(engine, catalog, models)
     metrics = MetricsService(engine, WandbReader.from_settings(settings))

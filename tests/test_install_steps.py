@@ -29,7 +29,9 @@ MAKEFILE = PROJECT_ROOT / "Makefile"
 PYPROJECT = PROJECT_ROOT / "pyproject.toml"
 CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 QUIET = {"--quiet", "-q", "--no-cache-dir"}  # how verbose pip is changes nothing installed
-VALUED = {"--index-url", "-i", "--extra-index-url", "--constraint", "-c"}
+VALUED = {"--index-url", "-i", "--extra-index-url", "--constraint", "-c", "-r", "--requirement"}
+ATROPOS_VENV = ".venv-atropos"
+ATROPOS_REQUIREMENTS = "runners/atropos/requirements.txt"
 
 
 @dataclass
@@ -37,6 +39,12 @@ class PipStep:
     options: dict[str, str | bool] = field(default_factory=dict)
     requirements: list[str] = field(default_factory=list)
     editable: bool = False
+    program: str = "pip"  # the pip (or python) that runs it: which interpreter it installs into
+
+    @property
+    def atropos(self) -> bool:
+        """A step of the Atropos interpreter's set-up (.venv-atropos), not the project's."""
+        return ATROPOS_VENV in self.program
 
     @property
     def project(self) -> Requirement | None:
@@ -49,11 +57,12 @@ class PipStep:
 
 def parse_pip(argv: list[str]) -> PipStep | None:
     """A `pip install ...` (or `python -m pip install ...`) command; None for anything else."""
+    program = argv[0] if argv else ""
     if argv and argv[0].endswith("python") and argv[1:3] == ["-m", "pip"]:
         argv = ["pip", *argv[3:]]
     if len(argv) < 2 or not argv[0].endswith("pip") or argv[1] != "install":
         return None
-    step = PipStep()
+    step = PipStep(program=program)
     args = iter(argv[2:])
     for arg in args:
         if arg in QUIET:
@@ -70,7 +79,12 @@ def parse_pip(argv: list[str]) -> PipStep | None:
     return step
 
 
-def dockerfile_pip_steps(text: str | None = None) -> list[PipStep]:
+def dockerfile_pip_steps(text: str | None = None, atropos: bool = False) -> list[PipStep]:
+    """The project's pip steps, or (`atropos`) those of the Atropos interpreter."""
+    return [s for s in _all_dockerfile_pip_steps(text) if s.atropos == atropos]
+
+
+def _all_dockerfile_pip_steps(text: str | None = None) -> list[PipStep]:
     text = text if text is not None else DOCKERFILE.read_text()
     joined = re.sub(r"\\\n", " ", text)
     steps = []
@@ -85,17 +99,21 @@ def dockerfile_pip_steps(text: str | None = None) -> list[PipStep]:
     return steps
 
 
-def makefile_pip_steps() -> list[PipStep]:
-    """The pip commands of the recipe that creates the venv (the `$(STAMP)` target)."""
+def makefile_pip_steps(target: str = "$(STAMP)") -> list[PipStep]:
+    """The pip commands of the recipe that creates a venv (the project's `$(STAMP)` target, or
+    `$(ATROPOS_STAMP)`, the Atropos interpreter's)."""
     steps, in_recipe = [], False
-    for line in MAKEFILE.read_text().splitlines():
-        if line.startswith("$(STAMP):"):
+    text = MAKEFILE.read_text()
+    for line in text.splitlines():
+        if line.startswith(f"{target}:"):
             in_recipe = True
             continue
         if in_recipe and not line.startswith("\t"):
             break
         if in_recipe:
-            argv = shlex.split(line.strip().replace("$(BIN)/", ""), comments=True)
+            line = line.strip().replace("$(BIN)/", "").replace("$(ATROPOS_VENV)", ATROPOS_VENV)
+            line = line.replace("$(ATROPOS_REQUIREMENTS)", ATROPOS_REQUIREMENTS)
+            argv = shlex.split(line, comments=True)
             step = parse_pip(argv)
             if step is not None:
                 steps.append(step)
@@ -173,6 +191,18 @@ def test_dockerfile_copies_every_package_it_installs() -> None:
     for needed in ("FROM python:3.11-slim", "USER ", "VOLUME ", "EXPOSE 8080", "HEALTHCHECK "):
         assert needed in text
     assert "RLCS_HOST=0.0.0.0" in text and 'CMD ["python", "-m", "server"]' in text
+
+
+def test_dockerfile_makes_the_atropos_interpreter_as_the_makefile_does() -> None:
+    make, docker = makefile_pip_steps("$(ATROPOS_STAMP)"), dockerfile_pip_steps(atropos=True)
+    assert [s.requirements for s in make] == [s.requirements for s in docker] == [["pip"], []]
+    assert [s.options for s in make] == [s.options for s in docker]
+    assert make[1].options == {"-r": ATROPOS_REQUIREMENTS}
+    assert "$(ATROPOS_STAMP)" in MAKEFILE.read_text().split("\ntest:")[1].splitlines()[0]
+    # The requirement set the issue asks for: atroposlib 0.4 with transformers 4, no torch.
+    lines = (PROJECT_ROOT / ATROPOS_REQUIREMENTS).read_text().splitlines()
+    wanted = [Requirement(x) for x in lines if x.strip() and not x.startswith("#")]
+    assert {str(r) for r in wanted} == {"atroposlib==0.4.*", "transformers<5"}
 
 
 def test_parsers_understand_continuations_and_chains() -> None:

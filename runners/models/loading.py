@@ -25,6 +25,7 @@ from core.model_names import (
     validate_device_dtype,
 )
 from runners.models import smollm2_gguf
+from runners.models.tokenizer_files import make_portable
 
 if TYPE_CHECKING:
     import torch
@@ -145,10 +146,12 @@ def tokenizer_folder(name: str, models_dir: Path) -> str:
             # Written beside and renamed in, so a reader never sees half a folder.
             partial = folder.with_name(f"{folder.name}.partial-{os.getpid()}")
             build_tiny_tokenizer().save_pretrained(partial)
+            make_portable(partial)
             try:
                 partial.rename(folder)
             except OSError:  # another process renamed its copy in first
                 shutil.rmtree(partial, ignore_errors=True)
+        make_portable(folder)  # one written before the tokenizer config was portable
         return str(folder)
     folder = local_folder(name)
     return str(folder) if folder is not None else name

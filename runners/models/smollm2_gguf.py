@@ -20,6 +20,7 @@ from core.model_names import (
     smollm2_converted_dir,
     smollm2_is_converted,
 )
+from runners.models.tokenizer_files import make_portable
 
 
 def load_gguf_tokenizer(gguf: Path):
@@ -32,6 +33,7 @@ def ensure_converted(models_dir: Path) -> Path:
     """Convert the GGUF into `<models_dir>/HuggingFaceTB--SmolLM2-135M-Instruct/` once."""
     target = smollm2_converted_dir(models_dir)
     if smollm2_is_converted(models_dir):
+        make_portable(target)  # a folder converted before the tokenizer config was portable
         return target
     gguf = find_smollm2_gguf()
     if gguf is None:
@@ -102,3 +104,4 @@ def _write_plain_checkpoint(gguf: Path, out: Path) -> None:
         state.pop("lm_head.weight", None)
     save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
     tokenizer.save_pretrained(out)
+    make_portable(out)  # Atropos environments load it with transformers 4

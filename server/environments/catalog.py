@@ -18,6 +18,7 @@ from typing import Any
 
 from core.spec import EnvSource
 from server.environments import discovery
+from server.environments.discovery import Framework
 from server.environments.inspector import ConfigSchema, InspectFailed, Inspectors
 from server.errors import Conflict, InvalidValue, NotFound
 
@@ -36,13 +37,18 @@ class EnvEntry:
     importable: bool | None
     error: str | None
     path: Path
+    framework: Framework = "rlcs"
 
     def source(self, config: dict[str, Any], weight: float = 1.0) -> EnvSource:
         """This environment with `config`, as a run or the inference worker receives it."""
         if self.class_name is None:
             raise ValueError(f"{self.file_path} holds no environment class")
         return EnvSource(
-            env_file=str(self.path), env_class=self.class_name, config=config, weight=weight
+            env_file=str(self.path),
+            env_class=self.class_name,
+            config=config,
+            weight=weight,
+            framework=self.framework,
         )
 
 
@@ -59,9 +65,9 @@ class Catalog:
         self._root = root.resolve()
         self._inspectors = inspectors
         self._lock = threading.Lock()
-        # (path, class name) -> (file mtime, Config schema or error text) of the last attempt.
-        self._imports: dict[tuple[Path, str], tuple[float, ConfigSchema | str]] = {}
-        self._inspecting: dict[tuple[Path, str], threading.Lock] = {}
+        # (path, class, framework) -> (file mtime, Config schema or error text) of the last try.
+        self._imports: dict[tuple[Path, str, Framework], tuple[float, ConfigSchema | str]] = {}
+        self._inspecting: dict[tuple[Path, str, Framework], threading.Lock] = {}
         self._clock = clock
         self._count: tuple[float, int] | None = None  # (when, how many) of the last scan
 
@@ -103,7 +109,7 @@ class Catalog:
             )
         if self._inspectors is None:
             raise RuntimeError("this catalog lists only; it was built without inspectors")
-        key = (entry.path, entry.class_name)
+        key = (entry.path, entry.class_name, entry.framework)
         with self._lock:
             # One inspection per file at a time; other files are not held up meanwhile.
             file_lock = self._inspecting.setdefault(key, threading.Lock())
@@ -112,7 +118,9 @@ class Catalog:
             hit = self._imports.get(key)
             if hit is None or hit[0] != mtime:
                 try:
-                    result: ConfigSchema | str = self._inspectors.inspect(*key, mtime)
+                    result: ConfigSchema | str = self._inspectors.inspect(
+                        entry.path, entry.class_name, mtime, entry.framework
+                    )
                 except InspectFailed as exc:
                     result = str(exc)
                 self._imports[key] = hit = (mtime, result)
@@ -135,7 +143,7 @@ class Catalog:
         if error is not None:
             importable = False
         elif found.class_name is not None:
-            hit = self._imports.get((found.path, found.class_name))
+            hit = self._imports.get((found.path, found.class_name, found.framework))
             if hit is not None and hit[0] == _mtime(found.path):
                 importable = not isinstance(hit[1], str)
                 error = hit[1] if isinstance(hit[1], str) else None
@@ -147,6 +155,7 @@ class Catalog:
             importable=importable,
             error=error,
             path=found.path,
+            framework=found.framework,
         )
 
     def _entry_for(self, entry: EnvEntry) -> EnvEntry:

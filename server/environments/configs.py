@@ -11,10 +11,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from pydantic import ConfigDict, ValidationError
+from pydantic import ConfigDict, Field, ValidationError
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, select
 
+from core.atropos import AtroposTrainingConfig
 from core.db import read_session, write_session
 from core.model_names import LOCAL_DEFAULT_MODEL, default_model
 from core.models import EnvironmentConfig, Selection, iso, utcnow
@@ -31,6 +32,24 @@ class ResolvedConfig(EnvConfig):
     environment has, typed for the server's use, and the environment's own fields as they are."""
 
     model_config = ConfigDict(extra="allow", validate_assignment=False)
+
+
+class ResolvedAtroposConfig(AtroposTrainingConfig):
+    """An Atropos environment's whole config: the training fields, typed, the two environment
+    fields the server relies on, and the rest of the environment's fields as they are."""
+
+    model_config = ConfigDict(extra="allow", validate_assignment=False)
+
+    total_steps: int = Field(ge=1, le=1_000_000, description="Training steps")
+    group_size: int = Field(ge=1, le=4096, description="Responses scored together")
+
+    @property
+    def environments(self) -> dict[str, Any]:
+        """No multi-environment mixes: an Atropos run trains its one environment."""
+        return {}
+
+
+Resolved = ResolvedConfig | ResolvedAtroposConfig
 
 
 class ConfigService:
@@ -56,6 +75,7 @@ class ConfigService:
             "file_path": entry.file_path,
             "class_name": entry.class_name,
             "description": entry.description,
+            "framework": entry.framework,
             "config": view["configurable_fields"],
         }
 
@@ -91,7 +111,7 @@ class ConfigService:
 
     def resolve(
         self, name: str, overrides: dict[str, Any] | None = None
-    ) -> tuple[EnvEntry, ResolvedConfig]:
+    ) -> tuple[EnvEntry, Resolved]:
         """Defaults + stored edits + overrides, validated as a whole (for starting a run)."""
         entry, config_schema = self._config_class(name)
         with read_session(self._engine) as session:
@@ -100,7 +120,7 @@ class ConfigService:
 
     def revalidate(
         self, name: str, base: dict[str, Any], overrides: dict[str, Any]
-    ) -> tuple[EnvEntry, ResolvedConfig]:
+    ) -> tuple[EnvEntry, Resolved]:
         """`base` (e.g. a run's frozen config) with `overrides`, validated as a whole."""
         entry, config_schema = self._config_class(name)
         _check_fields(config_schema, overrides, InvalidValue)
@@ -108,11 +128,11 @@ class ConfigService:
         self.check_mix(config)
         return entry, config
 
-    def check_model(self, config: EnvConfig, purpose: str = "train") -> None:
+    def check_model(self, config: Resolved | EnvConfig, purpose: str = "train") -> None:
         """422 when the backend that will run `config` cannot serve its model."""
         self._models.check(config.model_name, config.backend, "model_name", purpose)
 
-    def _validated(self, config_schema: ConfigSchema, values: dict[str, Any]) -> ResolvedConfig:
+    def _validated(self, config_schema: ConfigSchema, values: dict[str, Any]) -> Resolved:
         return _validate(config_schema, self._with_model_default(config_schema, values))
 
     def _with_model_default(
@@ -126,15 +146,21 @@ class ConfigService:
             return values  # validation reports the bad backend
         return {**values, "model_name": default_model(self._models.backend_for(backend))}
 
-    def check_mix(self, config: EnvConfig) -> None:
-        """Every environment named in a multi-environment mix must exist and import."""
+    def check_mix(self, config: Resolved) -> None:
+        """Every environment named in a multi-environment mix must exist and import (and be
+        one of ours: an Atropos environment runs in a process of its own)."""
         for name in config.environments:
             try:
-                self._catalog.load(name)
+                entry, _ = self._catalog.load(name)
             except DomainError as exc:
                 raise InvalidValue(f"field 'environments': {exc.detail}") from None
+            if entry.framework != "rlcs":
+                raise InvalidValue(
+                    f"field 'environments': '{name}' is an Atropos environment; it trains in a "
+                    "run of its own and cannot be mixed into another environment's run."
+                )
 
-    def mix(self, name: str, config: EnvConfig) -> dict[str, EnvSource]:
+    def mix(self, name: str, config: Resolved) -> dict[str, EnvSource]:
         """The frozen sources of a run: each environment's class, file, config and share."""
         entries = {name: {"weight": 1.0, "num_rollouts": None}}
         entries.update({k: v.model_dump() for k, v in config.environments.items()})
@@ -231,8 +257,7 @@ def _check_fields(
     for key in changes:
         if key in locked:
             raise error(
-                f"field '{key}' is locked: the server derives it (it follows model_name); "
-                "it cannot be edited."
+                f"field '{key}' is locked: {config_schema.locked_reason(key)}; it cannot be edited."
             )
         if key not in fields:
             raise error(
@@ -241,13 +266,16 @@ def _check_fields(
             )
 
 
-def _validate(config_schema: ConfigSchema, values: dict[str, Any]) -> ResolvedConfig:
+def _validate(config_schema: ConfigSchema, values: dict[str, Any]) -> Resolved:
     try:
         dumped = _check(config_schema, values)
     except ConfigInvalid as exc:
         raise InvalidValue(describe_errors(exc.errors)) from None
+    resolved: type[Resolved] = (
+        ResolvedAtroposConfig if config_schema.framework == "atropos" else ResolvedConfig
+    )
     try:
-        return ResolvedConfig.model_validate(dumped)
+        return resolved.model_validate(dumped)
     except ValidationError as exc:
         # The class loosened a field the server relies on beyond the base bounds.
         raise InvalidValue(

@@ -1,6 +1,7 @@
-"""Environment code runs in inspector subprocesses (`runners.inspector`), never in the server:
-one process per environment file version, each answer within a deadline. A file whose import
-hangs, raises, exits or floods its output costs its own process only."""
+"""Environment code runs in inspector subprocesses, never in the server: `runners.inspector`
+for ours, `runners/atropos/envside/inspect_env.py` in the Atropos interpreter for Atropos
+environments. One process per environment file version, each answer within a deadline. A file
+whose import hangs, raises, exits or floods its output costs its own process only."""
 
 from __future__ import annotations
 
@@ -18,7 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from core import procs
+from core.atropos import INSPECT_SCRIPT, offline_environment
 from core.settings import PROJECT_ROOT, Settings
+from server.environments.discovery import ATROPOS, Framework
 from server.line_pipe import read_lines, send_line
 
 log = logging.getLogger(__name__)
@@ -47,6 +50,7 @@ class ConfigSchema:
     schema: dict[str, Any]
     defaults: dict[str, Any]
     _ask: Callable[[dict[str, Any]], dict[str, Any]] = field(repr=False)
+    framework: Framework = "rlcs"
 
     def validate(self, values: dict[str, Any]) -> dict[str, Any]:
         """The values as the Config validates and dumps them (strict); ConfigInvalid else."""
@@ -57,22 +61,54 @@ class ConfigSchema:
             raise ConfigInvalid(answer["errors"])
         raise InspectFailed(f"its Config's validation failed: {answer.get('error')}")
 
+    def locked_reason(self, name: str) -> str:
+        """Why a locked field cannot be edited (for the 4xx that refuses an edit)."""
+        return "the server derives it (it follows model_name)"
+
+
+@dataclass
+class InspectorCommand:
+    """How to start an inspector: its argv, folder and environment variables."""
+
+    argv: list[str]
+    cwd: Path
+    env: dict[str, str]
+
+    @classmethod
+    def for_file(
+        cls, settings: Settings, path: Path, class_name: str, framework: Framework
+    ) -> InspectorCommand:
+        env = {**settings.inspector_environment(), procs.PARENT_PID_VARIABLE: str(os.getpid())}
+        if framework != ATROPOS:
+            argv = [settings.python_executable, "-m", INSPECTOR_MODULE, str(path), class_name]
+            return cls(argv, PROJECT_ROOT, env)
+        python = settings.atropos_python
+        if not Path(python).is_file():
+            raise InspectFailed(
+                f"it is an Atropos environment, and the Atropos interpreter {python} does not "
+                "exist: run `make install` (it makes .venv-atropos), or point "
+                "RLCS_ATROPOS_PYTHON at a Python with atroposlib 0.4"
+            )
+        # By path in the Atropos interpreter, in the file's folder, as `python FILE` runs.
+        argv = [python, str(INSPECT_SCRIPT), str(path), class_name]
+        return cls(argv, path.parent, offline_environment(env))
+
 
 class InspectorProcess:
-    """One `python -m runners.inspector FILE CLASS`: started, asked, ended."""
+    """One inspector process (`python -m runners.inspector FILE CLASS`, or the Atropos one):
+    started, asked, ended."""
 
-    def __init__(self, settings: Settings, path: Path, class_name: str) -> None:
-        self.path = path
+    def __init__(self, settings: Settings, command: InspectorCommand) -> None:
         self.timeout_s = settings.inspect_timeout_s
         self._lock = threading.Lock()
         self._proc = subprocess.Popen(
-            [settings.python_executable, "-m", INSPECTOR_MODULE, str(path), class_name],
-            cwd=PROJECT_ROOT,
+            command.argv,
+            cwd=command.cwd,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,  # a flood of output must not fill a pipe nobody reads
             text=True,
-            env={**settings.inspector_environment(), procs.PARENT_PID_VARIABLE: str(os.getpid())},
+            env=command.env,
             start_new_session=True,
         )
         self._answers = read_lines(self._proc, "inspector-read")
@@ -124,33 +160,50 @@ class InspectorProcess:
                 pass
 
 
-Key = tuple[Path, str, float]  # file, class, mtime
+Key = tuple[Path, str, float, Framework]  # file, class, mtime, framework
+Describe = Callable[[dict[str, Any], Callable[[dict[str, Any]], dict[str, Any]]], ConfigSchema]
+
+
+def describe_ours(
+    first: dict[str, Any], ask: Callable[[dict[str, Any]], dict[str, Any]]
+) -> ConfigSchema:
+    return ConfigSchema(
+        fields=frozenset(first["fields"]),
+        locked=frozenset(first["locked"]),
+        schema=first["schema"],
+        defaults=first["defaults"],
+        _ask=ask,
+    )
 
 
 class Inspectors:
     """Inspector processes by (file, class, mtime), at most MAX_PROCESSES alive; one that was
-    ended (evicted, timed out, crashed) is started again when next asked."""
+    ended (evicted, timed out, crashed) is started again when next asked. `describe_atropos`
+    turns an Atropos inspector's first answer into the config the user sees."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, describe_atropos: Describe | None = None) -> None:
         self._settings = settings
+        self._describe: dict[Framework, Describe] = {"rlcs": describe_ours}
+        if describe_atropos is not None:
+            self._describe[ATROPOS] = describe_atropos
         self._lock = threading.Lock()
         self._alive: OrderedDict[Key, InspectorProcess] = OrderedDict()
 
-    def inspect(self, path: Path, class_name: str, mtime: float) -> ConfigSchema:
+    def inspect(
+        self, path: Path, class_name: str, mtime: float, framework: Framework = "rlcs"
+    ) -> ConfigSchema:
         """Import the file in an inspector and describe its Config; InspectFailed else."""
-        key = (path, class_name, mtime)
+        key = (path, class_name, mtime, framework)
+        describe = self._describe.get(framework)
+        if describe is None:
+            raise InspectFailed(f"this server does not inspect {framework} environments")
         process, first = self._start(key)
         self._keep(key, process)
-        return ConfigSchema(
-            fields=frozenset(first["fields"]),
-            locked=frozenset(first["locked"]),
-            schema=first["schema"],
-            defaults=first["defaults"],
-            _ask=lambda request: self._ask(key, request),
-        )
+        return describe(first, lambda request: self._ask(key, request))
 
     def _start(self, key: Key) -> tuple[InspectorProcess, dict[str, Any]]:
-        process = InspectorProcess(self._settings, key[0], key[1])
+        command = InspectorCommand.for_file(self._settings, key[0], key[1], key[3])
+        process = InspectorProcess(self._settings, command)
         try:
             first = process.first_answer()
         except InspectFailed:

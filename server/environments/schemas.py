@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -20,6 +20,10 @@ class EnvironmentOut(BaseModel):
     description: str
     importable: bool | None = Field(description="null until an import was attempted")
     error: str | None
+    framework: Literal["rlcs", "atropos"] = Field(
+        description="Whose BaseEnv the class derives from: ours (environments.base) or "
+        "Atropos's (atroposlib.envs.base, trained unchanged; docs/atropos.md)"
+    )
 
 
 class SelectOut(BaseModel):
@@ -27,6 +31,7 @@ class SelectOut(BaseModel):
     file_path: str
     class_name: str | None
     description: str
+    framework: Literal["rlcs", "atropos"]
     config: dict[str, Any]
 
 

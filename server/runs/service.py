@@ -24,7 +24,7 @@ from core.run_folder import RunFolder, hash_config
 from core.settings import Settings
 from core.spec import ResumePoint, RunSpec
 from server.environments.catalog import EnvEntry
-from server.environments.configs import ConfigService, ResolvedConfig
+from server.environments.configs import ConfigService, Resolved
 from server.errors import Conflict, InvalidValue, NotFound
 from server.launch.ray_jobs import RayJobs, RayUnreachable
 from server.runs.metrics import MetricsService
@@ -105,7 +105,7 @@ class RunService:
             return {"run_id": existing.id, "status": existing.status.value}
         return {"run_id": run_id, "status": RunStatus.queued.value}
 
-    def plan(self, entry: EnvEntry, config: ResolvedConfig, **row: Any) -> PlannedRun:
+    def plan(self, entry: EnvEntry, config: Resolved, **row: Any) -> PlannedRun:
         """A run's row and frozen spec for a validated config (`row`: extra Run fields);
         nothing is written until `launch`."""
         values = config.model_dump(mode="json")
@@ -119,6 +119,7 @@ class RunService:
             config_hash=config_hash,
             config=values,
             mix=self._configs.mix(entry.name, config) if config.environments else None,
+            framework=entry.framework,
         )
         run = Run(
             id="",

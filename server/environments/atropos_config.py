@@ -1,0 +1,131 @@
+"""The config of an Atropos environment as the user sees it: the environment's own fields (from
+its `config_init()`, read by the Atropos inspector) and our training fields
+(core.atropos.AtroposTrainingConfig), with the fields the server decides shown locked.
+
+Training fields are validated here (they are ours); the environment's by its own config class,
+in its inspector. The environment fields the training config also has (tokenizer_name,
+use_wandb, wandb_name) are ours to edit; the environment gets values derived from them.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import ValidationError
+
+from core.atropos import (
+    LOCKED_ENV_FIELDS,
+    SHADOWED_FIELDS,
+    AtroposTrainingConfig,
+    locked_env_values,
+)
+from server.environments.inspector import ConfigInvalid, ConfigSchema, InspectFailed
+
+TRAINING_FIELDS = frozenset(AtroposTrainingConfig.model_fields)
+# Training fields whose default the environment's config_init() gives, when it sets one.
+SEEDED_FROM_ENV = ("use_wandb", "wandb_name")
+
+LOCKED_REASONS = {
+    "tokenizer_name": "the server derives it from model_name and hands the environment the "
+    "tokenizer as a local folder",
+    "rollout_server_url": "each run starts its own trajectory API on a loopback port",
+    "batch_size": "it is groups_per_step x group_size (edit those)",
+    "max_batches_offpolicy": "the server keeps the environment at most one batch ahead of the "
+    "policy it trains",
+    "data_path_to_save_groups": "the runner reads the groups from the trajectory API",
+    "data_dir_to_save_evals": "evaluations are written into the run's folder",
+    "openai": "the environment samples from the run's own policy, served on a loopback port "
+    "with a key made for the run",
+}
+
+
+@dataclass
+class AtroposConfigSchema(ConfigSchema):
+    """An Atropos environment's config: its fields and ours, validated each by its owner."""
+
+    env_fields: frozenset[str] = field(default_factory=frozenset)
+    env_defaults: dict[str, Any] = field(default_factory=dict)
+    servers: dict[str, Any] = field(default_factory=dict)
+
+    def validate(self, values: dict[str, Any]) -> dict[str, Any]:
+        wanted = {k: v for k, v in values.items() if k not in self.locked}
+        seeded = {k: self.env_defaults[k] for k in SEEDED_FROM_ENV if k in self.env_defaults}
+        training = {**seeded, **{k: v for k, v in wanted.items() if k in TRAINING_FIELDS}}
+        env = {k: v for k, v in wanted.items() if k not in TRAINING_FIELDS}
+        errors: list[dict[str, Any]] = []
+        trained: AtroposTrainingConfig | None = None
+        try:
+            trained = AtroposTrainingConfig.model_validate(training, strict=True)
+        except ValidationError as exc:
+            errors += [_plain(e) for e in exc.errors(include_url=False)]
+        answer = self._ask({"values": env})
+        if not answer.get("ok") and "errors" not in answer:
+            raise InspectFailed(f"its config's validation failed: {answer.get('error')}")
+        errors += answer.get("errors", [])
+        if errors or trained is None:
+            raise ConfigInvalid(errors)
+        out = {**answer["values"], **trained.model_dump(mode="json")}
+        out.update(locked_env_values(int(out["group_size"]), trained.groups_per_step))
+        return out
+
+    def locked_reason(self, name: str) -> str:
+        return LOCKED_REASONS.get(name, super().locked_reason(name))
+
+
+def describe_atropos(
+    first: dict[str, Any], ask: Callable[[dict[str, Any]], dict[str, Any]]
+) -> ConfigSchema:
+    """The Atropos inspector's first answer as the config the user sees."""
+    env_fields = frozenset(first["fields"])
+    if "group_size" not in env_fields or "total_steps" not in env_fields:
+        raise InspectFailed("its config_init() config lacks group_size or total_steps")
+    return AtroposConfigSchema(
+        fields=env_fields | TRAINING_FIELDS | LOCKED_ENV_FIELDS,
+        locked=LOCKED_ENV_FIELDS | AtroposTrainingConfig.locked_fields(),
+        schema=merged_schema(first["schema"]),
+        defaults={
+            "model_name": AtroposTrainingConfig.model_fields["model_name"].default,
+            "backend": AtroposTrainingConfig.model_fields["backend"].default,
+        },
+        _ask=ask,
+        framework="atropos",
+        env_fields=env_fields,
+        env_defaults=dict(first["defaults"]),
+        servers=dict(first.get("servers") or {}),
+    )
+
+
+def merged_schema(env_schema: dict[str, Any]) -> dict[str, Any]:
+    """One JSON schema: our training fields first, then the environment's own (its fields the
+    training config also has are described by ours)."""
+    ours = AtroposTrainingConfig.model_json_schema()
+    theirs = json.loads(json.dumps(env_schema))
+    properties = dict(ours.get("properties", {}))
+    for name, spec in theirs.get("properties", {}).items():
+        if name not in SHADOWED_FIELDS:
+            properties[name] = spec
+    merged: dict[str, Any] = {
+        "title": theirs.get("title", "AtroposEnvConfig"),
+        "description": theirs.get("description")
+        or "An Atropos environment's config, with the training fields of the run",
+        "type": "object",
+        "properties": properties,
+    }
+    defs = {**theirs.get("$defs", {}), **ours.get("$defs", {})}
+    if defs:
+        merged["$defs"] = defs
+    return merged
+
+
+def _plain(err: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {"loc": list(err.get("loc", ())), "msg": str(err.get("msg", "invalid"))}
+    if "input" in err:
+        try:
+            json.dumps(err["input"])
+            out["input"] = err["input"]
+        except (TypeError, ValueError):
+            out["input"] = repr(err["input"])[:200]
+    return out
