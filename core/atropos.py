@@ -71,6 +71,36 @@ class AtroposTrainingConfig(TrainingConfig):
         description="Scored groups per training step; the trajectory API's batch_size (in "
         "sequences) is this times group_size",
     )
+    max_token_trainer_length: int | None = Field(
+        None,
+        ge=2,
+        le=1_048_576,
+        description="Longest sequence (prompt and response) a step trains on, as tinker-atropos "
+        "named it; the environment drops groups that reach it (default: the model's context)",
+    )
+
+
+class AtroposRunConfig(AtroposTrainingConfig):
+    """An Atropos run's whole config, as frozen: the training fields, typed, the two fields of
+    the environment's that the server and the runner rely on, and the rest of the environment's
+    fields as its own config class validated them (extra)."""
+
+    model_config = ConfigDict(extra="allow", validate_assignment=False)
+
+    total_steps: int = Field(ge=1, le=1_000_000, description="Training steps")
+    group_size: int = Field(ge=1, le=4096, description="Responses scored together")
+
+    @property
+    def environments(self) -> dict[str, Any]:
+        """No multi-environment mixes: an Atropos run trains its one environment."""
+        return {}
+
+    def env_values(self) -> dict[str, Any]:
+        """The environment's own fields (everything that is neither ours nor locked)."""
+        extra = self.model_extra or {}
+        values = {k: v for k, v in extra.items() if k not in LOCKED_ENV_FIELDS}
+        values.update(total_steps=self.total_steps, group_size=self.group_size)
+        return values
 
 
 def offline_environment(base: Mapping[str, str]) -> dict[str, str]:

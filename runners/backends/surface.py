@@ -27,6 +27,8 @@ class SamplingClient(Protocol):
         sampling_params: types.SamplingParams,
     ) -> Awaitable[types.SampleResponse]: ...
 
+    def compute_logprobs(self, prompt: types.ModelInput) -> Awaitable[list[float | None]]: ...
+
 
 class TrainingClient(Protocol):
     def forward_backward(

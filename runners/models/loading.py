@@ -5,6 +5,7 @@ Which names resolve, and the defaults, are torch-free facts in `core.model_names
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from pathlib import Path
@@ -155,3 +156,25 @@ def tokenizer_folder(name: str, models_dir: Path) -> str:
         return str(folder)
     folder = local_folder(name)
     return str(folder) if folder is not None else name
+
+
+CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length")
+
+
+def context_length(name: str, models_dir: Path) -> int | None:
+    """The model's context in tokens, from its config where a local folder has one (None when
+    it cannot be told here, say a model only the hosted backend knows)."""
+    if name == TINY_RANDOM:
+        from runners.models.tiny import MAX_POSITIONS
+
+        return MAX_POSITIONS
+    folder = Path(tokenizer_folder(name, models_dir))
+    try:
+        config = json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    for key in CONTEXT_KEYS:
+        value = config.get(key)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None

@@ -12,6 +12,7 @@ if TYPE_CHECKING:
 
 TINY_SEED = 20240607
 IM_START, IM_END, END_OF_TEXT = "<|im_start|>", "<|im_end|>", "<|endoftext|>"
+MAX_POSITIONS = 2048  # the model's context, in tokens
 
 CHATML_TEMPLATE = (
     "{% for message in messages %}"
@@ -36,7 +37,7 @@ def build_tiny_tokenizer() -> PreTrainedTokenizerFast:
         eos_token=IM_END,
         pad_token=END_OF_TEXT,
         additional_special_tokens=[IM_START],
-        model_max_length=2048,
+        model_max_length=MAX_POSITIONS,
     )
     tokenizer.chat_template = CHATML_TEMPLATE
     return tokenizer
@@ -54,7 +55,7 @@ def build_tiny_model(vocab_size: int, eos_token_id: int, pad_token_id: int) -> L
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=2,
-        max_position_embeddings=2048,
+        max_position_embeddings=MAX_POSITIONS,
         tie_word_embeddings=True,
         bos_token_id=None,
         eos_token_id=eos_token_id,

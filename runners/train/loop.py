@@ -16,9 +16,8 @@ import signal
 import sys
 import time
 import traceback
-from collections.abc import Awaitable
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING
 
 from core import lifecycle
 from core.checkpoint_check import CheckpointUnusable
@@ -29,115 +28,58 @@ from core.run_folder import RunFolder
 from core.settings import Settings
 from core.spec import RunSpec
 from environments.base import EnvConfig
-from runners.episodes.policy import SamplerPolicy, bounded
+from runners.episodes.policy import SamplerPolicy
 from runners.episodes.rollouts import Collected, Episode
 from runners.episodes.sources import env_context, load_sources
 from runners.train.advantages import Weighted, grpo_advantages, rebn_advantages
 from runners.train.datums import kl_metrics, make_datums
 from runners.train.disk_full import full_errno
-from runners.train.resume import loadable_state
+from runners.train.run_base import RunnerBase
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
 
     from runners.backends.surface import SamplingClient, TrainingClient
     from runners.episodes.collection import Collector
-    from runners.train.report import Reporter
 
 log = logging.getLogger("runner")
 STOP_POLL_S = 1.0  # how often the runner reads whether a stop was requested
-T = TypeVar("T")
 
 
-class Stopped(Exception):
-    """SIGTERM arrived: wind down with a checkpoint."""
+class Trainer(RunnerBase):
+    """A run on our environments (environments.base)."""
 
-
-class Trainer:
     def __init__(self, settings: Settings, folder: RunFolder, spec: RunSpec, engine: Engine):
-        self.settings = settings
-        self.folder = folder
-        self.run_id = spec.run_id
-        self.sources = load_sources(spec, env_context(settings))
-        self.config: EnvConfig = self.sources[0].config  # training settings come from it
-        self.engine = engine
-        self.stop_event = asyncio.Event()
-        self.step = 0
-        # The step of the last checkpoint this attempt holds (or resumed from): a stop right
-        # after a periodic save must not save the same name again (Tinker refuses that).
-        self.saved_step: int | None = None
-
-    async def run(self) -> RunStatus:
-        training = await self.set_up()
-        status = RunStatus.succeeded
-        try:
-            while self.step < self.config.total_steps:
-                if self.stop_event.is_set():
-                    raise Stopped
-                await self.train_step(training, self.step + 1)
-        except Stopped:
-            log.info("stop requested: stopping after step %s", self.step)
-            status = RunStatus.stopped
-        await self.tear_down(training, status)
-        return status
+        sources = load_sources(spec, env_context(settings))
+        config: EnvConfig = sources[0].config  # training settings come from it
+        super().__init__(settings, folder, spec.run_id, engine, config, config.total_steps)
+        self.sources = sources
+        self.config = config
 
     # Set-up --------------------------------------------------------------------------------
 
     async def set_up(self) -> TrainingClient:
         """Backend, tokenizer, collector and reporter; a training client, fresh or resumed."""
         # Heavy imports live here so `--help` and the server's imports stay light.
-        from tinker import types
-
-        from runners.backends.factory import create_service, resolve_backend
         from runners.episodes.collection import Collector, concurrency_for
         from runners.episodes.render import Renderer
         from runners.models.loading import load_tokenizer
-        from runners.train.report import Reporter
 
         cfg = self.config
-        backend = resolve_backend(cfg.backend, self.settings)
+        service = self.open_service()
         log.info(
             "run %s: %s on %s backend, model %s",
             self.run_id,
             " + ".join(f"{s.name} (weight {s.weight:g})" for s in self.sources),
-            backend,
+            self.backend,
             cfg.model_name,
         )
-        service = create_service(backend, self.settings, self.folder.path / "checkpoints")
         tokenizer = load_tokenizer(cfg.model_name, self.settings.models_dir)
         self.renderer = Renderer(tokenizer, cfg.prompt_template, cfg.system_prompt)
         self.collector: Collector = Collector(
-            self.sources, self.renderer, concurrency_for(cfg, backend)
+            self.sources, self.renderer, concurrency_for(cfg, self.backend)
         )
-        self.reporter: Reporter = Reporter(
-            self.engine, self.settings, self.run_id, self.folder, cfg
-        )
-        self.adam = types.AdamParams(
-            learning_rate=cfg.learning_rate, beta1=0.9, beta2=0.95, eps=1e-8
-        )
-
-        own_resume = self.folder.resume_point()  # a new attempt of this run
-        wanted = own_resume.state_path if own_resume else cfg.resume_from
-        if wanted is None:
-            training = await self._call(
-                service.create_lora_training_client(
-                    base_model=cfg.model_name, rank=cfg.lora_rank, seed=cfg.seed
-                ),
-                "create_lora_training_client",
-            )
-        else:
-            wanted_step = own_resume.step if own_resume else step_from_name(wanted)
-            state_path, self.step = loadable_state(wanted, wanted_step)
-            if own_resume and self.step != wanted_step:
-                lifecycle.rewind(self.engine, self.run_id, self.step)
-            self.saved_step = self.step
-            log.info("resuming from %s at step %s", state_path, self.step)
-            training = await self._call(
-                service.create_training_client_from_state_with_optimizer(state_path), "resume"
-            )
-        # Our own earlier attempt logged under this run's W&B id: rewind it to the checkpoint.
-        self.reporter.start_wandb(resume_step=self.step if own_resume else None)
-        return training
+        return await self.open_training(service)
 
     # One step ------------------------------------------------------------------------------
 
@@ -161,7 +103,7 @@ class Trainer:
             },
         )
         cfg = self.config
-        if cfg.save_every and step % cfg.save_every == 0 and step < cfg.total_steps:
+        if self.checkpoint_due(step):
             await self.checkpoint(training)
         if cfg.steps_per_eval and step % cfg.steps_per_eval == 0:
             await self.evaluate(training)
@@ -229,16 +171,6 @@ class Trainer:
 
     # Between steps -------------------------------------------------------------------------
 
-    async def checkpoint(self, training: TrainingClient, final: bool = False) -> None:
-        if self.saved_step == self.step:
-            log.info("step %s is already checkpointed; nothing new to save", self.step)
-            return
-        name = f"step-{self.step:06d}"
-        state = await self._call(training.save_state(name), "save_state")
-        sampler = await self._call(training.save_weights_for_sampler(name), "save_weights")
-        self.saved_step = self.step
-        self.reporter.checkpoint(self.step, name, state.path, sampler.path, final=final)
-
     async def evaluate(self, training: TrainingClient) -> None:
         """Held-out tasks (`eval` split) of every environment of the run, one episode each."""
         sampler = await self._call(
@@ -263,21 +195,6 @@ class Trainer:
 
     # Helpers -------------------------------------------------------------------------------
 
-    async def _call(self, call: Awaitable[T], what: str) -> T:
-        return await bounded(call, self.settings.backend_call_timeout_s, what)
-
-    async def _until_stopped(self, work: Awaitable[T]) -> T:
-        """Await `work`, abandoning it if SIGTERM arrives first."""
-        task = asyncio.ensure_future(work)
-        stop = asyncio.create_task(self.stop_event.wait())
-        done, _ = await asyncio.wait({task, stop}, return_when=asyncio.FIRST_COMPLETED)
-        stop.cancel()
-        if task not in done:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
-            raise Stopped
-        return task.result()
-
     def _policy(self, sampler: SamplingClient, step: int) -> SamplerPolicy:
         cfg = self.config
         return SamplerPolicy(
@@ -290,15 +207,6 @@ class Trainer:
             seed=(cfg.seed * 7_919 + step) * 100_003,
             timeout_s=self.settings.backend_call_timeout_s,
         )
-
-
-def step_from_name(path: str) -> int:
-    """The step in a checkpoint name like .../step-000050 (0 when the name has none)."""
-    tail = path.rstrip("/").split("/")
-    for part in reversed(tail):
-        if part.startswith("step-") and part[5:].isdigit():
-            return int(part[5:])
-    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -323,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
         lifecycle.record_end(engine, spec.run_id, RunStatus.stopped, details="stopped before start")
         return 0
     try:
-        return asyncio.run(_run(Trainer(settings, folder, spec, engine)))
+        return asyncio.run(_run(runner_for(settings, folder, spec, engine)))
     except Exception as exc:
         kind, summary = classify(exc)
         try:
@@ -337,7 +245,17 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
 
-async def _run(trainer: Trainer) -> int:
+def runner_for(settings: Settings, folder: RunFolder, spec: RunSpec, engine: Engine) -> RunnerBase:
+    """The loop that trains this run: ours, or the Atropos trainer (its environment runs in
+    processes of its own, docs/atropos.md)."""
+    if spec.framework == "atropos":
+        from runners.atropos.trainer import AtroposTrainer
+
+        return AtroposTrainer(settings, folder, spec, engine)
+    return Trainer(settings, folder, spec, engine)
+
+
+async def _run(trainer: RunnerBase) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, trainer.stop_event.set)
@@ -356,7 +274,7 @@ async def _run(trainer: Trainer) -> int:
     return 0
 
 
-async def _watch_stop_request(trainer: Trainer) -> None:
+async def _watch_stop_request(trainer: RunnerBase) -> None:
     """A stop asked through the database works like SIGTERM, from a server that cannot signal
     this process (another machine, or one that adopted the run)."""
     while not trainer.stop_event.is_set():
@@ -389,6 +307,10 @@ def classify(exc: Exception) -> tuple[str, str]:
         return "model", str(exc)
     if name in ("ImportError", "ModuleNotFoundError"):
         return "environment", f"the environment could not be imported: {exc}"
+    if name == "Stalled":  # an Atropos environment that sends nothing usable
+        return "stalled", str(exc)
+    if name in ("EnvironmentFailed", "UnusableData"):  # an Atropos environment's processes
+        return "environment", str(exc)
     return "error", f"{name}: {exc}"
 
 

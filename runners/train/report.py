@@ -10,7 +10,7 @@ from sqlalchemy.engine import Engine
 from core import lifecycle
 from core.run_folder import RunFolder, clean_metrics
 from core.settings import Settings
-from environments.base import EnvConfig
+from core.training_config import TrainingConfig
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +27,7 @@ class Reporter:
         settings: Settings,
         run_id: str,
         folder: RunFolder,
-        config: EnvConfig,
+        config: TrainingConfig,
     ) -> None:
         self._engine = engine
         self._settings = settings

@@ -11,11 +11,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from pydantic import ConfigDict, Field, ValidationError
+from pydantic import ConfigDict, ValidationError
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, select
 
-from core.atropos import AtroposTrainingConfig
+from core.atropos import AtroposRunConfig
 from core.db import read_session, write_session
 from core.model_names import LOCAL_DEFAULT_MODEL, default_model
 from core.models import EnvironmentConfig, Selection, iso, utcnow
@@ -34,22 +34,9 @@ class ResolvedConfig(EnvConfig):
     model_config = ConfigDict(extra="allow", validate_assignment=False)
 
 
-class ResolvedAtroposConfig(AtroposTrainingConfig):
-    """An Atropos environment's whole config: the training fields, typed, the two environment
-    fields the server relies on, and the rest of the environment's fields as they are."""
-
-    model_config = ConfigDict(extra="allow", validate_assignment=False)
-
-    total_steps: int = Field(ge=1, le=1_000_000, description="Training steps")
-    group_size: int = Field(ge=1, le=4096, description="Responses scored together")
-
-    @property
-    def environments(self) -> dict[str, Any]:
-        """No multi-environment mixes: an Atropos run trains its one environment."""
-        return {}
-
-
-Resolved = ResolvedConfig | ResolvedAtroposConfig
+# An Atropos environment's whole config (core.atropos.AtroposRunConfig).
+ResolvedAtroposConfig = AtroposRunConfig
+Resolved = ResolvedConfig | AtroposRunConfig
 
 
 class ConfigService:

@@ -1,0 +1,1 @@
+"""Atropos environments, trained unchanged: the runner side (docs/atropos.md)."""

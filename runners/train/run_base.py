@@ -1,0 +1,172 @@
+"""What every run's runner does around its loop, whatever it trains on (our environments, or an
+Atropos environment in processes of its own): the backend and a training client (fresh, or
+resumed from a state checkpoint), reporting, checkpoints, the step loop and its SIGTERM stop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable
+from typing import TYPE_CHECKING, TypeVar
+
+from core import lifecycle
+from core.models import RunStatus
+from core.run_folder import RunFolder
+from core.settings import Settings
+from core.training_config import TrainingConfig
+from runners.episodes.policy import bounded
+from runners.train.resume import loadable_state
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import Engine
+    from tinker import types
+
+    from runners.backends.surface import ServiceClient, TrainingClient
+    from runners.train.report import Reporter
+
+log = logging.getLogger("runner")
+T = TypeVar("T")
+
+
+class Stopped(Exception):
+    """SIGTERM arrived: wind down with a checkpoint."""
+
+
+class RunnerBase:
+    """A run's steps from its current one to `total_steps`, each by `train_step`."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        folder: RunFolder,
+        run_id: str,
+        engine: Engine,
+        config: TrainingConfig,
+        total_steps: int,
+    ) -> None:
+        self.settings = settings
+        self.folder = folder
+        self.run_id = run_id
+        self.engine = engine
+        self.training_config = config
+        self.total_steps = total_steps
+        self.stop_event = asyncio.Event()
+        self.step = 0
+        # The step of the last checkpoint this attempt holds (or resumed from): a stop right
+        # after a periodic save must not save the same name again (Tinker refuses that).
+        self.saved_step: int | None = None
+        self.backend = "local"
+
+    async def run(self) -> RunStatus:
+        training = await self.set_up()
+        status = RunStatus.succeeded
+        try:
+            while self.step < self.total_steps:
+                if self.stop_event.is_set():
+                    raise Stopped
+                await self.train_step(training, self.step + 1)
+        except Stopped:
+            log.info("stop requested: stopping after step %s", self.step)
+            status = RunStatus.stopped
+        await self.tear_down(training, status)
+        return status
+
+    async def set_up(self) -> TrainingClient:
+        raise NotImplementedError
+
+    async def train_step(self, training: TrainingClient, step: int) -> None:
+        raise NotImplementedError
+
+    # Set-up --------------------------------------------------------------------------------
+
+    def open_service(self) -> ServiceClient:
+        """The backend the config asks for (resolved: tinker with a key, else local)."""
+        from runners.backends.factory import create_service, resolve_backend
+
+        self.backend = resolve_backend(self.training_config.backend, self.settings)
+        return create_service(self.backend, self.settings, self.folder.path / "checkpoints")
+
+    async def open_training(self, service: ServiceClient) -> TrainingClient:
+        """The reporter, and a training client: fresh, or from the checkpoint this attempt
+        resumes (a resume of this run, or the config's resume_from, as a fork has)."""
+        from tinker import types
+
+        from runners.train.report import Reporter
+
+        cfg = self.training_config
+        self.reporter: Reporter = Reporter(
+            self.engine, self.settings, self.run_id, self.folder, cfg
+        )
+        self.adam: types.AdamParams = types.AdamParams(
+            learning_rate=cfg.learning_rate, beta1=0.9, beta2=0.95, eps=1e-8
+        )
+        own_resume = self.folder.resume_point()  # a new attempt of this run
+        wanted = own_resume.state_path if own_resume else cfg.resume_from
+        if wanted is None:
+            training = await self._call(
+                service.create_lora_training_client(
+                    base_model=cfg.model_name, rank=cfg.lora_rank, seed=cfg.seed
+                ),
+                "create_lora_training_client",
+            )
+        else:
+            wanted_step = own_resume.step if own_resume else step_from_name(wanted)
+            state_path, self.step = loadable_state(wanted, wanted_step)
+            if own_resume and self.step != wanted_step:
+                lifecycle.rewind(self.engine, self.run_id, self.step)
+            self.saved_step = self.step
+            log.info("resuming from %s at step %s", state_path, self.step)
+            training = await self._call(
+                service.create_training_client_from_state_with_optimizer(state_path), "resume"
+            )
+        # Our own earlier attempt logged under this run's W&B id: rewind it to the checkpoint.
+        self.reporter.start_wandb(resume_step=self.step if own_resume else None)
+        return training
+
+    # Between steps -------------------------------------------------------------------------
+
+    async def checkpoint(self, training: TrainingClient, final: bool = False) -> None:
+        if self.saved_step == self.step:
+            log.info("step %s is already checkpointed; nothing new to save", self.step)
+            return
+        name = f"step-{self.step:06d}"
+        state = await self._call(training.save_state(name), "save_state")
+        sampler = await self._call(training.save_weights_for_sampler(name), "save_weights")
+        self.saved_step = self.step
+        self.reporter.checkpoint(self.step, name, state.path, sampler.path, final=final)
+
+    def checkpoint_due(self, step: int) -> bool:
+        every = self.training_config.save_every
+        return bool(every) and step % every == 0 and step < self.total_steps
+
+    async def tear_down(self, training: TrainingClient, status: RunStatus) -> None:
+        """A last checkpoint (also on a stop) and W&B closed."""
+        await self.checkpoint(training, final=status == RunStatus.succeeded)
+        self.reporter.finish_wandb()
+
+    # Helpers -------------------------------------------------------------------------------
+
+    async def _call(self, call: Awaitable[T], what: str) -> T:
+        return await bounded(call, self.settings.backend_call_timeout_s, what)
+
+    async def _until_stopped(self, work: Awaitable[T]) -> T:
+        """Await `work`, abandoning it if SIGTERM arrives first."""
+        task = asyncio.ensure_future(work)
+        stop = asyncio.create_task(self.stop_event.wait())
+        done, _ = await asyncio.wait({task, stop}, return_when=asyncio.FIRST_COMPLETED)
+        stop.cancel()
+        if task not in done:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            raise Stopped
+        return task.result()
+
+
+def step_from_name(path: str) -> int:
+    """The step in a checkpoint name like .../step-000050 (0 when the name has none)."""
+    tail = path.rstrip("/").split("/")
+    for part in reversed(tail):
+        if part.startswith("step-") and part[5:].isdigit():
+            return int(part[5:])
+    return 0
