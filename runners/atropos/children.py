@@ -50,6 +50,15 @@ class Child:
         how = "is running" if code is None else f"ended ({procs.describe_exit(code)})"
         return f"the {self.name} {how}; the last lines of its log ({self.log_path}):\n{self.tail()}"
 
+    def interrupt(self, grace_s: float = 3.0) -> None:
+        """SIGINT first (Python unwinds and flushes what it buffered, say a JSON lines file),
+        then as `stop`."""
+        if self.proc.poll() is None:
+            procs.signal_group(self.proc.pid, signal.SIGINT)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout=grace_s)
+        self.stop()
+
     def stop(self, grace_s: float = 5.0) -> None:
         """SIGTERM to its group, then SIGKILL to what is left after `grace_s`."""
         if self.proc.poll() is None:

@@ -64,8 +64,10 @@ class InferenceFace:
         context: int | None,
         end_ids: list[int],
         model_name: str,
+        max_tokens_cap: int | None = None,
     ) -> None:
         self.tokenizer = tokenizer
+        self.max_tokens_cap = max_tokens_cap
         self.defaults = defaults
         self.context = context
         self.end_ids = end_ids
@@ -135,7 +137,14 @@ class InferenceFace:
         if not isinstance(params, dict):
             raise BadRequest("sampling_params: expected an object")
         sampling = shapes.sampling_from(
-            params, self.defaults, self.end_ids, len(prompt), self.context, "max_new_tokens", MAX_N
+            params,
+            self.defaults,
+            self.end_ids,
+            len(prompt),
+            self.context,
+            "max_new_tokens",
+            MAX_N,
+            self.max_tokens_cap,
         )
         sequences = await self.sample(prompt, sampling)
         answer = shapes.generate_answer(sequences, len(prompt), self.decode)
@@ -148,7 +157,14 @@ class InferenceFace:
         )
         prompt = list(self.tokenizer.encode(text, add_special_tokens=False))
         sampling = shapes.sampling_from(
-            body, self.defaults, self.end_ids, len(prompt), self.context, "max_tokens", MAX_N
+            body,
+            self.defaults,
+            self.end_ids,
+            len(prompt),
+            self.context,
+            "max_tokens",
+            MAX_N,
+            self.max_tokens_cap,
         )
         sequences = await self.sample(prompt, sampling)
         return shapes.chat_answer(
@@ -174,7 +190,14 @@ class InferenceFace:
         groups = []
         for prompt in prompts:
             sampling = shapes.sampling_from(
-                body, self.defaults, self.end_ids, len(prompt), self.context, "max_tokens", MAX_N
+                body,
+                self.defaults,
+                self.end_ids,
+                len(prompt),
+                self.context,
+                "max_tokens",
+                MAX_N,
+                self.max_tokens_cap,
             )
             groups.append((await self.sample(prompt, sampling), len(prompt)))
         return shapes.completion_answer(

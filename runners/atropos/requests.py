@@ -86,14 +86,17 @@ def sampling_from(
     context: int | None,
     max_name: str,
     max_n: int,
+    cap: int | None = None,
 ) -> Sampling:
     """The sampling a request asks for (`max_name`: max_new_tokens or max_tokens), its
-    max tokens clamped to what the model's context leaves after the prompt."""
+    max tokens clamped to `cap` and to what the model's context leaves after the prompt."""
     n = int(_number(body, "n", 1, 1, max_n))
     wanted = body.get(max_name)
     if wanted is None and max_name == "max_tokens":
         wanted = body.get("max_completion_tokens")
-    max_tokens = int(_number({"m": wanted}, "m", defaults.max_tokens, 1, 1 << 20))
+    max_tokens = int(_number({max_name: wanted}, max_name, defaults.max_tokens, 1, 1 << 20))
+    if cap is not None:
+        max_tokens = min(max_tokens, cap)
     if context is not None:
         room = context - prompt_len
         if room < 1:

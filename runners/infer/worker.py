@@ -68,6 +68,8 @@ class Worker:
             tokenizer = self._renderer(job.model, EnvConfig(model_name=job.model)).tokenizer
             return await ChatCompletion(job, sampler, tokenizer).run(cancel, emit)
         started = time.monotonic()
+        if job.source.framework == "atropos":
+            return await self.atropos(job, started)
         env_cls = load_env_class(Path(job.source.env_file), job.source.env_class)
         config = env_cls.Config.model_validate(job.source.config)
         model = job.model
@@ -92,6 +94,34 @@ class Worker:
         return {
             "ok": True,
             "model": model,
+            "backend": backend,
+            "results": results,
+            "latency_s": round(time.monotonic() - started, 3),
+        }
+
+    async def atropos(self, job: InferenceJob, started: float) -> dict[str, Any]:
+        """An Atropos environment's items (or free prompts), scored in its own interpreter."""
+        from core.atropos import AtroposRunConfig
+        from runners.atropos.inference import AtroposInference
+        from runners.models.loading import context_length, tokenizer_folder
+
+        config = AtroposRunConfig.model_validate(job.source.config)
+        backend = resolve_backend(config.backend, self.settings)
+        sampler = await self._sampler(backend, job.model, job.adapter)
+        models = self.settings.models_dir
+        tokenizer = self._renderer(job.model, EnvConfig(model_name=job.model)).tokenizer
+        inference = AtroposInference(
+            self.settings,
+            job,
+            sampler,
+            tokenizer,
+            tokenizer_folder(job.model, models),
+            context_length(job.model, models) if backend == "local" else None,
+        )
+        results = await inference.run(Budget.from_job(job).deadline)
+        return {
+            "ok": True,
+            "model": job.model,
             "backend": backend,
             "results": results,
             "latency_s": round(time.monotonic() - started, 3),
