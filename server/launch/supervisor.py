@@ -235,6 +235,8 @@ class Supervisor:
         if info is None:
             return watched.proc.poll()
         procs.signal_group(watched.pid, signal.SIGKILL)
+        # And what it started in groups of its own (an Atropos run's environment and API).
+        procs.end_session_leftovers(watched.pid, watched.start)
         return watched.proc.wait()
 
     def _enforce_stop(self, run: Run, watched: _Watched) -> None:

@@ -5,7 +5,6 @@ here is marked `atropos` (`-m 'not atropos'` leaves them out)."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -34,19 +33,7 @@ def atropos_python() -> str:
     return python
 
 
-def atropos_server(var_dir: Path, **env: str) -> LiveServer:
-    """A live server that lists the test environments (RLCS_ENV_DIRS)."""
-    return LiveServer(var_dir, RLCS_ENV_DIRS=json.dumps([str(ENVS)]), **env)
-
-
-@pytest.fixture(scope="module")
-def live(tmp_path_factory: pytest.TempPathFactory, atropos_python: str) -> Iterator[LiveServer]:
-    """One server for a module's runs (several at once: most of a short run is waiting)."""
-    var = tmp_path_factory.mktemp("atropos") / "var"
-    with atropos_server(
-        var,
-        RLCS_MAX_CONCURRENT_RUNS="4",
-        RLCS_ATROPOS_STALL_S="20",
-        RLCS_STOP_GRACE_S="20",
-    ) as server:
-        yield server
+def atropos_server(var_dir: Path, *more_dirs: Path, **env: str) -> LiveServer:
+    """A live server that lists the test environments (and those in `more_dirs`)."""
+    dirs = json.dumps([str(ENVS), *(str(d) for d in more_dirs)])
+    return LiveServer(var_dir, RLCS_ENV_DIRS=dirs, **env)

@@ -1,0 +1,220 @@
+"""Atropos environments trained through the HTTP API on tiny-random: a 3-step run on each test
+environment with its rewards recorded, one that never yields a group (stalled, then failed,
+saying why), environments that crash or hang at their start, stop and kill -9 leaving no
+process of the three, and test inference on the base model and on a run's checkpoint."""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from tests.atropos.conftest import atropos_server
+from tests.helpers import FINISHED, pid_alive, processes_with, run_of, start_run, wait_for
+from tests.live_server import LiveServer
+
+pytestmark = pytest.mark.slow
+
+TINY = {"model_name": "tiny-random", "lora_rank": 8, "use_wandb": False, "groups_per_step": 2}
+GOOD = ("word_echo", "chat_dialogue", "counting")
+
+CRASHES = '''
+"""Fails in its setup, as an environment whose data is missing does."""
+from atroposlib.envs.base import BaseEnv
+
+class CrashesEnv(BaseEnv):
+    name = "crashes"
+
+    async def setup(self):
+        raise RuntimeError("the data file was not found")
+
+    async def get_next_item(self):
+        return None
+
+    async def evaluate(self, *args, **kwargs):
+        return None
+
+if __name__ == "__main__":
+    CrashesEnv.cli()
+'''
+HANGS = CRASHES.replace("CrashesEnv", "HangsEnv").replace('"crashes"', '"hangs"').replace(
+    'raise RuntimeError("the data file was not found")',
+    "import asyncio\n        await asyncio.sleep(3600)",
+)
+
+
+@dataclass
+class Finished:
+    runs: dict[str, dict[str, Any]]
+    said_stalled: dict[str, str] = field(default_factory=dict)  # details seen while running
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory, atropos_python: str) -> Iterator[LiveServer]:
+    root = tmp_path_factory.mktemp("atropos-runs")
+    extra = root / "more_envs"
+    extra.mkdir()
+    (extra / "crashes_env.py").write_text(CRASHES)
+    (extra / "hangs_env.py").write_text(HANGS)
+    with atropos_server(
+        root / "var",
+        extra,
+        RLCS_MAX_CONCURRENT_RUNS="6",
+        RLCS_ATROPOS_STALL_S="20",
+        RLCS_ATROPOS_START_TIMEOUT_S="45",
+        RLCS_STOP_GRACE_S="30",
+    ) as live:
+        yield live
+
+
+@pytest.fixture(scope="module")
+def finished(server: LiveServer) -> Finished:
+    """Every environment's run, started at once (most of a short run is waiting), until all
+    have ended; the details each said while it was running."""
+    # The one that waits longest (for RLCS_ATROPOS_START_TIMEOUT_S) starts first.
+    names = ("hangs", "crashes", "flat_scores", *GOOD)
+    ids = {name: start_run(server.api, environment=name, total_steps=3, **TINY) for name in names}
+    said: dict[str, str] = {}
+
+    def all_ended() -> bool:
+        ended = True
+        for name, run_id in ids.items():
+            run = run_of(server.api, run_id)
+            if run["status"] == "running" and (run["details"] or "").startswith("stalled"):
+                said.setdefault(name, run["details"])
+            ended = ended and run["status"] in FINISHED
+        return ended
+
+    wait_for(all_ended, 400, every=0.2)
+    return Finished({name: run_of(server.api, run_id) for name, run_id in ids.items()}, said)
+
+
+def log_of(server: LiveServer, run: dict[str, Any]) -> str:
+    lines = server.api.get(f"/runs/{run['run_id']}/logs?tail=60").json()["lines"]
+    return "\n".join(lines)
+
+
+@pytest.mark.parametrize("name", GOOD)
+def test_a_three_step_run_records_its_rewards(
+    server: LiveServer, finished: Finished, name: str
+) -> None:
+    run = finished.runs[name]
+    assert run["status"] == "succeeded", log_of(server, run)
+    assert run["step"] == 3 and run["metrics"]["reward_mean"] is not None
+    rows = server.api.get(f"/runs/{run['run_id']}/history").json()["rows"]
+    steps = [r for r in rows if "reward/mean" in r]
+    assert [r["step"] for r in steps] == [1, 2, 3]
+    for row in steps:
+        assert 0.0 <= row["reward/mean"] <= 1.1
+        assert row["atropos/groups_received"] >= 2 and "train/loss" in row
+        assert row["env/num_episodes"] >= 2 * row["env/num_groups"] - 1e-9
+    results = server.api.get(f"/runs/{run['run_id']}/metrics").json()
+    assert results["weights_path"] and results["checkpoints"]
+    keys = {k for r in rows for k in r}
+    if name == "word_echo":  # what the environment logs to W&B itself (its wandb_log)
+        assert "atropos/train/percent_correct" in keys
+    if name == "chat_dialogue":  # sampled through /v1: the sampler's logprobs recomputed
+        assert max(r.get("atropos/recomputed_logprobs", 0) for r in rows) > 0
+    else:  # through managed_server: the environment sent them
+        assert all(r.get("atropos/recomputed_logprobs", 0) == 0 for r in rows)
+
+
+def test_an_environment_that_never_yields_a_group_says_so_then_fails(
+    server: LiveServer, finished: Finished
+) -> None:
+    run = finished.runs["flat_scores"]
+    assert run["status"] == "failed" and run["failure_kind"] == "stalled", run
+    assert "every score in the group was the same" in run["error"]
+    assert "RLCS_ATROPOS_STALL_S" in run["error"]
+    assert "every score in the group was the same" in finished.said_stalled["flat_scores"]
+
+
+def test_an_environment_that_crashes_at_its_start_fails_the_run_with_its_log(
+    finished: Finished,
+) -> None:
+    run = finished.runs["crashes"]
+    assert run["status"] == "failed" and run["failure_kind"] == "environment", run
+    assert "the environment ended" in run["error"]
+    assert "RuntimeError: the data file was not found" in run["error"]
+
+
+def test_an_environment_that_hangs_at_its_start_fails_the_run(finished: Finished) -> None:
+    run = finished.runs["hangs"]
+    assert run["status"] == "failed" and run["failure_kind"] == "environment", run
+    assert "asked for no completion within 45 s" in run["error"]
+
+
+def three_processes(server: LiveServer, run_id: str) -> list[int]:
+    """The run's runner, its trajectory API and its environment."""
+    run = wait_for(lambda: (r := run_of(server.api, run_id))["step"] >= 1 and r, 120)
+    runner = run["pid"]
+    api = wait_for(lambda: processes_with("atroposlib.api:app", parent=runner), 10)
+    env = wait_for(lambda: processes_with(f"{run_id}/atropos/env.yaml", parent=runner), 10)
+    return [runner, *api, *env]
+
+
+def test_stop_and_kill_9_leave_no_process_of_the_three(server: LiveServer) -> None:
+    stopped = start_run(server.api, environment="word_echo", total_steps=200, **TINY)
+    killed = start_run(server.api, environment="counting", total_steps=200, **TINY)
+    to_stop = three_processes(server, stopped)
+    to_kill = three_processes(server, killed)
+    assert len(to_stop) == len(to_kill) == 3
+
+    assert server.api.post(f"/runs/{stopped}/stop").json()["status"] == "stopping"
+    os.kill(to_kill[0], signal.SIGKILL)
+    ended = {
+        run_id: wait_for(lambda r=run_id: (x := run_of(server.api, r))["status"] in FINISHED and x)
+        for run_id in (stopped, killed)
+    }
+    assert ended[stopped]["status"] == "stopped", ended[stopped]
+    assert ended[killed]["status"] == "failed", ended[killed]
+    for pid in to_stop + to_kill:
+        wait_for(lambda p=pid: not pid_alive(p), 15)
+    # A stopped run keeps its last checkpoint, to resume or to sample from.
+    assert server.api.get(f"/runs/{stopped}/checkpoints").json()
+
+
+def test_test_inference_scores_the_environments_own_items(
+    server: LiveServer, finished: Finished
+) -> None:
+    run_id = finished.runs["word_echo"]["run_id"]
+    for body in ({"model": "tiny-random"}, {"run_id": run_id}):
+        answer = server.api.post(
+            "/test/inference",
+            json={"environment": "word_echo", "num_items": 1, "max_tokens": 8, **body},
+            timeout=60,
+        )
+        assert answer.status_code == 200, answer.text
+        out = answer.json()
+        assert (out["adapter"] is not None) == ("run_id" in body)
+        results = out["results"]
+        assert len(results) == 4  # one item, its group of four, each scored
+        for result in results:
+            assert isinstance(result["score"], float) and 0.0 <= result["score"] <= 1.0
+            assert "Repeat this word:" in result["prompt"] and result["tokens"] <= 8
+        assert out["summary"]["scored"] == 4
+
+
+def test_free_prompts_are_answered_and_say_why_they_are_not_scored(
+    server: LiveServer, atropos_python: str
+) -> None:
+    answer = server.api.post(
+        "/test/inference",
+        json={
+            "environment": "counting",
+            "model": "tiny-random",
+            "prompts": ["Count: 1 to 3:", "Count: 1 to 2:"],
+            "max_tokens": 6,
+        },
+        timeout=60,
+    )
+    assert answer.status_code == 200, answer.text
+    results = answer.json()["results"]
+    assert [r["prompt"] for r in results] == ["Count: 1 to 3:", "Count: 1 to 2:"]
+    for result in results:
+        assert result["score"] is None and "num_items" in result["reason"]
+        assert 1 <= result["tokens"] <= 6
