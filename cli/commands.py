@@ -33,8 +33,9 @@ def envs_list(client: Client, args: argparse.Namespace) -> int:
         description = env.get("description") or ""
         if env.get("error"):
             description = f"{description} [error: {env['error']}]"
-        rows.append([env["name"], env.get("class_name"), importable, description])
-    say(table(["NAME", "CLASS", "IMPORTABLE", "DESCRIPTION"], rows))
+        framework = env.get("framework") or "rlcs"
+        rows.append([env["name"], env.get("class_name"), framework, importable, description])
+    say(table(["NAME", "CLASS", "FRAMEWORK", "IMPORTABLE", "DESCRIPTION"], rows))
     return OK
 
 

@@ -1,21 +1,38 @@
 """Atropos environments trained through the HTTP API on tiny-random: a 3-step run on each test
 environment with its rewards recorded, one that never yields a group (stalled, then failed,
 saying why), environments that crash or hang at their start, stop and kill -9 leaving no
-process of the three, and test inference on the base model and on a run's checkpoint."""
+process of the three, test inference on the base model and on a run's checkpoint, and
+everything else seeing these runs as runs (sweeps, forks, resumes, webhooks, /v1, MCP, rlctl).
+One server for the module: runs start together (most of a short run is waiting)."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
 import signal
+import subprocess
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 
+from core.settings import PROJECT_ROOT
 from tests.atropos.conftest import atropos_server
-from tests.helpers import FINISHED, pid_alive, processes_with, run_of, start_run, wait_for
+from tests.helpers import (
+    FINISHED,
+    finish_run,
+    pid_alive,
+    processes_with,
+    run_of,
+    start_run,
+    wait_for,
+)
 from tests.live_server import LiveServer
+from tests.mcp_client import call, http_session
+from tests.standins.webhook_receiver import WebhookReceiver
 
 pytestmark = pytest.mark.slow
 
@@ -41,9 +58,13 @@ class CrashesEnv(BaseEnv):
 if __name__ == "__main__":
     CrashesEnv.cli()
 '''
-HANGS = CRASHES.replace("CrashesEnv", "HangsEnv").replace('"crashes"', '"hangs"').replace(
-    'raise RuntimeError("the data file was not found")',
-    "import asyncio\n        await asyncio.sleep(3600)",
+HANGS = (
+    CRASHES.replace("CrashesEnv", "HangsEnv")
+    .replace('"crashes"', '"hangs"')
+    .replace(
+        'raise RuntimeError("the data file was not found")',
+        "import asyncio\n        await asyncio.sleep(3600)",
+    )
 )
 
 
@@ -54,7 +75,16 @@ class Finished:
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory, atropos_python: str) -> Iterator[LiveServer]:
+def receiver() -> Iterator[WebhookReceiver]:
+    standin = WebhookReceiver().start()
+    yield standin
+    standin.stop()
+
+
+@pytest.fixture(scope="module")
+def server(
+    tmp_path_factory: pytest.TempPathFactory, atropos_python: str, receiver: WebhookReceiver
+) -> Iterator[LiveServer]:
     root = tmp_path_factory.mktemp("atropos-runs")
     extra = root / "more_envs"
     extra.mkdir()
@@ -68,6 +98,8 @@ def server(tmp_path_factory: pytest.TempPathFactory, atropos_python: str) -> Ite
         RLCS_ATROPOS_START_TIMEOUT_S="45",
         RLCS_STOP_GRACE_S="30",
     ) as live:
+        hook = {"url": f"{receiver.url}/hook", "events": ["run.succeeded", "run.failed"]}
+        assert live.api.post("/webhooks", json=hook).status_code == 200
         yield live
 
 
@@ -218,3 +250,78 @@ def test_free_prompts_are_answered_and_say_why_they_are_not_scored(
     for result in results:
         assert result["score"] is None and "num_items" in result["reason"]
         assert 1 <= result["tokens"] <= 6
+
+
+def test_sweeps_forks_resumes_webhooks_v1_mcp_and_rlctl_see_runs(
+    server: LiveServer, finished: Finished, receiver: WebhookReceiver
+) -> None:
+    api = server.api
+    run_id = finished.runs["word_echo"]["run_id"]
+    sweep = api.post(
+        "/sweeps",
+        json={
+            "environment": "counting",
+            "base": {"total_steps": 1, **TINY},
+            "grid": {"learning_rate": [1e-4, 1e-3]},
+        },
+    )
+    assert sweep.status_code == 200, sweep.text
+    fork = api.post(f"/runs/{run_id}/fork", json={"total_steps": 4, "seed": 3})
+    assert fork.status_code == 200, fork.text
+    resumed = api.post(f"/runs/{run_id}/resume", json={"total_steps": 4, "force": True})
+    assert resumed.status_code == 200 and resumed.json()["resume_step"] == 3, resumed.text
+
+    forked = finish_run(api, fork.json()["run_id"], 300)
+    assert forked["status"] == "succeeded", forked
+    assert forked["parent_run_id"] == run_id and forked["parent_step"] == 3
+    assert forked["step"] == 4
+    again = finish_run(api, run_id, 300)
+    assert again["status"] == "succeeded" and again["step"] == 4 and again["attempt"] == 2
+    done = api.get(f"/sweeps/{sweep.json()['sweep_id']}/wait?timeout=300", timeout=320).json()
+    assert [r["status"] for r in done["runs"]] == ["succeeded", "succeeded"], done
+
+    models = {m["id"] for m in api.get("/v1/models").json()["data"]}
+    assert run_id in models
+    chat = api.post(
+        "/v1/chat/completions",
+        json={
+            "model": run_id,
+            "messages": [{"role": "user", "content": "Repeat this word: apple"}],
+            "max_tokens": 4,
+        },
+    )
+    assert chat.status_code == 200 and chat.json()["choices"], chat.text
+
+    async def listed_by_mcp() -> list[dict[str, Any]]:
+        async with http_session(server.url) as session:
+            return (await call(session, "rl_list_environments")).data["environments"]
+
+    by_mcp = {e["name"]: e for e in asyncio.run(listed_by_mcp())}
+    assert by_mcp["word_echo"]["framework"] == "atropos"
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RLCS_")}
+    rlctl = subprocess.run(
+        [sys.executable, "-m", "cli", "--json", "runs", "list"],
+        cwd=PROJECT_ROOT,
+        env={**env, "RLCS_URL": server.url},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert rlctl.returncode == 0, rlctl.stderr
+    assert run_id in {r["run_id"] for r in json.loads(rlctl.stdout)}
+
+    def delivered() -> dict[str, set[str]]:
+        out: dict[str, set[str]] = {}
+        for got in receiver.accepted():
+            out.setdefault(got.event, set()).add(got.json["run"]["run_id"])
+        return out
+
+    stalled = finished.runs["flat_scores"]["run_id"]
+    wait_for(
+        lambda: (
+            run_id in delivered().get("run.succeeded", set())
+            and stalled in delivered().get("run.failed", set())
+        ),
+        30,
+    )

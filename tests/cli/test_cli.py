@@ -231,7 +231,8 @@ def test_envs(rlctl: Rlctl, rlctl_in: Rlctl) -> None:
         ],
     )
     assert table.returncode == OK
-    assert table.stdout.splitlines()[0].split() == ["NAME", "CLASS", "IMPORTABLE", "DESCRIPTION"]
+    header = table.stdout.splitlines()[0].split()
+    assert header == ["NAME", "CLASS", "FRAMEWORK", "IMPORTABLE", "DESCRIPTION"]
     assert "ArithmeticEnv" in table.stdout
     assert ok_json(selected)["selected"] == "arithmetic"
     assert "group_size" in ok_json(selected)["config"]

@@ -4,17 +4,19 @@
 
 import { h } from "/static/js/dom.js";
 
-function plain(prop) {
+function plain(prop, defs = {}) {
+  // A `$ref` (an enum class of an Atropos environment's config) points into the schema's $defs.
+  const deref = (p) => (p.$ref ? { ...defs[p.$ref.split("/").pop()], ...p } : p);
   // `X | None` comes as anyOf [X, null]: the control is X's, and empty means null.
   if (prop.anyOf) {
-    const other = prop.anyOf.find((p) => p.type !== "null");
+    const other = deref(prop.anyOf.find((p) => p.type !== "null") || {});
     return { ...prop, ...other, nullable: prop.anyOf.some((p) => p.type === "null") };
   }
-  return prop;
+  return deref(prop);
 }
 
-function control(name, prop, value, locked) {
-  const p = plain(prop);
+function control(name, prop, value, locked, defs) {
+  const p = plain(prop, defs);
   const common = { name, id: `f-${name}`, disabled: locked, title: p.description || "" };
   if (p.enum) {
     return h("select", common, p.enum.map((v) => h("option", { value: v, selected: v === value }, v)));
@@ -31,7 +33,8 @@ function control(name, prop, value, locked) {
       value: value === null || value === undefined ? "" : String(value),
     });
   }
-  if (p.type === "object" || p.type === "array") {
+  // A locked value without a schema (what an Atropos environment's servers are) shows as JSON.
+  if (p.type === "object" || p.type === "array" || (value !== null && typeof value === "object")) {
     return h("textarea", { ...common, rows: 2, value: JSON.stringify(value ?? (p.type === "array" ? [] : {})) });
   }
   return h("input", { ...common, type: "text", placeholder: p.nullable ? "none" : "", value: value ?? "" });
@@ -41,6 +44,7 @@ export class ConfigForm {
   constructor(view) {
     this.view = view; // GET /environments/{name}/config
     this.props = view.schema.properties || {};
+    this.defs = view.schema.$defs || {};
     this.el = h("form", { class: "config", "data-testid": "config-form", onsubmit: (e) => e.preventDefault() });
     const fields = { ...view.configurable_fields, ...view.locked_fields };
     for (const name of Object.keys(fields)) {
@@ -49,7 +53,7 @@ export class ConfigForm {
       const hint = (prop.description || "") + (locked ? " (decided by the server)" : "");
       this.el.append(
         h("label", { for: `f-${name}` }, name),
-        control(name, prop, fields[name], locked),
+        control(name, prop, fields[name], locked, this.defs),
         h("div", { class: "hint" }, hint),
         h("div", { dataset: { errorFor: name } }),
       );
@@ -58,7 +62,7 @@ export class ConfigForm {
 
   value(name) {
     const el = this.el.elements.namedItem(name);
-    const p = plain(this.props[name] || {});
+    const p = plain(this.props[name] || {}, this.defs);
     if (el.type === "checkbox") return el.checked;
     const raw = el.value;
     if (p.type === "integer" || p.type === "number") {
