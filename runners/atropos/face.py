@@ -13,7 +13,7 @@ import logging
 import secrets
 import socket
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -260,9 +260,10 @@ def _refusal(message: str, status: int, openai: bool) -> JSONResponse:
 
 
 class _Server(uvicorn.Server):
-    def capture_signals(self) -> contextlib.AbstractContextManager[None]:
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
         # The runner handles SIGTERM itself (a stop with a checkpoint), not uvicorn.
-        return contextlib.nullcontext()
+        yield
 
 
 @contextlib.asynccontextmanager

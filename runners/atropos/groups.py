@@ -178,13 +178,13 @@ def datum(sequence: Sequence) -> types.Datum:
     assert sequence.logprobs is not None, "logprobs are filled in before datums are made"
     trained = sequence.trained[1:]
     sampled = sequence.logprobs[1:]
+    inputs: dict[str, Any] = {  # lists: the Datum makes them TensorData
+        "target_tokens": sequence.tokens[1:],
+        "logprobs": [lp if t else 0.0 for lp, t in zip(sampled, trained, strict=True)],
+        "advantages": sequence.advantages[1:],
+    }
     return types.Datum(
-        model_input=types.ModelInput.from_ints(sequence.tokens[:-1]),
-        loss_fn_inputs={
-            "target_tokens": sequence.tokens[1:],
-            "logprobs": [lp if t else 0.0 for lp, t in zip(sampled, trained, strict=True)],
-            "advantages": sequence.advantages[1:],
-        },
+        model_input=types.ModelInput.from_ints(sequence.tokens[:-1]), loss_fn_inputs=inputs
     )
 
 

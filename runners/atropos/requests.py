@@ -211,7 +211,7 @@ def completion_answer(
     model: str, groups: list[tuple[list[types.SampledSequence], int]], decode: Any
 ) -> dict[str, Any]:
     """OpenAI's completions answer for one or more prompts, `n` choices each."""
-    choices = []
+    choices: list[dict[str, Any]] = []
     prompt_total = 0
     completion_total = 0
     for sequences, prompt_len in groups:

@@ -154,8 +154,8 @@ def tokenizer_folder(name: str, models_dir: Path) -> str:
                 shutil.rmtree(partial, ignore_errors=True)
         make_portable(folder)  # one written before the tokenizer config was portable
         return str(folder)
-    folder = local_folder(name)
-    return str(folder) if folder is not None else name
+    given = local_folder(name)
+    return str(given) if given is not None else name
 
 
 CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length")

@@ -142,6 +142,7 @@ def _parse(path: Path, atropos_only: bool = False) -> list[_ParsedClass] | str:
             qualified = [_qualify(d, imported) for d in dotted]
             roots = [k for k in (_root_kind(q) for q in qualified) if k is not None]
             attrs = _class_constants(node)
+            name = attrs.get("name")
             doc = (ast.get_docstring(node) or "").strip()
             if not doc and roots and roots[0] == ATROPOS:
                 doc = module_doc.strip()  # Atropos files describe themselves at the top
@@ -150,7 +151,7 @@ def _parse(path: Path, atropos_only: bool = False) -> list[_ParsedClass] | str:
                     name=node.name,
                     bases=tuple(d.rpartition(".")[2] for d in dotted),
                     root=roots[0] if roots else None,
-                    env_name=attrs.get("name") if isinstance(attrs.get("name"), str) else None,
+                    env_name=name if isinstance(name, str) else None,
                     description=doc.splitlines()[0] if doc else "",
                     abstract=attrs.get("abstract") is True,
                 )

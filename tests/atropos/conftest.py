@@ -36,4 +36,4 @@ def atropos_python() -> str:
 def atropos_server(var_dir: Path, *more_dirs: Path, **env: str) -> LiveServer:
     """A live server that lists the test environments (and those in `more_dirs`)."""
     dirs = json.dumps([str(ENVS), *(str(d) for d in more_dirs)])
-    return LiveServer(var_dir, RLCS_ENV_DIRS=dirs, **env)
+    return LiveServer(var_dir, None, RLCS_ENV_DIRS=dirs, **env)

@@ -169,7 +169,7 @@ def test_an_atropos_process_ends_its_group_when_its_parent_goes(
     )
     runner = subprocess.Popen([sys.executable, "-c", parent], env=hooked())
     try:
-        text = wait_for(lambda: pids.exists() and pids.read_text().strip(), 30)
+        text = wait_for(lambda: pids.read_text().strip() if pids.exists() else "", 30)
         started = [int(p) for p in text.split()]
         assert all(pid_alive(p) for p in started)
         os.kill(runner.pid, signal.SIGKILL)

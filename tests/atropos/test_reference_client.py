@@ -59,7 +59,8 @@ def test_the_reference_client_lists_configures_trains_and_tries_an_atropos_envir
             run = next(r for r in runs if r["run_id"] == run_id)
             return run if run["status"] in FINISHED else None
 
-        assert wait_for(finished_run, 300, every=1.0)["status"] == "succeeded"
+        ended = wait_for(finished_run, 300, every=1.0)
+        assert ended is not None and ended["status"] == "succeeded", ended
         status, _ = call(rl.rl_check_status, run_id)
         assert status["status"] == "succeeded" and status["step"] == 2, status
         assert status["metrics"]["reward_mean"] is not None

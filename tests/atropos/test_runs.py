@@ -198,14 +198,10 @@ def test_stop_and_kill_9_leave_no_process_of_the_three(server: LiveServer) -> No
 
     assert server.api.post(f"/runs/{stopped}/stop").json()["status"] == "stopping"
     os.kill(to_kill[0], signal.SIGKILL)
-    ended = {
-        run_id: wait_for(lambda r=run_id: (x := run_of(server.api, r))["status"] in FINISHED and x)
-        for run_id in (stopped, killed)
-    }
+    ended = {run_id: finish_run(server.api, run_id) for run_id in (stopped, killed)}
     assert ended[stopped]["status"] == "stopped", ended[stopped]
     assert ended[killed]["status"] == "failed", ended[killed]
-    for pid in to_stop + to_kill:
-        wait_for(lambda p=pid: not pid_alive(p), 15)
+    wait_for(lambda: not [p for p in to_stop + to_kill if pid_alive(p)], 15)
     # A stopped run keeps its last checkpoint, to resume or to sample from.
     assert server.api.get(f"/runs/{stopped}/checkpoints").json()
 

@@ -21,7 +21,7 @@ from typing import Any, TextIO
 PARENT_PID_VARIABLE = "RLCS_PARENT_PID"  # as core.procs names it
 
 
-def load_class(path: Path, class_name: str) -> type:
+def load_class(path: Path, class_name: str) -> Any:
     """Import the file as its own module (its folder first on sys.path, as `python FILE`
     would have it) and return the class, which must derive from atroposlib's BaseEnv."""
     from atroposlib.envs.base import BaseEnv

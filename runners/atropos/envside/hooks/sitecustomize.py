@@ -64,7 +64,7 @@ def _tapped(log: Callable[..., Any], path: str) -> Callable[..., Any]:
     return log_and_copy
 
 
-def _patch_wandb(wandb: ModuleType, path: str) -> None:
+def _patch_wandb(wandb: Any, path: str) -> None:
     """wandb.init rebinds wandb.log to the new run's; wrap each one it binds."""
     original_init = wandb.init
 
