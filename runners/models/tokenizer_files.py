@@ -35,6 +35,8 @@ def make_portable(folder: Path) -> None:
     """Rewrite `folder`'s tokenizer config in place when it names transformers 5 only
     (atomically: a reader sees the old file or the new one)."""
     path = Path(folder) / CONFIG_FILE
+    if not path.is_file():
+        return  # no tokenizer saved there (a model folder holding only weights)
     config = json.loads(path.read_text(encoding="utf-8"))
     fixed = portable_config(config)
     if fixed == config:

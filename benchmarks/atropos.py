@@ -1,0 +1,134 @@
+"""What training through Atropos costs: steps per minute of a run on an Atropos environment
+(runner + inference face + atroposlib's trajectory API + the environment's process) against
+the same task written as one of ours (repeat_word), on the real server, SmolLM2-135M on the
+CPU, the same batch (groups x group size, tokens), one after the other, alternating.
+Run from the repo root: .venv/bin/python -m benchmarks.atropos [--steps 8] [--rounds 2]"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from benchmarks.inference import Server
+from core.model_names import SMOLLM2
+from core.settings import PROJECT_ROOT
+
+TERMINAL = {"succeeded", "failed", "stopped"}
+ENV_DIR = PROJECT_ROOT / "benchmarks" / "atropos_env"
+
+
+@dataclass
+class Timed:
+    kind: str
+    first_step_s: float  # POST /runs -> step 1 recorded (start-up included)
+    step_s: list[float]  # time/step of the steps after the first
+    reward: list[float]
+
+    @property
+    def steps_per_min(self) -> float:
+        return 60.0 * len(self.step_s) / sum(self.step_s)
+
+
+def run_once(url: str, kind: str, steps: int, groups: int, size: int, tokens: int) -> Timed:
+    common: dict[str, Any] = {
+        "model_name": SMOLLM2,
+        "lora_rank": 8,
+        "learning_rate": 5e-4,
+        "total_steps": steps,
+        "save_every": 0,
+        "steps_per_eval": 0,
+        "use_wandb": False,
+        "group_size": size,
+        "max_token_length": tokens,
+    }
+    if kind == "native":
+        body = {"environment": "repeat_word", "batch_size": groups, **common}
+    else:
+        body = {"environment": "repeat_word_atropos", "groups_per_step": groups, **common}
+    with httpx.Client(base_url=url, timeout=60) as client:
+        posted = time.monotonic()
+        answer = client.post("/runs", json=body)
+        answer.raise_for_status()
+        run_id = answer.json()["run_id"]
+        first = None
+        while True:
+            run = client.get(f"/runs/{run_id}").json()
+            if first is None and run["step"] >= 1:
+                first = time.monotonic() - posted
+            if run["status"] in TERMINAL:
+                break
+            time.sleep(0.2)
+        if run["status"] != "succeeded":
+            logs = client.get(f"/runs/{run_id}/logs?tail=30").json()["lines"]
+            raise RuntimeError(f"{kind} run {run['status']}: {run['error']}\n" + "\n".join(logs))
+        rows = [r for r in client.get(f"/runs/{run_id}/history").json()["rows"] if "time/step" in r]
+    rows.sort(key=lambda r: r["step"])
+    return Timed(
+        kind,
+        first or 0.0,
+        [r["time/step"] for r in rows[1:]],
+        [r.get("reward/mean", 0.0) for r in rows],
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--groups", type=int, default=4, help="groups per step")
+    parser.add_argument("--group-size", type=int, default=4)
+    parser.add_argument("--tokens", type=int, default=16, help="most tokens per answer")
+    args = parser.parse_args()
+    timed: dict[str, list[Timed]] = {"native": [], "atropos": []}
+    with tempfile.TemporaryDirectory(prefix="bench-atropos-") as tmp:
+        models = os.environ.get("RLCS_MODELS_DIR", str(PROJECT_ROOT / "var" / "models"))
+        env = {
+            "RLCS_ENV_DIRS": json.dumps([str(ENV_DIR)]),
+            "RLCS_MODELS_DIR": models,  # SmolLM2 converted once, shared with `make serve`
+            "RLCS_DEVICE": "cpu",
+        }
+        with Server(Path(tmp) / "var", **env) as server:
+            for round_ in range(args.rounds):
+                order = ("native", "atropos") if round_ % 2 == 0 else ("atropos", "native")
+                for kind in order:
+                    one = run_once(
+                        server.url, kind, args.steps, args.groups, args.group_size, args.tokens
+                    )
+                    timed[kind].append(one)
+                    print(
+                        f"round {round_ + 1} {kind:8s} first step {one.first_step_s:6.1f} s, "
+                        f"then {one.steps_per_min:5.2f} steps/min "
+                        f"(median step {statistics.median(one.step_s):.2f} s)",
+                        flush=True,
+                    )
+    native, atropos = (
+        statistics.median(t.steps_per_min for t in timed[k]) for k in ("native", "atropos")
+    )
+    first_native, first_atropos = (
+        statistics.median(t.first_step_s for t in timed[k]) for k in ("native", "atropos")
+    )
+    print()
+    print(
+        f"{platform.node()}: {os.cpu_count()} CPUs, Python {platform.python_version()}; "
+        f"SmolLM2-135M on the CPU, {args.groups} groups x {args.group_size}, "
+        f"{args.tokens} tokens, {args.steps} steps x {args.rounds} rounds"
+    )
+    print("| run | steps/min (after step 1) | POST /runs -> step 1 |")
+    print("|---|---:|---:|")
+    print(f"| ours (repeat_word) | {native:.2f} | {first_native:.1f} s |")
+    print(f"| Atropos (the same task) | {atropos:.2f} | {first_atropos:.1f} s |")
+    print(f"| ratio (native / Atropos) | {native / atropos:.2f}x | {first_atropos / first_native:.2f}x |")
+
+
+if __name__ == "__main__":
+    main()
