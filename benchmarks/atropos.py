@@ -32,18 +32,20 @@ class Timed:
     kind: str
     first_step_s: float  # POST /runs -> step 1 recorded (start-up included)
     step_s: list[float]  # time/step of the steps after the first
-    reward: list[float]
+    tokens: list[float]  # tokens trained per step (the work a step does)
 
     @property
     def steps_per_min(self) -> float:
         return 60.0 * len(self.step_s) / sum(self.step_s)
 
 
-def run_once(url: str, kind: str, steps: int, groups: int, size: int, tokens: int) -> Timed:
+def run_once(
+    url: str, kind: str, steps: int, groups: int, size: int, tokens: int, lr: float
+) -> Timed:
     common: dict[str, Any] = {
         "model_name": SMOLLM2,
         "lora_rank": 8,
-        "learning_rate": 5e-4,
+        "learning_rate": lr,
         "total_steps": steps,
         "save_every": 0,
         "steps_per_eval": 0,
@@ -77,7 +79,7 @@ def run_once(url: str, kind: str, steps: int, groups: int, size: int, tokens: in
         kind,
         first or 0.0,
         [r["time/step"] for r in rows[1:]],
-        [r.get("reward/mean", 0.0) for r in rows],
+        [r.get("train/num_action_tokens", 0.0) for r in rows[1:]],
     )
 
 
@@ -88,6 +90,9 @@ def main() -> None:
     parser.add_argument("--groups", type=int, default=4, help="groups per step")
     parser.add_argument("--group-size", type=int, default=4)
     parser.add_argument("--tokens", type=int, default=16, help="most tokens per answer")
+    # Small: the policy barely moves, so both runs sample answers of the same length (a step's
+    # time is mostly its tokens; a policy that learns to stop early makes its steps cheaper).
+    parser.add_argument("--learning-rate", type=float, default=1e-6)
     args = parser.parse_args()
     timed: dict[str, list[Timed]] = {"native": [], "atropos": []}
     with tempfile.TemporaryDirectory(prefix="bench-atropos-") as tmp:
@@ -102,13 +107,20 @@ def main() -> None:
                 order = ("native", "atropos") if round_ % 2 == 0 else ("atropos", "native")
                 for kind in order:
                     one = run_once(
-                        server.url, kind, args.steps, args.groups, args.group_size, args.tokens
+                        server.url,
+                        kind,
+                        args.steps,
+                        args.groups,
+                        args.group_size,
+                        args.tokens,
+                        args.learning_rate,
                     )
                     timed[kind].append(one)
                     print(
                         f"round {round_ + 1} {kind:8s} first step {one.first_step_s:6.1f} s, "
                         f"then {one.steps_per_min:5.2f} steps/min "
-                        f"(median step {statistics.median(one.step_s):.2f} s)",
+                        f"(median step {statistics.median(one.step_s):.2f} s, "
+                        f"{statistics.mean(one.tokens):.0f} tokens trained per step)",
                         flush=True,
                     )
     native, atropos = (
@@ -123,11 +135,18 @@ def main() -> None:
         f"SmolLM2-135M on the CPU, {args.groups} groups x {args.group_size}, "
         f"{args.tokens} tokens, {args.steps} steps x {args.rounds} rounds"
     )
-    print("| run | steps/min (after step 1) | POST /runs -> step 1 |")
-    print("|---|---:|---:|")
-    print(f"| ours (repeat_word) | {native:.2f} | {first_native:.1f} s |")
-    print(f"| Atropos (the same task) | {atropos:.2f} | {first_atropos:.1f} s |")
-    print(f"| ratio (native / Atropos) | {native / atropos:.2f}x | {first_atropos / first_native:.2f}x |")
+    tokens = {k: statistics.mean(x for t in timed[k] for x in t.tokens) for k in timed}
+    print("| run | steps/min (after step 1) | tokens trained per step | POST /runs -> step 1 |")
+    print("|---|---:|---:|---:|")
+    print(f"| ours (repeat_word) | {native:.2f} | {tokens['native']:.0f} | {first_native:.1f} s |")
+    print(
+        f"| Atropos (the same task) | {atropos:.2f} | {tokens['atropos']:.0f} | "
+        f"{first_atropos:.1f} s |"
+    )
+    print(
+        f"| cost of Atropos (native / Atropos) | {native / atropos:.2f}x | | "
+        f"{first_atropos / first_native:.2f}x |"
+    )
 
 
 if __name__ == "__main__":

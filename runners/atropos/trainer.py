@@ -342,10 +342,15 @@ class AtroposTrainer(RunnerBase):
             return first
         limit = self.settings.atropos_start_timeout_s
         if time.monotonic() - self.env_started_at > limit:
+            self.log_watch.read()
+            why = (
+                self.log_watch.why_nothing()
+                if self.log_watch.total
+                else "it hangs in its setup or its first item"
+            )
             raise EnvironmentFailed(
                 f"the environment asked for no completion within {limit:g} s of its start "
-                f"(RLCS_ATROPOS_START_TIMEOUT_S): it hangs in its setup or its first item; "
-                f"{self.env.describe_exit()}"
+                f"(RLCS_ATROPOS_START_TIMEOUT_S): {why}; {self.env.describe_exit()}"
             )
         return None
 

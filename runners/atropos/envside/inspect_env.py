@@ -11,7 +11,9 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shutil
 import sys
+import tempfile
 import threading
 import time
 import traceback
@@ -21,13 +23,32 @@ from typing import Any, TextIO
 PARENT_PID_VARIABLE = "RLCS_PARENT_PID"  # as core.procs names it
 
 
+# What a run's YAML says of the servers, for config_init()s that read the --config file
+# themselves (letter_counting builds its servers from it, and needs their server_type).
+INSPECTION_YAML = {
+    "env": {},
+    "openai": [
+        {
+            "model_name": "inspection",
+            "base_url": "http://127.0.0.1:9/v1",
+            "api_key": "x",
+            "server_type": "sglang",
+            "health_check": False,
+        }
+    ]
+    * 2,
+    "slurm": False,
+    "testing": False,
+}
+
+
 def load_class(path: Path, class_name: str) -> Any:
-    """Import the file as its own module (its folder first on sys.path, as `python FILE`
-    would have it) and return the class, which must derive from atroposlib's BaseEnv."""
+    """Import the file as its own module (its folder first on sys.path, and `--config YAML` in
+    sys.argv, as `python FILE serve --config YAML` has them in a run) and return the class,
+    which must derive from atroposlib's BaseEnv."""
     from atroposlib.envs.base import BaseEnv
 
     sys.path.insert(0, str(path.parent))
-    sys.argv = [str(path)]  # some config_init() read sys.argv
     spec = importlib.util.spec_from_file_location(path.stem, path)
     if spec is None or spec.loader is None:
         raise ImportError(f"cannot import {path}")
@@ -124,12 +145,18 @@ def main(argv: list[str]) -> int:
     path, class_name = Path(argv[0]).resolve(), argv[1]
     exit_with_parent()
     channel = private_stdout()
+    folder = tempfile.mkdtemp(prefix="rlcs-inspect-")
+    yaml_path = Path(folder) / "config.yaml"
+    yaml_path.write_text(json.dumps(INSPECTION_YAML))  # JSON is YAML too
+    sys.argv = [str(path), "serve", "--config", str(yaml_path)]
     try:
         config, servers = load_class(path, class_name).config_init()
         first = describe(config, servers)
     except BaseException as exc:  # SystemExit and all: user code runs at import
         send(channel, {"ok": False, "error": describe_failure(exc)})
         return 0
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
     send(channel, first)
     for line in sys.stdin:
         try:
