@@ -105,13 +105,14 @@ class AtroposRunConfig(AtroposTrainingConfig):
 
 def offline_environment(base: Mapping[str, str]) -> dict[str, str]:
     """The environment variables of an Atropos process: `base` without our interpreter's
-    path settings or Atropos switches that would fake a server, hubs switched off (a load
-    that would download fails at once instead of hanging)."""
+    path settings, our own settings (a database URL may hold a password), or Atropos switches
+    that would fake a server; hubs switched off (a load that would download fails at once
+    instead of hanging)."""
     env = {
         k: v
         for k, v in base.items()
         if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "__PYVENV_LAUNCHER__")
-        and not k.startswith(("ATROPOS_", "SLURM_"))
+        and not k.startswith(("ATROPOS_", "SLURM_", "RLCS_"))
     }
     env.update(
         {

@@ -62,7 +62,10 @@ class AtroposInference:
         self.end_ids = Renderer(tokenizer, "plain").stop_token_ids()
 
     async def run(self, deadline: float | None) -> list[dict[str, Any]]:
-        """`deadline`: time.monotonic() by which the answer is due."""
+        """`deadline`: time.monotonic() by which the answer is due (a request without one
+        gets the hard inference deadline: process mode may otherwise never end)."""
+        if deadline is None:
+            deadline = time.monotonic() + self.settings.inference_timeout_s
         if self.job.prompts:
             return await asyncio.gather(
                 *(self._answer(p, i) for i, p in enumerate(self.job.prompts))

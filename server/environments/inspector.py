@@ -91,7 +91,8 @@ class InspectorCommand:
             )
         # By path in the Atropos interpreter, in the file's folder, as `python FILE` runs.
         argv = [python, str(INSPECT_SCRIPT), str(path), class_name]
-        return cls(argv, path.parent, offline_environment(env))
+        parent = {procs.PARENT_PID_VARIABLE: str(os.getpid())}  # offline_environment drops ours
+        return cls(argv, path.parent, {**offline_environment(env), **parent})
 
 
 class InspectorProcess:

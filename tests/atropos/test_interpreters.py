@@ -178,3 +178,19 @@ def test_an_atropos_process_ends_its_group_when_its_parent_goes(
     finally:
         if runner.poll() is None:
             runner.kill()
+
+
+def test_atropos_processes_get_no_secret_and_none_of_our_settings(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from core.settings import Settings
+    from runners.atropos.children import atropos_environment
+
+    monkeypatch.setenv("RLCS_DATABASE_URL", "postgresql+psycopg://rl:hunter2@db/rl")
+    monkeypatch.setenv("WANDB_API_KEY", "k" * 40)
+    monkeypatch.setenv("ATROPOS_ALLOW_DUMMY_MANAGED_SERVER", "1")
+    env = atropos_environment(Settings().inspector_environment(), WANDB_MODE="offline")
+    assert "hunter2" not in json.dumps(env) and "WANDB_API_KEY" not in env
+    assert "ATROPOS_ALLOW_DUMMY_MANAGED_SERVER" not in env
+    assert env["PYTHONPATH"] == str(HOOKS_DIR) and env[PARENT_VARIABLE] == str(os.getpid())
+    assert env["HF_HUB_OFFLINE"] == "1" and env["WANDB_MODE"] == "offline"
