@@ -1,0 +1,88 @@
+"""Atropos runs on the Tinker backend: the unmodified SDK against the loopback stand-in. The
+face serves the hosted sampler (a whole group in one sample request), and the datums carry
+the sampler's logprobs: sent by the environment (managed_server), or recomputed through the
+SDK's compute_logprobs (an environment that samples through /v1)."""
+
+from __future__ import annotations
+
+import itertools
+import random
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from runners.models.tiny import build_tiny_tokenizer
+from server.app import create_app
+from tests.atropos.conftest import ENVS
+from tests.conftest import make_settings
+from tests.helpers import finish_run, start_run
+from tests.standins.tinker_standin import TinkerStandin, token_logprob
+
+pytestmark = pytest.mark.slow
+KEY = "tml-standin-test-key-0123456789"
+TOKENIZER = build_tiny_tokenizer()
+# Close to what word_echo (repeat a word) and chat_dialogue (a colour, then in capitals) ask.
+ANSWERS = ["apple", "appel", "maple", "river", "red", "RED", "Red", "RXD"]
+
+
+CALLS = itertools.count()
+
+
+def answer(prompt: list[int], index: int, params: dict[str, Any]) -> list[int]:
+    """An answer drawn anew each time, so a group's scores differ."""
+    word = random.Random(next(CALLS)).choice(ANSWERS)
+    return TOKENIZER.encode(word, add_special_tokens=False) + [TOKENIZER.eos_token_id]
+
+
+@pytest.fixture
+def standin(monkeypatch: pytest.MonkeyPatch) -> Iterator[TinkerStandin]:
+    monkeypatch.setenv("TINKER_TELEMETRY", "0")
+    with TinkerStandin(
+        expected_api_key=KEY, sample_fn=answer, extra_models=("tiny-random",)
+    ) as server:
+        yield server
+
+
+def test_atropos_runs_train_on_tinker(
+    tmp_path: Path, standin: TinkerStandin, atropos_python: str
+) -> None:
+    settings = make_settings(
+        tmp_path,
+        tinker_api_key=KEY,
+        tinker_base_url=standin.url,
+        env_dirs=[ENVS],
+        atropos_stall_s=60.0,
+    )
+    body = {"model_name": "tiny-random", "total_steps": 2, "use_wandb": False, "save_every": 0}
+    with TestClient(create_app(settings)) as client:
+        runs = [
+            start_run(client, environment="word_echo", groups_per_step=2, **body),
+            start_run(client, environment="chat_dialogue", groups_per_step=1, **body),
+        ]
+        for run_id in runs:
+            run = finish_run(client, run_id, 300)
+            logs = client.get(f"/runs/{run_id}/logs", params={"tail": 40}).json()["lines"]
+            assert run["status"] == "succeeded", "\n".join(logs)
+            assert run["weights_path"].startswith("tinker://")
+            assert KEY not in "\n".join(logs)
+
+    # word_echo asks for its whole group in one request (managed_server's n).
+    assert 4 in {b.get("num_samples") for b in standin.bodies("asample")}
+    # chat_dialogue's sampler logprobs were recomputed through the SDK (prompt logprobs).
+    assert any(b.get("prompt_logprobs") for b in standin.bodies("asample"))
+    data = [d for request in standin.bodies("forward_backward") for d in request["data"]]
+    assert data
+    for datum in data:
+        inputs = datum["loss_fn_inputs"]
+        targets = inputs["target_tokens"]["values"]
+        advantages = inputs["advantages"]["values"]
+        logprobs = inputs["logprobs"]["values"]
+        assert len(datum["model_input"]) == len(targets) == len(logprobs) == len(advantages)
+        trained = [i for i, lp in enumerate(logprobs) if lp != 0.0]
+        assert trained  # the answer's tokens, with the sampler's logprobs
+        assert [logprobs[i] for i in trained] == pytest.approx(
+            [token_logprob(targets[i]) for i in trained], abs=1e-6
+        )
