@@ -121,12 +121,14 @@ class AtroposTrainer(RunnerBase):
             evals_dir=self.work / "evals",
         )
         metrics_file = self.work / "env-metrics.jsonl"
+        env_log = self.work / "env.log"
+        log_start, metrics_start = _size(env_log), _size(metrics_file)
         env_file = Path(self.spec.env_file)
         self.env = self._start(
             "environment",
             [self.settings.atropos_python, str(env_file), "serve", "--config", str(yaml_path)],
             env_file.parent,
-            self.work / "env.log",
+            env_log,
             **{
                 METRICS_FILE_VARIABLE: str(metrics_file),
                 "WANDB_MODE": "offline" if cfg.use_wandb else "disabled",
@@ -134,9 +136,11 @@ class AtroposTrainer(RunnerBase):
                 "WANDB_SILENT": "true",
             },
         )
-        self.log_watch = LogWatch(self.work / "env.log")
-        self.tap = MetricsTap(metrics_file, wandb_name)
-        self.evals = EvalWatch(self.work / "evals" / "metrics.json")
+        # From where this attempt starts: a resumed run's folder holds the last one's too.
+        self.log_watch = LogWatch(env_log, offset=log_start)
+        self.tap = MetricsTap(metrics_file, wandb_name, offset=metrics_start)
+        evals = self.work / "evals" / "metrics.json"
+        self.evals = EvalWatch(evals, seen=evals.stat().st_mtime if evals.exists() else 0.0)
         self.env_started_at = time.monotonic()
         return training
 
@@ -428,6 +432,10 @@ class AtroposTrainer(RunnerBase):
             env_yaml.write_text(env_yaml.read_text().replace(self.face.key, REDACTED.decode()))
         await self._exits.aclose()
         await self._http.aclose()
+
+
+def _size(path: Path) -> int:
+    return path.stat().st_size if path.exists() else 0
 
 
 def _free_port() -> int:
