@@ -286,17 +286,21 @@ class AtroposTrainer(RunnerBase):
             await asyncio.sleep(BATCH_POLL_S)
 
     def _stall(self, step: int, waited: float) -> str:
-        text = (
+        return (
             f"no usable batch from the environment for {waited:.0f} s (step {step}): "
-            f"{self.log_watch.why_nothing()}"
+            f"{self._evidence(self.log_watch.why_nothing())}"
         )
+
+    def _evidence(self, why: str) -> str:
+        """`why`, and what the face refused the environment meanwhile (a prompt beyond the
+        model's context, say)."""
         stats = self.face.stats
         if stats.refused:
-            text += (
+            why += (
                 f"; the inference face refused {stats.refused} request(s), the last "
                 f"{stats.last_refusal}"
             )
-        return text
+        return why
 
     async def _batch(self) -> list[dict[str, Any]] | None:
         try:
@@ -354,7 +358,8 @@ class AtroposTrainer(RunnerBase):
             )
             raise EnvironmentFailed(
                 f"the environment asked for no completion within {limit:g} s of its start "
-                f"(RLCS_ATROPOS_START_TIMEOUT_S): {why}; {self.env.describe_exit()}"
+                f"(RLCS_ATROPOS_START_TIMEOUT_S): {self._evidence(why)}; "
+                f"{self.env.describe_exit()}"
             )
         return None
 

@@ -67,7 +67,9 @@ class AtroposConfigSchema(ConfigSchema):
         errors += answer.get("errors", [])
         if errors or trained is None:
             raise ConfigInvalid(errors)
-        out = {**answer["values"], **trained.model_dump(mode="json")}
+        # Training fields first, as for ours; the environment's own after them.
+        out = trained.model_dump(mode="json")
+        out.update({k: v for k, v in answer["values"].items() if k not in out})
         out.update(locked_env_values(int(out["group_size"]), trained.groups_per_step))
         return out
 
