@@ -78,6 +78,9 @@ class InferenceFace:
         self.version = 0
         self._open = asyncio.Event()
         self._open.set()
+        self._in_flight = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
 
     # The policy ----------------------------------------------------------------------------
 
@@ -89,6 +92,13 @@ class InferenceFace:
     def set_sampler(self, sampler: Any) -> None:
         self._sampler = sampler
         self.version += 1
+
+    async def drain(self, timeout_s: float) -> None:
+        """Hold new requests and wait (at most `timeout_s`) for those being sampled: the
+        backend's threads must not be mid-sample when the process exits."""
+        self._open.clear()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._idle.wait(), timeout_s)
 
     @contextlib.contextmanager
     def paused(self) -> Iterator[None]:
@@ -104,11 +114,22 @@ class InferenceFace:
         sampler = self._sampler
         if sampler is None:
             raise BadRequest("the policy is not loaded yet")
-        response = await sampler.sample(
-            prompt=types.ModelInput.from_ints(prompt),
-            num_samples=sampling.n,
-            sampling_params=sampling.params,
-        )
+        self._in_flight += 1
+        self._idle.clear()
+        try:
+            response = await asyncio.shield(
+                asyncio.ensure_future(
+                    sampler.sample(
+                        prompt=types.ModelInput.from_ints(prompt),
+                        num_samples=sampling.n,
+                        sampling_params=sampling.params,
+                    )
+                )
+            )
+        finally:
+            self._in_flight -= 1
+            if not self._in_flight:
+                self._idle.set()
         sequences = list(response.sequences)
         self.stats.requests += 1
         self.stats.sequences += len(sequences)

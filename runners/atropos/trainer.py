@@ -42,6 +42,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("runner")
 BATCH_POLL_S = 0.2  # how often an empty trajectory API is asked again
 HOSTED_CONTEXT = 32_768  # max_token_len registered when the model's context is not known here
+DRAIN_S = 60.0  # at the end, how long samples already running may take to finish
 ENV_DONE_GRACE_S = 2.0  # after the environment's exit 0, how long its queue may give nothing
 
 
@@ -432,6 +433,8 @@ class AtroposTrainer(RunnerBase):
     async def close(self) -> None:
         """Everything this run started, ended (also after a failure); the key goes with it."""
         await self.stop_children()
+        if hasattr(self, "face"):
+            await self.face.drain(DRAIN_S)
         env_yaml = self.work / "env.yaml"
         if env_yaml.exists() and hasattr(self, "face"):  # kept to read, without the key
             env_yaml.write_text(env_yaml.read_text().replace(self.face.key, REDACTED.decode()))

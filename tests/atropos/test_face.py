@@ -54,7 +54,7 @@ def test_generate_as_sglang_answers_with_logprobs_and_the_real_finish_reason(
     face = make_face(sampler)
 
     async def scenario() -> tuple[list[httpx.Response], httpx.Response, httpx.Response]:
-        async with serving(face) as url, httpx.AsyncClient(base_url=url) as client:
+        async with serving(face) as url, httpx.AsyncClient(base_url=url, timeout=60) as client:
             auth = {"Authorization": f"Bearer {face.key}"}
             prompt = list(b"Hello there")
             # What SGLangServer sends: token ids as given, n, max_new_tokens, stop ids.
@@ -100,7 +100,7 @@ def test_max_tokens_is_clamped_to_what_the_context_leaves(sampler: Any) -> None:
     face = make_face(sampler, context=16)
 
     async def scenario() -> tuple[dict[str, Any], int]:
-        async with serving(face) as url, httpx.AsyncClient(base_url=url) as client:
+        async with serving(face) as url, httpx.AsyncClient(base_url=url, timeout=60) as client:
             auth = {"Authorization": f"Bearer {face.key}"}
             params = {"max_new_tokens": 100, "temperature": 1.0, "stop": []}
             fits = await client.post(
@@ -153,7 +153,7 @@ def test_requests_wait_while_the_local_backend_trains(sampler: Any) -> None:
     face = make_face(sampler)
 
     async def scenario() -> tuple[bool, int]:
-        async with serving(face) as url, httpx.AsyncClient(base_url=url) as client:
+        async with serving(face) as url, httpx.AsyncClient(base_url=url, timeout=60) as client:
             auth = {"Authorization": f"Bearer {face.key}"}
             body = {"input_ids": [72, 105], "sampling_params": {"max_new_tokens": 2}}
             with face.paused():
@@ -171,7 +171,7 @@ def test_nothing_is_served_before_a_policy_is_loaded(tmp_path: Path) -> None:
     face = InferenceFace(build_tiny_tokenizer(), SamplingDefaults(max_tokens=4), 2048, [END], "m")
 
     async def scenario() -> httpx.Response:
-        async with serving(face) as url, httpx.AsyncClient(base_url=url) as client:
+        async with serving(face) as url, httpx.AsyncClient(base_url=url, timeout=60) as client:
             auth = {"Authorization": f"Bearer {face.key}"}
             return await client.post("/generate", json={"input_ids": [1, 2]}, headers=auth)
 
