@@ -75,7 +75,9 @@ def build_services(settings: Settings) -> Services:
     configs = ConfigService(engine, catalog, models)
     metrics = MetricsService(engine, WandbReader.from_settings(settings))
     supervisor = Supervisor(settings, engine)
-    runs_service = RunService(settings, engine, configs, metrics, supervisor.wake)
+    runs_service = RunService(
+        settings, engine, configs, metrics, supervisor.launchers, supervisor.wake
+    )
     worker = InferenceWorker(settings)
     inference = InferenceService(settings, engine, configs, runs_service, worker, models)
     streams = StreamSlots(settings.max_streams_per_client)

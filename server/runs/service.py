@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import secrets
 import shutil
-import signal
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,17 +15,17 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlmodel import col, select
 
-from core import lifecycle, procs
+from core import lifecycle
 from core.checkpoint_check import STATE_KIND, check, first_usable
 from core.db import read_session, write_session
-from core.models import FINISHED, RAY_LAUNCHER, RUN_ID, Checkpoint, Metric, Run, RunStatus
+from core.models import FINISHED, RUN_ID, Checkpoint, Metric, Run, RunStatus
 from core.run_folder import RunFolder, hash_config
 from core.settings import Settings
 from core.spec import ResumePoint, RunSpec
 from server.environments.catalog import EnvEntry
 from server.environments.configs import ConfigService, ResolvedConfig
 from server.errors import Conflict, InvalidValue, NotFound
-from server.launch.ray_jobs import RayJobs, RayUnreachable
+from server.launch.launchers import Launchers
 from server.runs.metrics import MetricsService
 from server.runs.views import RunViews
 
@@ -65,6 +64,7 @@ class RunService:
         engine: Engine,
         configs: ConfigService,
         metrics: MetricsService,
+        launchers: Launchers,
         wake_supervisor: Callable[[], None],
     ) -> None:
         self._settings = settings
@@ -72,7 +72,7 @@ class RunService:
         self._configs = configs
         self._metrics = metrics
         self._views = RunViews(settings, metrics)
-        self._ray_jobs: RayJobs | None = None  # made when a Ray run's log is first read
+        self._launchers = launchers
         self._wake = wake_supervisor
 
     # Creating ----------------------------------------------------------------------------
@@ -273,7 +273,8 @@ class RunService:
     # Stopping ----------------------------------------------------------------------------
 
     def stop(self, run_id: str) -> dict[str, Any]:
-        """Ask a run to stop: cancel it if queued, else SIGTERM its group; idempotent."""
+        """Ask a run to stop: cancel it if queued, else pass the request to its launcher (a local
+        run gets SIGTERM at once); idempotent."""
         check_run_id(run_id)
         with write_session(self._engine) as session:
             run = session.get(Run, run_id)
@@ -288,12 +289,8 @@ class RunService:
                 )
                 return {"run_id": run_id, "status": RunStatus.stopped.value}
             lifecycle.transition(session, run, RunStatus.stopping)
-            # A Ray job's pid is on its own node: it reads the request from the database.
-            local = run.launcher != RAY_LAUNCHER
-            pid, start = (run.pid, run.process_start) if local else (None, None)
-        # The supervisor sends SIGKILL when the grace period passes; SIGTERM goes out now.
-        if pid is not None and procs.same_process_alive(pid, start):
-            procs.signal_group(pid, signal.SIGTERM)
+            stopping = Run(**run.model_dump())  # the row as committed, usable after the session
+        self._launchers.of(stopping).request_stop(stopping)
         self._wake()
         return {"run_id": run_id, "status": RunStatus.stopping.value}
 
@@ -435,16 +432,9 @@ class RunService:
         return {"run_id": run_id, "status": run.status.value, "lines": lines}
 
     def job_log(self, run: Run) -> str | None:
-        """A Ray job's whole log as Ray keeps it (its runner writes no train.log); None for a
-        local run, or when Ray cannot be asked (then the run folder's log is what there is)."""
-        if run.launcher != RAY_LAUNCHER or run.job_id is None:
-            return None
-        if self._ray_jobs is None:
-            self._ray_jobs = RayJobs(self._settings)
-        try:
-            return self._ray_jobs.logs(run.job_id)
-        except (RayUnreachable, RuntimeError):
-            return None
+        """The attempt's whole log where its launcher keeps it (a Ray job's); None: the run
+        folder's train.log is the log."""
+        return self._launchers.of(run).log_text(run)
 
 
 def no_such_run(run_id: str) -> NotFound:
