@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from core.checkpoint_manifest import Verdict, verify
+from core.failures import RunFailure
 
 STATE_KIND, SAMPLER_KIND = "state", "sampler"
 STATE_RECORD, SAMPLER_RECORD = "rlcs_state.json", "rlcs_sampler.json"
@@ -23,8 +24,16 @@ _STEP_NAME = re.compile(r"^step-(\d+)$")
 T = TypeVar("T")
 
 
-class CheckpointUnusable(ValueError):
+class CheckpointUnusable(RunFailure, ValueError):
     """A checkpoint that must not be loaded (half written or corrupted), or none left to use."""
+
+    category = "checkpoint"
+
+    def reason(self) -> str:
+        return (
+            f"{self}. Resume from an earlier checkpoint (checkpoint_step), or point resume_from "
+            "at another one."
+        )
 
 
 @dataclass(frozen=True)
