@@ -12,11 +12,13 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import Depends, FastAPI, Request
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 from sqlalchemy.exc import OperationalError
+from starlette.exceptions import HTTPException
 
 from core.db import make_engine
 from core.models import utcnow
@@ -29,9 +31,13 @@ from server.environments.catalog import Catalog
 from server.environments.configs import ConfigService
 from server.environments.inspector import Inspectors
 from server.environments.model_check import ModelCheck
-from server.errors import DomainError, status_for
+from server.errors import DomainError, headers_for, status_for
 from server.guards.access import LoopbackUnlessToken, insecure_warning
-from server.guards.validation import validation_detail
+from server.guards.validation import (
+    FASTAPI_UNREADABLE_BODY,
+    unreadable_body,
+    validation_detail,
+)
 from server.guards.web import BodyLimit, WebGuard
 from server.health import routes as health_routes
 from server.inference import routes as inference_routes
@@ -62,7 +68,7 @@ from server.webhooks.service import WebhookService
 from server.webhooks.signing import signing_key
 
 log = logging.getLogger("server")
-ERROR_CODES = ("400", "401", "403", "404", "409", "413", "415", "422", "424", "429", "503")
+ERROR_CODES = ("400", "401", "403", "404", "409", "413", "415", "422", "429", "503")
 
 
 def build_services(settings: Settings) -> Services:
@@ -149,6 +155,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_exception_handler(DomainError, _domain_error)  # type: ignore[arg-type]
     app.add_exception_handler(RequestValidationError, _validation_error)  # type: ignore[arg-type]
     app.add_exception_handler(OperationalError, _database_busy)  # type: ignore[arg-type]
+    app.add_exception_handler(HTTPException, _http_error)  # type: ignore[arg-type]
     app.include_router(health_routes.router)
     # The dashboard's scripts, styles and vendored chart library: no data in them, no token.
     app.mount("/static", StaticFiles(directory=health_routes.STATIC), name="static")
@@ -170,9 +177,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
 
 async def _domain_error(_request: Request, exc: DomainError) -> JSONResponse:
-    headers = {"WWW-Authenticate": "Bearer"} if status_for(exc) == 401 else None
     return JSONResponse(
-        {"detail": exc.detail, **exc.extra}, status_code=status_for(exc), headers=headers
+        {"detail": exc.detail, **exc.extra}, status_code=status_for(exc), headers=headers_for(exc)
     )
 
 
@@ -186,6 +192,16 @@ async def _database_busy(_request: Request, exc: OperationalError) -> JSONRespon
         status_code=503,
         headers={"Retry-After": "2"},
     )
+
+
+async def _http_error(request: Request, exc: HTTPException) -> Response:
+    """A body FastAPI could not decode is malformed JSON, answered as such (in OpenAI's shape
+    on /v1); every other HTTP error as FastAPI answers it."""
+    if exc.status_code == 400 and exc.detail == FASTAPI_UNREADABLE_BODY:
+        handler = request.app.exception_handlers[RequestValidationError]
+        response: Response = await handler(request, unreadable_body())
+        return response
+    return await http_exception_handler(request, exc)
 
 
 async def _validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:

@@ -193,6 +193,13 @@ def test_bad_input_in_openai_error_shape(client, runs, server: LiveServer) -> No
     with pytest.raises(openai.BadRequestError):
         client.chat.completions.create(model="tiny-random", messages=[])
 
+    # A body that is not even JSON text: still OpenAI's shape, naming the cause.
+    auth = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
+    for body in (b"\x80{}", b"[" * 100_000, b"not json"):
+        raw = httpx.post(f"{server.url}/v1/chat/completions", content=body, headers=auth)
+        assert raw.status_code == 400, raw.text
+        assert "not valid JSON" in raw.json()["error"]["message"], raw.text
+
     # The rest of the API keeps its own error shape.
     plain = httpx.get(f"{server.url}/runs/r-00000000", headers={"Authorization": f"Bearer {TOKEN}"})
     assert plain.status_code == 404 and "detail" in plain.json()

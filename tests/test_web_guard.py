@@ -155,6 +155,19 @@ def test_bodies_must_be_json(local: TestClient) -> None:
     assert ok.status_code == 200
 
 
+def test_a_body_json_cannot_read_is_malformed_json_naming_the_cause(local: TestClient) -> None:
+    """Not UTF-8, or nested past the parser's depth: FastAPI alone answers a bare 400 that
+    says neither what nor how to fix it."""
+    local.post("/environments/arithmetic/select")
+    before = state(local)
+    for body in (b"\x80{}", b"[" * 100_000):
+        resp = local.post("/config", content=body, headers={"Content-Type": "application/json"})
+        assert resp.status_code == 422, resp.text
+        detail = resp.json()["detail"]
+        assert "malformed JSON" in detail and "UTF-8" in detail, detail
+    assert state(local) == before
+
+
 def test_cors_is_opt_in(tmp_path: Path) -> None:
     app_origin = "https://app.example"
     settings = loopback_settings(tmp_path, cors_origins=[app_origin])

@@ -71,7 +71,7 @@ class ChatService:
         abandoned: threading.Event | None = None,
         on_partial: Callable[[dict[str, Any]], None] | None = None,
     ) -> dict[str, Any]:
-        """The worker's answer for `prepared` (blocking); a failure raises its 4xx/424."""
+        """The worker's answer for `prepared` (blocking); a failure raises its 4xx/503."""
         budget = self._budget_s()
         answer = self._worker.request(
             prepared.job,

@@ -10,13 +10,14 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
-from server.errors import DomainError, status_for
+from server.errors import DomainError, headers_for, status_for
 from server.openai_compat.schemas import OpenAIErrorOut
 
 PREFIX = "/v1/"
-# Answered by our handlers (OpenAI's shape); the middleware's 403/413/415 and a busy database's
-# 503 come before them and keep {"detail"}, as documented for every route.
-OPENAI_CODES = ("400", "401", "404", "424")
+# Answered by our handlers (OpenAI's shape); the middleware's 403/413/415 come before them and
+# keep {"detail"}, as documented for every route. A 503 (with Retry-After) is ours when the
+# inference worker or a backend is down, {"detail"} when the database is busy.
+OPENAI_CODES = ("400", "401", "404")
 Handler = Callable[[Request, Any], Awaitable[JSONResponse]]
 
 
@@ -25,7 +26,7 @@ def error_body(message: str, status: int, param: str | None, code: str | None) -
         401: "authentication_error",
         403: "permission_error",
         429: "rate_limit_error",
-    }.get(status, "server_error" if status >= 424 else "invalid_request_error")
+    }.get(status, "server_error" if status >= 500 else "invalid_request_error")
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
@@ -33,7 +34,7 @@ def domain_error(exc: DomainError) -> JSONResponse:
     # OpenAI answers a value it cannot accept with 400, not 422.
     status = 400 if status_for(exc) == 422 else status_for(exc)
     code = exc.extra.get("code") or ("invalid_api_key" if status == 401 else None)
-    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+    headers = headers_for(exc)
     body = error_body(exc.detail, status, exc.extra.get("param"), code)
     return JSONResponse(body, status_code=status, headers=headers)
 
@@ -100,6 +101,10 @@ def _document(app: FastAPI) -> None:
                 # A read-only token's refusal (ours) or a remote peer's (the middleware's).
                 responses["403"] = {
                     "description": "Refused",
+                    "content": {"application/json": {"schema": either}},
+                }
+                responses["503"] = {
+                    "description": "A dependency is down or the database busy; see Retry-After",
                     "content": {"application/json": {"schema": either}},
                 }
                 responses.pop("409", None)
