@@ -1,6 +1,6 @@
 # The RL control server on the CPU: python:3.11-slim, the CPU build of torch, a non-root user.
 #   docker build -t rl-control-server .
-# Requests reach the container from Docker's bridge, not loopback, so choose one (README, Docker):
+# Requests reach the container from Docker's bridge, not loopback, so choose one (docs/docker.md):
 #   a local agent, no token, the port on the host's loopback only:
 #     docker run -p 127.0.0.1:8080:8080 -e RLCS_INSECURE_NO_TOKEN=1 -v rlcs-var:/app/var rl-control-server
 #   reachable from other machines, with a token:

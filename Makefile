@@ -3,8 +3,10 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3.12 || command -v p
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# NO_MKDOCS_2_WARNING: the docs theme's notice about its own future, printed on every build.
+MKDOCS := NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build
 
-.PHONY: serve test install lint format demo curves clean
+.PHONY: serve test install lint format docs demo curves clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -24,6 +26,7 @@ serve: $(STAMP)
 test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(MKDOCS) --strict --quiet
 	$(BIN)/python -m pytest -q
 
 lint: $(STAMP)
@@ -34,8 +37,12 @@ format: $(STAMP)
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
+# The documentation site (mkdocs.yml, docs/) into site/; offline, nothing fetched.
+docs: $(STAMP)
+	$(MKDOCS) --strict
+
 clean:
-	rm -rf $(VENV) var
+	rm -rf $(VENV) var site
 
 demo: $(STAMP)
 	$(BIN)/python scripts/demo.py
