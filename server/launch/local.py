@@ -1,7 +1,7 @@
 """The `local` launcher: each attempt is a child process of this server (`python -m
 runners.train --run-dir DIR`), started in its own session so a stop signals its whole process
 group and the server dying never kills it. After a restart, runs whose process still lives (same
-pid and start time) are adopted; the others are settled as lost (DESIGN §1, §4, §10)."""
+pid and start time) are adopted; the others are settled as lost (DESIGN §1, §4, §10, §12)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The `ray` launcher (RLCS_LAUNCHER=ray): a queued run becomes a Ray job whose submission id
 is the run's (a retried submit never makes a second job), its spec travelling in the job's
 environment; the supervisor reads each job's state every tick to say why it waits, to stop it
-after the grace period and to record an end its runner could not (DESIGN §4, issue 15)."""
+after the grace period and to record an end its runner could not (DESIGN §4, §12)."""
 
 from __future__ import annotations
 

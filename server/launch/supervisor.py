@@ -1,6 +1,6 @@
 """The supervisor: starts queued runs through the configured launcher, has each launcher watch
 the attempts it started (ends settled, stop grace enforced), and after a restart lets each
-adopt or settle its unfinished runs (DESIGN §1, §4, §10). One server per database supervises
+adopt or settle its unfinished runs (DESIGN §1, §4, §10, §12). One server per database supervises
 (`Leadership`); the others stand by.
 
 It runs as one asyncio task in the server's lifespan; each tick does its blocking work in
