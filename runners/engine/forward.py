@@ -13,7 +13,7 @@ from tinker import types
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from runners.engine.decoding import right_pad
+from runners.engine.dynamic_batch import right_pad
 from runners.engine.losses import check_input_keys, compute_loss
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from tinker import types
 
-from runners.engine.decoding import Row
+from runners.engine.batch import Row
 from runners.engine.futures import LocalFuture
 from runners.engine.host import AdapterWeights, ModelHost
 from runners.engine.scheduler import SampleRequest, engine_for

@@ -15,7 +15,8 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from runners.engine.decoding import Row, finished, record, right_pad
+from runners.engine.batch import Row, finished, record
+from runners.engine.dynamic_batch import right_pad
 from runners.engine.sampling_model import next_token_logits, plain_head
 from runners.engine.selection import row_keys, select_tokens
 

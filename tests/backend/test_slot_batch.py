@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from runners.engine import scheduler as engine
-from runners.engine.decoding import Row, RunningBatch
+from runners.engine.batch import Row
+from runners.engine.dynamic_batch import DynamicCacheBatch
 from runners.engine.sampling_model import SamplingModel
 from runners.engine.slot_batch import SlotBatch
 from tests.backend.test_continuous_batching import params, prompt
@@ -36,8 +37,8 @@ def _drain(batch, rows: list[Row]) -> None:
         batch.step()
 
 
-def _running(model, trainer) -> RunningBatch:
-    return RunningBatch(
+def _running(model, trainer) -> DynamicCacheBatch:
+    return DynamicCacheBatch(
         model, pad_id=0, device=torch.device("cpu"), decode=trainer.get_tokenizer().decode
     )
 
