@@ -30,7 +30,7 @@ export function mount(main, envName) {
       const name = envName || envs[0]?.name;
       for (const env of envs) {
         const label = env.framework === "atropos" ? `${env.name} (Atropos)` : env.name;
-        select.append(h("option", { value: env.name, selected: env.name === name, dataset: { framework: env.framework || "" } }, label));
+        select.append(h("option", { value: env.name, selected: env.name === name }, label));
       }
       const env = envs.find((e) => e.name === name);
       // Servers that predate `framework` only list our own environments.
