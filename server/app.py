@@ -17,6 +17,7 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse
 from fastapi.staticfiles import StaticFiles
 from sqlalchemy.exc import OperationalError
+from starlette.routing import Route
 
 from core.db import make_engine
 from core.models import utcnow
@@ -163,7 +164,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     app.include_router(openai_routes.router, dependencies=protected)
     # MCP (streamable HTTP); the endpoint checks the token itself, before any MCP handling.
-    app.add_route("/mcp", McpEndpoint(), include_in_schema=False)
+    # A Route, not app.add_route: that one is typed for request handlers, and this is an ASGI app.
+    app.router.routes.append(Route("/mcp", McpEndpoint(), include_in_schema=False))
     _document_errors(app)
     openai_errors.install(app)  # errors on /v1 in OpenAI's shape
     return app

@@ -12,11 +12,15 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Literal
 
 import torch
 
+from runners.engine.lora import LanguageModel
 from runners.engine.sampling_model import next_token_logits
 from runners.engine.selection import row_keys, select_tokens
+
+StopReason = Literal["length", "stop"]  # as tinker's SampledSequence names them
 
 
 @dataclass
@@ -37,7 +41,7 @@ class Row:
     on_token: Callable[[int, float], None] | None = None
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
-    stop_reason: str | None = None
+    stop_reason: StopReason | None = None
 
     @property
     def filtered(self) -> bool:
@@ -74,7 +78,7 @@ class RunningBatch:
 
     def __init__(
         self,
-        model: torch.nn.Module,
+        model: LanguageModel,
         *,
         pad_id: int,
         device: torch.device,
@@ -141,7 +145,8 @@ class RunningBatch:
         )
         tokens_f, logprobs = picked.tolist()  # the step's one transfer to the host
         tokens = [int(t) for t in tokens_f]
-        keep, done = [], []
+        keep: list[int] = []
+        done: list[int] = []
         for slot, (row, token, logprob) in enumerate(zip(rows, tokens, logprobs, strict=True)):
             record(row, token, logprob)
             (done if finished(row, self._decode, self._max_positions) else keep).append(slot)

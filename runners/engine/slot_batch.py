@@ -13,9 +13,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-from torch import nn
 
 from runners.engine.decoding import Row, finished, record, right_pad
+from runners.engine.lora import LanguageModel
 from runners.engine.sampling_model import next_token_logits, plain_head
 from runners.engine.selection import row_keys, select_tokens
 
@@ -69,7 +69,7 @@ class SlotCache:
             mine_v[:, :, :width].index_copy_(0, slots, layer.values[:, :, :width])
 
 
-def supports(model: nn.Module) -> bool:
+def supports(model: LanguageModel) -> bool:
     """Full attention in every layer and a plain unembedding (what the slot step assumes)."""
     config = model.config
     layer_types = getattr(config, "layer_types", None) or ["full_attention"]
@@ -85,7 +85,7 @@ class SlotBatch:
 
     def __init__(
         self,
-        model: nn.Module,
+        model: LanguageModel,
         *,
         slots: int,
         pad_id: int,
@@ -102,7 +102,7 @@ class SlotBatch:
         self._graphs = graphs and device.type == "cuda"
         self.prefills = 0
         self.captures = 0
-        self._pool = None
+        self._pool: torch.cuda._POOL_HANDLE | None = None  # the captured graphs' shared memory
         self._cache: SlotCache | None = None
         self._captured: dict[tuple[int, bool], torch.cuda.CUDAGraph] = {}
         self._allocate_slots(slots)

@@ -9,6 +9,7 @@ A config that names no model gets the default model of the backend that will run
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pydantic import ConfigDict, ValidationError
@@ -19,7 +20,7 @@ from core.db import read_session, write_session
 from core.model_names import LOCAL_DEFAULT_MODEL, default_model
 from core.models import EnvironmentConfig, Selection, iso, utcnow
 from core.spec import EnvSource
-from environments.base import EnvConfig
+from environments.base import EnvConfig, MixEntry
 from server.environments.catalog import Catalog, EnvEntry
 from server.environments.inspector import ConfigInvalid, ConfigSchema, InspectFailed
 from server.environments.model_check import ModelCheck
@@ -136,8 +137,7 @@ class ConfigService:
 
     def mix(self, name: str, config: EnvConfig) -> dict[str, EnvSource]:
         """The frozen sources of a run: each environment's class, file, config and share."""
-        entries = {name: {"weight": 1.0, "num_rollouts": None}}
-        entries.update({k: v.model_dump() for k, v in config.environments.items()})
+        entries = {name: MixEntry(), **config.environments}
         sources: dict[str, EnvSource] = {}
         for env_name, share in entries.items():
             if env_name == name:
@@ -145,9 +145,9 @@ class ConfigService:
             else:
                 entry, env_config = self.resolve(env_name)
             values = env_config.model_dump(mode="json")
-            if share["num_rollouts"]:
-                values["group_size"] = share["num_rollouts"]
-            sources[entry.name] = entry.source(values, share["weight"])
+            if share.num_rollouts:
+                values["group_size"] = share.num_rollouts
+            sources[entry.name] = entry.source(values, share.weight)
         return sources
 
     # Editing ---------------------------------------------------------------------------
@@ -256,7 +256,7 @@ def _validate(config_schema: ConfigSchema, values: dict[str, Any]) -> ResolvedCo
         ) from None
 
 
-def describe_errors(errors: list[dict[str, Any]]) -> str:
+def describe_errors(errors: Sequence[Mapping[str, Any]]) -> str:
     parts = []
     for err in errors:
         loc = ".".join(str(p) for p in err["loc"]) or "config"

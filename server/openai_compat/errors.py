@@ -8,7 +8,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 
 from server.errors import DomainError, status_for
 from server.openai_compat.schemas import OpenAIErrorOut
@@ -17,7 +17,7 @@ PREFIX = "/v1/"
 # Answered by our handlers (OpenAI's shape); the middleware's 403/413/415 and a busy database's
 # 503 come before them and keep {"detail"}, as documented for every route.
 OPENAI_CODES = ("400", "401", "404", "424")
-Handler = Callable[[Request, Any], Awaitable[JSONResponse]]
+Handler = Callable[[Request, Any], Response | Awaitable[Response]]  # as the app holds them
 
 
 def error_body(message: str, status: int, param: str | None, code: str | None) -> dict[str, Any]:
@@ -60,10 +60,11 @@ def install(app: FastAPI) -> None:
     """Answer errors on /v1 paths in OpenAI's shape; call after the app's own handlers."""
 
     def scoped(original: Handler, convert: Callable[[Any], JSONResponse]) -> Handler:
-        async def handle(request: Request, exc: Any) -> JSONResponse:
+        async def handle(request: Request, exc: Any) -> Response:
             if request.url.path.startswith(PREFIX):
                 return convert(exc)
-            return await original(request, exc)
+            answer = original(request, exc)
+            return answer if isinstance(answer, Response) else await answer
 
         return handle
 

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import builtins
 import json
 import secrets
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -13,7 +14,7 @@ from typing import Any
 from sqlalchemy import delete, func
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError, OperationalError
-from sqlmodel import col, select
+from sqlmodel import SQLModel, col, select
 
 from core import lifecycle
 from core.checkpoint_check import STATE_KIND, check, first_usable
@@ -132,7 +133,9 @@ class RunService:
         )
         return PlannedRun(run, spec)
 
-    def launch(self, planned: list[PlannedRun], also: Callable[[], list[Any]] = list) -> None:
+    def launch(
+        self, planned: list[PlannedRun], also: Callable[[], Sequence[SQLModel]] = tuple
+    ) -> list[str]:
         """Write each run's folder and frozen spec, then every row (and the rows `also` makes
         once the runs have their ids) in one transaction, and wake the supervisor. All or
         nothing: on a failure no folder is left behind. The new runs' ids, in order."""
@@ -262,7 +265,7 @@ class RunService:
         rows = self._metrics.history(run.id, wanted, limit, max_points)
         return {"run_id": run.id, "keys": wanted, "rows": rows}
 
-    def checkpoints(self, run_id: str) -> list[dict[str, Any]]:
+    def checkpoints(self, run_id: str) -> builtins.list[dict[str, Any]]:
         return self._metrics.checkpoints(self.row(run_id).id)
 
     @staticmethod
@@ -348,7 +351,9 @@ class RunService:
             session.add(row)
             # Metrics logged after the checkpoint belong to steps that will be redone.
             session.exec(
-                delete(Metric).where(Metric.run_id == run_id, col(Metric.step) > checkpoint.step)
+                delete(Metric).where(
+                    col(Metric.run_id) == run_id, col(Metric.step) > checkpoint.step
+                )
             )
             attempt = row.attempt
         self._wake()
@@ -394,7 +399,10 @@ class RunService:
             if not verify:
                 return rows[0]
             # The newest one that may be loaded: a half-written or corrupted one is passed over.
-            usable, skipped = first_usable(rows, lambda r: r.path, kind)
+            # Bound before unpacking: unpacked from the call, mypy infers the item type as
+            # `Checkpoint | None` (python/mypy#20219).
+            found = first_usable(rows, lambda r: r.path, kind)
+            usable, skipped = found
             if usable is None:
                 tried = "; ".join(f"{path}: {why}" for path, why in skipped)
                 raise Conflict(

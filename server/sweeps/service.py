@@ -3,6 +3,7 @@ combination validated before any run exists; their results side by side and the 
 
 from __future__ import annotations
 
+import builtins
 import itertools
 import json
 import secrets
@@ -121,7 +122,8 @@ class SweepService:
         counts: dict[str, dict[str, int]] = {}
         for sweep_id, status in members:
             bucket = counts.setdefault(sweep_id or "", {})
-            bucket[status.value] = bucket.get(status.value, 0) + 1
+            name = RunStatus(status).value
+            bucket[name] = bucket.get(name, 0) + 1
         return [self._head(sweep, counts.get(sweep.id, {})) for sweep in sweeps]
 
     def get(self, sweep_id: str) -> dict[str, Any]:
@@ -153,7 +155,7 @@ class SweepService:
             "best": best_of(rows, sweep.goal, finished=not _unfinished(runs)),
         }
 
-    def members(self, sweep_id: str) -> list[Run]:
+    def members(self, sweep_id: str) -> builtins.list[Run]:
         with read_session(self._runs.engine) as session:
             return list(
                 session.exec(

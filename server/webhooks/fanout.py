@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -140,11 +140,12 @@ class FanOut:
         return len(fresh)
 
     def _deliveries(
-        self, session: Session, event: RunEvent, hooks: list[Webhook]
+        self, session: Session, event: RunEvent, hooks: Sequence[Webhook]
     ) -> list[WebhookDelivery]:
         wanted = [hook for hook in hooks if _matches(hook, event)]
         if not wanted:
             return []
+        assert event.id is not None  # read back from the table
         content = self._content(session, event)
         order_key = event.run_id or event.sweep_id or "-"
         out = []

@@ -3,6 +3,7 @@ their deliveries. Delivery itself is server.webhooks.dispatch."""
 
 from __future__ import annotations
 
+import builtins
 import ipaddress
 import json
 import re
@@ -72,7 +73,7 @@ class WebhookService:
 
     def deliveries(
         self, webhook_id: str, status: str | None = None, limit: int = 100
-    ) -> list[dict[str, Any]]:
+    ) -> builtins.list[dict[str, Any]]:
         """Newest first."""
         self._row(webhook_id)
         query = select(WebhookDelivery).where(WebhookDelivery.webhook_id == webhook_id)
