@@ -52,7 +52,7 @@ def _sweep_probe(call: Call, sweep_id: str) -> Probe:
     return probe
 
 
-async def _wait_run(call: Call, args: WaitRunIn) -> dict[str, Any]:
+async def _wait_run(call: Call, args: WaitRunIn) -> RunWaitOut:
     parse_until(args.until)  # a bad condition is refused before any waiting
     await asyncio.to_thread(call.svc.runs.row, args.run_id)  # so is an unknown run
     wait = wait_for_run(call.svc.runs, args.run_id, args.until, args.timeout_s)
@@ -83,7 +83,7 @@ async def _wait_sweep(call: Call, args: WaitSweepIn) -> dict[str, Any]:
     return await call.progress.during(wait, _sweep_probe(call, args.sweep_id))
 
 
-async def _fork(call: Call, args: ForkRunIn) -> dict[str, Any]:
+async def _fork(call: Call, args: ForkRunIn) -> RunForkedOut:
     return await asyncio.to_thread(
         call.svc.forks.fork, args.run_id, args.overrides(), args.checkpoint_step
     )

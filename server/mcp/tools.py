@@ -53,25 +53,25 @@ async def _edit(call: Call, args: ConfigEditIn) -> dict[str, Any]:
     )
 
 
-async def _start(call: Call, args: StartTrainingIn) -> dict[str, Any]:
+async def _start(call: Call, args: StartTrainingIn) -> RunCreatedOut:
     return await asyncio.to_thread(call.svc.runs.create, args.environment, args.overrides(), None)
 
 
-async def _status(call: Call, args: RunRef) -> dict[str, Any]:
+async def _status(call: Call, args: RunRef) -> RunDetailOut:
     return await asyncio.to_thread(call.svc.runs.get, args.run_id)
 
 
-async def _stop(call: Call, args: RunRef) -> dict[str, Any]:
+async def _stop(call: Call, args: RunRef) -> RunCreatedOut:
     return await asyncio.to_thread(call.svc.runs.stop, args.run_id)
 
 
-async def _results(call: Call, args: RunRef) -> dict[str, Any]:
+async def _results(call: Call, args: RunRef) -> RunResultsOut:
     return await asyncio.to_thread(call.svc.runs.results, args.run_id)
 
 
-async def _runs(call: Call, args: ListRunsIn) -> dict[str, Any]:
+async def _runs(call: Call, args: ListRunsIn) -> RunsOut:
     runs = await asyncio.to_thread(call.svc.runs.list, args.status, args.environment, args.limit, 0)
-    return {"runs": runs}
+    return RunsOut(runs=runs)
 
 
 async def _infer(call: Call, args: InferenceIn) -> dict[str, Any]:

@@ -12,6 +12,7 @@ from typing import Any
 
 from core.models import FINISHED, Run, RunStatus
 from server.errors import InvalidValue
+from server.runs.schemas import RunWaitOut
 from server.runs.service import RunService
 from server.sweeps.service import SweepService
 
@@ -41,9 +42,7 @@ def parse_until(until: str) -> Condition:
     )
 
 
-async def wait_for_run(
-    runs: RunService, run_id: str, until: str, timeout_s: float
-) -> dict[str, Any]:
+async def wait_for_run(runs: RunService, run_id: str, until: str, timeout_s: float) -> RunWaitOut:
     """The run's detail once `until` holds, or as it is when `timeout_s` (capped) has passed,
     with `condition_met` saying which."""
     condition = parse_until(until)
@@ -53,7 +52,8 @@ async def wait_for_run(
         met = condition.holds(run)
         left = deadline - time.monotonic()
         if met or left <= 0:
-            return {**await asyncio.to_thread(runs.get, run.id), "condition_met": met}
+            detail = await asyncio.to_thread(runs.get, run.id)
+            return RunWaitOut(**detail.model_dump(), condition_met=met)
         await asyncio.sleep(min(POLL_S, left))
 
 

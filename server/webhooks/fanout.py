@@ -59,7 +59,7 @@ class FanOut:
         stalled = [
             run
             for run in running
-            if self._views.stall(run, self._views.progress(run)["time_per_step_s"])[0]
+            if self._views.stall(run, self._views.progress(run).time_per_step_s)[0]
         ]
         keys = {f"stall:{run.id}:{run.attempt}:{run.step}": run for run in stalled}
         if not keys:
@@ -184,7 +184,8 @@ class FanOut:
         summary = self._views.summary(run, metrics.get("reward/mean"))
         return {
             "step": event.step,
-            "run": {**summary, "metrics": metrics},  # the summary names its sweep_id
+            # The summary as the API answers it (it names its sweep_id), and the metrics.
+            "run": {**summary.model_dump(mode="json"), "metrics": metrics},
         }
 
 
