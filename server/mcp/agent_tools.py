@@ -59,7 +59,7 @@ async def _wait_run(call: Call, args: WaitRunIn) -> RunWaitOut:
     return await call.progress.during(wait, _run_probe(call, args.run_id))
 
 
-async def _start_sweep(call: Call, args: SweepCreateIn) -> dict[str, Any]:
+async def _start_sweep(call: Call, args: SweepCreateIn) -> SweepCreatedOut:
     return await asyncio.to_thread(
         call.svc.sweeps.create,
         args.environment,
@@ -73,11 +73,11 @@ async def _start_sweep(call: Call, args: SweepCreateIn) -> dict[str, Any]:
     )
 
 
-async def _get_sweep(call: Call, args: SweepRef) -> dict[str, Any]:
+async def _get_sweep(call: Call, args: SweepRef) -> SweepDetailOut:
     return await asyncio.to_thread(call.svc.sweeps.get, args.sweep_id)
 
 
-async def _wait_sweep(call: Call, args: WaitSweepIn) -> dict[str, Any]:
+async def _wait_sweep(call: Call, args: WaitSweepIn) -> SweepWaitOut:
     await asyncio.to_thread(call.svc.sweeps.row, args.sweep_id)
     wait = wait_for_sweep(call.svc.sweeps, args.sweep_id, args.timeout_s)
     return await call.progress.during(wait, _sweep_probe(call, args.sweep_id))

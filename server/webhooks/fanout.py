@@ -29,11 +29,12 @@ from core.models import (
     iso,
 )
 from server.runs.views import RunViews
+from server.sweeps.schemas import SweepDetailOut
 from server.webhooks.service import events_of
 
 log = logging.getLogger(__name__)
 BATCH = 500  # events fanned out per transaction
-SweepView = Callable[[str], dict[str, Any]]
+SweepView = Callable[[str], SweepDetailOut]
 
 
 class FanOut:
@@ -173,7 +174,7 @@ class FanOut:
             sweep: dict[str, Any] | None = None
             if self._sweep_view is not None:
                 try:
-                    sweep = self._sweep_view(event.sweep_id)
+                    sweep = self._sweep_view(event.sweep_id).model_dump(mode="json")
                 except Exception:  # the counts below still say how it ended
                     log.exception("sweep view of %s failed", event.sweep_id)
             return {"sweep": sweep or _sweep_summary(session, event.sweep_id)}
