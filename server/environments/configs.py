@@ -24,6 +24,7 @@ from environments.base import EnvConfig, MixEntry
 from server.environments.catalog import Catalog, EnvEntry
 from server.environments.inspector import ConfigInvalid, ConfigSchema, InspectFailed
 from server.environments.model_check import ModelCheck
+from server.environments.schemas import ConfigOut, SelectOut
 from server.errors import BadRequest, Conflict, DomainError, InvalidValue
 
 
@@ -42,7 +43,7 @@ class ConfigService:
 
     # Selection -------------------------------------------------------------------------
 
-    def select(self, name: str) -> dict[str, Any]:
+    def select(self, name: str) -> SelectOut:
         entry, _ = self._catalog.load(name)
         with write_session(self._engine) as session:
             row = session.get(Selection, 1)
@@ -52,13 +53,13 @@ class ConfigService:
                 row.environment, row.selected_at = entry.name, utcnow()
                 session.add(row)
         view = self.view(entry.name)
-        return {
-            "selected": entry.name,
-            "file_path": entry.file_path,
-            "class_name": entry.class_name,
-            "description": entry.description,
-            "config": view["configurable_fields"],
-        }
+        return SelectOut(
+            selected=entry.name,
+            file_path=entry.file_path,
+            class_name=entry.class_name,
+            description=entry.description,
+            config=view.configurable_fields,
+        )
 
     def selected(self) -> str:
         with read_session(self._engine) as session:
@@ -72,7 +73,7 @@ class ConfigService:
 
     # Reading ---------------------------------------------------------------------------
 
-    def view(self, name: str) -> dict[str, Any]:
+    def view(self, name: str) -> ConfigOut:
         entry, config_schema = self._config_class(name)
         with read_session(self._engine) as session:
             stored, version, updated_at = _stored(session, entry.name)
@@ -81,14 +82,14 @@ class ConfigService:
         schema = json.loads(json.dumps(config_schema.schema))  # a copy: the cached one stays whole
         for field in locked:
             schema.get("properties", {}).pop(field, None)
-        return {
-            "environment": entry.name,
-            "configurable_fields": {k: v for k, v in values.items() if k not in locked},
-            "locked_fields": {k: v for k, v in values.items() if k in locked},
-            "schema": schema,
-            "version": version,
-            "updated_at": iso(updated_at),
-        }
+        return ConfigOut(
+            environment=entry.name,
+            configurable_fields={k: v for k, v in values.items() if k not in locked},
+            locked_fields={k: v for k, v in values.items() if k in locked},
+            schema_=schema,
+            version=version,
+            updated_at=iso(updated_at),
+        )
 
     def resolve(
         self, name: str, overrides: dict[str, Any] | None = None
@@ -152,7 +153,7 @@ class ConfigService:
 
     # Editing ---------------------------------------------------------------------------
 
-    def set_fields(self, name: str, changes: dict[str, Any]) -> dict[str, Any]:
+    def set_fields(self, name: str, changes: dict[str, Any]) -> ConfigOut:
         """Validate `changes` against the whole config and store them as a new version."""
         entry, config_schema = self._config_class(name)
         if not changes:

@@ -32,21 +32,21 @@ WAIT_HINT = (
 )
 
 
-async def _environments(call: Call, _args: NoArgs) -> dict[str, Any]:
+async def _environments(call: Call, _args: NoArgs) -> EnvironmentsOut:
     found = await asyncio.to_thread(list_environments, call.svc)
-    return {"environments": found, "count": len(found)}
+    return EnvironmentsOut(environments=found, count=len(found))
 
 
-async def _select(call: Call, args: SelectIn) -> dict[str, Any]:
+async def _select(call: Call, args: SelectIn) -> SelectOut:
     return await asyncio.to_thread(call.svc.configs.select, args.name)
 
 
-async def _config(call: Call, _args: NoArgs) -> dict[str, Any]:
+async def _config(call: Call, _args: NoArgs) -> ConfigOut:
     configs = call.svc.configs
     return await asyncio.to_thread(lambda: configs.view(configs.selected()))
 
 
-async def _edit(call: Call, args: ConfigEditIn) -> dict[str, Any]:
+async def _edit(call: Call, args: ConfigEditIn) -> ConfigOut:
     configs = call.svc.configs
     return await asyncio.to_thread(
         lambda: configs.set_fields(configs.selected(), {args.field: args.value})
