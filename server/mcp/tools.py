@@ -74,7 +74,7 @@ async def _runs(call: Call, args: ListRunsIn) -> RunsOut:
     return RunsOut(runs=runs)
 
 
-async def _infer(call: Call, args: InferenceIn) -> dict[str, Any]:
+async def _infer(call: Call, args: InferenceIn) -> InferenceOut:
     abandoned = threading.Event()
     try:
         return await asyncio.to_thread(call.svc.inference.infer, args, abandoned)
