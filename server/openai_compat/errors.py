@@ -11,7 +11,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 
 from server.errors import DomainError, status_for
-from server.openai_compat.schemas import OpenAIErrorOut
+from server.openai_compat.schemas import OpenAIErrorBody, OpenAIErrorOut
 
 PREFIX = "/v1/"
 # Answered by our handlers (OpenAI's shape); the middleware's 403/413/415 and a busy database's
@@ -20,13 +20,13 @@ OPENAI_CODES = ("400", "401", "404", "424")
 Handler = Callable[[Request, Any], Response | Awaitable[Response]]  # as the app holds them
 
 
-def error_body(message: str, status: int, param: str | None, code: str | None) -> dict[str, Any]:
+def error_body(message: str, status: int, param: str | None, code: str | None) -> OpenAIErrorOut:
     kind = {
         401: "authentication_error",
         403: "permission_error",
         429: "rate_limit_error",
     }.get(status, "server_error" if status >= 424 else "invalid_request_error")
-    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+    return OpenAIErrorOut(error=OpenAIErrorBody(message=message, type=kind, param=param, code=code))
 
 
 def domain_error(exc: DomainError) -> JSONResponse:
@@ -35,7 +35,7 @@ def domain_error(exc: DomainError) -> JSONResponse:
     code = exc.extra.get("code") or ("invalid_api_key" if status == 401 else None)
     headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
     body = error_body(exc.detail, status, exc.extra.get("param"), code)
-    return JSONResponse(body, status_code=status, headers=headers)
+    return JSONResponse(body.model_dump(mode="json"), status_code=status, headers=headers)
 
 
 def validation_error(exc: RequestValidationError) -> JSONResponse:
@@ -53,7 +53,8 @@ def validation_error(exc: RequestValidationError) -> JSONResponse:
         else:
             parts.append(f"{where or 'body'}: {err.get('msg', 'invalid')}")
     message = "; ".join(dict.fromkeys(parts)) + "."
-    return JSONResponse(error_body(message, 400, params[0] if params else None, None), 400)
+    body = error_body(message, 400, params[0] if params else None, None)
+    return JSONResponse(body.model_dump(mode="json"), 400)
 
 
 def install(app: FastAPI) -> None:
