@@ -10,6 +10,7 @@ from typing import Any
 
 from mcp import types
 from mcp.server.lowlevel import Server
+from mcp.server.lowlevel.helper_types import ReadResourceContents
 from pydantic import AnyUrl, ValidationError
 from sqlalchemy.exc import OperationalError
 
@@ -75,7 +76,7 @@ def build_server(svc: Services) -> Server[Any, Any]:
         return resources.TEMPLATES
 
     @server.read_resource()  # type: ignore[no-untyped-call, untyped-decorator]
-    async def read_resource(uri: AnyUrl) -> Any:
+    async def read_resource(uri: AnyUrl) -> list[ReadResourceContents]:
         return await resources.read(svc, uri)
 
     return server
