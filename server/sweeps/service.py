@@ -261,7 +261,7 @@ def best_of(rows: list[SweepRunOut], goal: str, finished: bool) -> SweepBestOut 
     if not good:
         return None
     pick = max if goal == "max" else min
-    best, value = pick(good, key=lambda scored_row: scored_row[1])
+    best, value = pick(good, key=lambda pair: pair[1])
     return SweepBestOut(
         run_id=best.run_id,
         value=value,
