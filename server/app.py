@@ -147,6 +147,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(BodyLimit, settings=settings)
     app.add_middleware(WebGuard, settings=settings)
     app.add_middleware(LoopbackUnlessToken, settings=settings)
+    # Starlette types a handler as taking any Exception; each of ours takes the class it is
+    # registered for, which is all it is ever given (hence the ignores).
     app.add_exception_handler(DomainError, _domain_error)  # type: ignore[arg-type]
     app.add_exception_handler(RequestValidationError, _validation_error)  # type: ignore[arg-type]
     app.add_exception_handler(OperationalError, _database_busy)  # type: ignore[arg-type]
@@ -220,7 +222,7 @@ def _document_errors(app: FastAPI) -> None:
         app.openapi_schema = schema
         return schema
 
-    app.openapi = openapi  # type: ignore[method-assign]
+    app.openapi = openapi  # type: ignore[method-assign]  # FastAPI's documented override
 
 
 app = create_app()

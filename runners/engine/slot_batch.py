@@ -206,7 +206,7 @@ class SlotBatch:
         if not occupied:
             return []
         bucket = min(b for b in self._buckets if b > occupied[-1])
-        filtered = any(self.rows[s].filtered for s in occupied)  # type: ignore[union-attr]
+        filtered = any(row.filtered for row in self.rows if row is not None)
         if self._graphs:
             self._graph(bucket, filtered).replay()
         else:

@@ -17,7 +17,7 @@ def router_for(max_prompts: int) -> APIRouter:
 
     @router.post("/test/inference")
     async def test_inference(
-        body: body_model,  # type: ignore[valid-type]
+        body: body_model,  # type: ignore[valid-type]  # a class made at run time, as intended
         svc: Annotated[Services, Depends(services)],
         request: Request,
     ) -> InferenceOut:
