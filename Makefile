@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 # NO_MKDOCS_2_WARNING: the docs theme's notice about its own future, printed on every build.
 MKDOCS := NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build
 
-.PHONY: serve test install lint format docs demo curves clean
+.PHONY: serve test install lint typecheck format docs demo curves clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -27,11 +27,16 @@ test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(MKDOCS) --strict --quiet
+	$(BIN)/mypy
 	$(BIN)/python -m pytest -q
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+
+# mypy as pyproject.toml configures it: strict on core/ and server/, the default checks elsewhere.
+typecheck: $(STAMP)
+	$(BIN)/mypy
 
 format: $(STAMP)
 	$(BIN)/ruff format .

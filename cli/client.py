@@ -131,7 +131,8 @@ def _api_error(response: httpx.Response) -> ApiError:
 def parse_sse(chunks: Iterable[bytes]) -> Iterator[tuple[str, str]]:
     """Parse an event stream. Lines end at LF only (a trailing CR is dropped) so that a log
     line holding a bare CR, as progress bars print, stays one line."""
-    event, data = "message", []
+    event = "message"
+    data: list[str] = []
     pending = b""
     for chunk in chunks:
         pending += chunk

@@ -85,7 +85,10 @@ def first_usable(
 ) -> tuple[T | None, list[tuple[str, str]]]:
     """The first of `items` (newest first) whose checkpoint may be loaded, or None; and the
     (path, why) of each one passed over."""
-    item, _, skipped = _first(items, path_of, kind)
+    # Bound before unpacking: unpacked from the call, mypy infers T as `T | None`
+    # (python/mypy#20219).
+    found = _first(items, path_of, kind)
+    item, _, skipped = found
     return item, skipped
 
 
@@ -93,7 +96,8 @@ def pick_resume(path: str, step: int) -> Pick:
     """`path` (the state at `step`) if it may be loaded, else the newest earlier `step-N` state
     beside it that may; CheckpointUnusable when none may."""
     candidates = [(path, step), *earlier_states(path, step)]
-    chosen, verdict, skipped = _first(candidates, lambda c: c[0], STATE_KIND)
+    found = _first(candidates, lambda c: c[0], STATE_KIND)  # bound first, as in first_usable
+    chosen, verdict, skipped = found
     if chosen is None or verdict is None:
         tried = "; ".join(f"{p}: {why}" for p, why in skipped)
         raise CheckpointUnusable(f"no checkpoint that can be loaded to resume from ({tried})")

@@ -19,6 +19,7 @@ from fastapi.responses import JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 from sqlalchemy.exc import OperationalError
 from starlette.exceptions import HTTPException
+from starlette.routing import Route
 
 from core.db import make_engine
 from core.models import utcnow
@@ -152,6 +153,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(BodyLimit, settings=settings)
     app.add_middleware(WebGuard, settings=settings)
     app.add_middleware(LoopbackUnlessToken, settings=settings)
+    # Starlette types a handler as taking any Exception; each of ours takes the class it is
+    # registered for, which is all it is ever given (hence the ignores).
     app.add_exception_handler(DomainError, _domain_error)  # type: ignore[arg-type]
     app.add_exception_handler(RequestValidationError, _validation_error)  # type: ignore[arg-type]
     app.add_exception_handler(OperationalError, _database_busy)  # type: ignore[arg-type]
@@ -170,7 +173,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     app.include_router(openai_routes.router, dependencies=protected)
     # MCP (streamable HTTP); the endpoint checks the token itself, before any MCP handling.
-    app.add_route("/mcp", McpEndpoint(), include_in_schema=False)
+    # A Route, not app.add_route: that one is typed for request handlers, and this is an ASGI app.
+    app.router.routes.append(Route("/mcp", McpEndpoint(), include_in_schema=False))
     _document_errors(app)
     openai_errors.install(app)  # errors on /v1 in OpenAI's shape
     return app
@@ -234,7 +238,7 @@ def _document_errors(app: FastAPI) -> None:
         app.openapi_schema = schema
         return schema
 
-    app.openapi = openapi  # type: ignore[method-assign]
+    app.openapi = openapi  # type: ignore[method-assign]  # FastAPI's documented override
 
 
 app = create_app()

@@ -370,12 +370,12 @@ def test_backoff_and_giving_up_on_an_injected_clock(
     assert tried == [1, 0, 0, 1, 2, 0, 1]
     steps = [(r.json["step"], r.status) for r in receiver.received]
     assert steps == [(1, 500), (1, 500), (1, 500), (2, 500), (2, 204)]
-    rows = hooks.deliveries(hook["webhook_id"])  # newest first
-    assert [(d["status"], d["attempts"]) for d in rows] == [("delivered", 2), ("failed", 3)]
-    assert rows[1]["last_status_code"] == 500 and rows[1]["last_error"] == "HTTP 500"
+    rows = hooks.deliveries(hook.webhook_id)  # newest first
+    assert [(d.status, d.attempts) for d in rows] == [("delivered", 2), ("failed", 3)]
+    assert rows[1].last_status_code == 500 and rows[1].last_error == "HTTP 500"
     last = receiver.received[-1]
     # The signature carries the dispatcher's (2030) time: fresh then, too old for today.
     header = last.headers["x-rlcs-signature"]
-    assert verify(hook["secret"], last.body, header, now=now[0].timestamp())
-    assert not verify(hook["secret"], last.body, header)
+    assert verify(hook.secret, last.body, header, now=now[0].timestamp())
+    assert not verify(hook.secret, last.body, header)
     engine.dispose()

@@ -9,7 +9,9 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Literal, Protocol
+
+StopReason = Literal["length", "stop"]  # as tinker's SampledSequence names them
 
 
 @dataclass
@@ -30,7 +32,7 @@ class Row:
     on_token: Callable[[int, float], None] | None = None
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
-    stop_reason: str | None = None
+    stop_reason: StopReason | None = None
 
     @property
     def filtered(self) -> bool:

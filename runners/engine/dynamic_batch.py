@@ -14,6 +14,7 @@ from collections.abc import Callable
 import torch
 
 from runners.engine.batch import Row, finished, record
+from runners.engine.lora import LanguageModel
 from runners.engine.sampling_model import next_token_logits
 from runners.engine.selection import row_keys, select_tokens
 
@@ -23,7 +24,7 @@ class DynamicCacheBatch:
 
     def __init__(
         self,
-        model: torch.nn.Module,
+        model: LanguageModel,
         *,
         pad_id: int,
         device: torch.device,
@@ -90,7 +91,8 @@ class DynamicCacheBatch:
         )
         tokens_f, logprobs = picked.tolist()  # the step's one transfer to the host
         tokens = [int(t) for t in tokens_f]
-        keep, done = [], []
+        keep: list[int] = []
+        done: list[int] = []
         for slot, (row, token, logprob) in enumerate(zip(rows, tokens, logprobs, strict=True)):
             record(row, token, logprob)
             (done if finished(row, self._decode, self._max_positions) else keep).append(slot)

@@ -26,6 +26,7 @@ from runners.engine.batch import DecodeBatch, Row
 from runners.engine.dynamic_batch import DynamicCacheBatch
 from runners.engine.futures import LocalFuture
 from runners.engine.host import AdapterWeights, ModelHost
+from runners.engine.lora import LanguageModel
 from runners.engine.sampling_model import SamplingModel, resolve_sampling_dtype
 from runners.engine.slot_batch import SlotBatch
 from runners.engine.slot_batch import supports as supports_slots
@@ -218,19 +219,32 @@ class SamplingEngine:
             self._batch = self._make_batch(sampling.module)
         return self._batch
 
-    def _make_batch(self, model: torch.nn.Module) -> DecodeBatch:
+    def _make_batch(self, model: LanguageModel) -> DecodeBatch:
         host = self.host
-        options = {
-            "pad_id": int(host.tokenizer.pad_token_id or 0),
-            "device": host.device,
-            "decode": lambda toks: host.tokenizer.decode(toks, skip_special_tokens=False),
-            "max_positions": host.max_positions,
-        }
+        pad_id = int(host.tokenizer.pad_token_id or 0)
+
+        def decode(tokens: list[int]) -> str:
+            return host.tokenizer.decode(tokens, skip_special_tokens=False)
+
         # No host lock when decoding: the copy's own buffers hold the adapter, and the base
         # weights it may share with the trainer are frozen.
         if slots_wanted(host.device) and supports_slots(model):
-            return SlotBatch(model, slots=self.max_batch_sequences, graphs=True, **options)
-        return DynamicCacheBatch(model, **options)
+            return SlotBatch(
+                model,
+                slots=self.max_batch_sequences,
+                graphs=True,
+                pad_id=pad_id,
+                device=host.device,
+                decode=decode,
+                max_positions=host.max_positions,
+            )
+        return DynamicCacheBatch(
+            model,
+            pad_id=pad_id,
+            device=host.device,
+            decode=decode,
+            max_positions=host.max_positions,
+        )
 
     def _prompt_logprobs(
         self, adapter: AdapterWeights | None, request: SampleRequest

@@ -97,7 +97,9 @@ def load_model_and_tokenizer(
     if tokenizer.pad_token_id is None:
         # Batched sampling pads; any id works since padded positions are masked out.
         tokenizer.pad_token = tokenizer.eos_token
-    model = model.to(device=torch_device, dtype=torch_dtype).eval()
+    # transformers wraps PreTrainedModel.to in functools.wraps(nn.Module.to), which types it
+    # as the unbound method (self missing); the call is the bound one.
+    model = model.to(device=torch_device, dtype=torch_dtype).eval()  # type: ignore[call-arg]
     return model, tokenizer
 
 
@@ -150,5 +152,5 @@ def tokenizer_folder(name: str, models_dir: Path) -> str:
             except OSError:  # another process renamed its copy in first
                 shutil.rmtree(partial, ignore_errors=True)
         return str(folder)
-    folder = local_folder(name)
-    return str(folder) if folder is not None else name
+    found = local_folder(name)
+    return str(found) if found is not None else name

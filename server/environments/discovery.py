@@ -105,12 +105,13 @@ def _parse(path: Path) -> list[_ParsedClass] | str:
         if isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
             bases = tuple(b for b in (_base_name(x) for x in node.bases) if b)
             attrs = _class_constants(node)
+            env_name = attrs.get("name")
             doc = ast.get_docstring(node) or ""
             classes.append(
                 _ParsedClass(
                     name=node.name,
                     bases=bases,
-                    env_name=attrs.get("name") if isinstance(attrs.get("name"), str) else None,
+                    env_name=env_name if isinstance(env_name, str) else None,
                     description=doc.strip().splitlines()[0] if doc.strip() else "",
                     abstract=attrs.get("abstract") is True,
                 )

@@ -52,7 +52,8 @@ class ConfigSchema:
         """The values as the Config validates and dumps them (strict); ConfigInvalid else."""
         answer = self._ask({"values": values})
         if answer.get("ok"):
-            return answer["values"]
+            valid: dict[str, Any] = answer["values"]
+            return valid
         if "errors" in answer:
             raise ConfigInvalid(answer["errors"])
         raise InspectFailed(f"its Config's validation failed: {answer.get('error')}")
@@ -104,7 +105,8 @@ class InspectorProcess:
                 f"its process ended while {doing} ({procs.describe_exit(code)}): the file "
                 "exits or crashes the interpreter at import (os._exit, a fatal signal)"
             )
-        return json.loads(line)
+        answer: dict[str, Any] = json.loads(line)  # the inspector answers with JSON objects
+        return answer
 
     @property
     def alive(self) -> bool:

@@ -3,6 +3,7 @@ combination validated before any run exists; their results side by side and the 
 
 from __future__ import annotations
 
+import builtins
 import itertools
 import json
 import secrets
@@ -17,7 +18,15 @@ from server.environments.configs import ConfigService
 from server.errors import DomainError, InvalidValue, NotFound
 from server.runs.metrics import SUMMARY_KEYS, MetricsService, summarize
 from server.runs.service import PlannedRun, RunService
-from server.sweeps.schemas import MAX_SWEEP_RUNS
+from server.sweeps.schemas import (
+    MAX_SWEEP_RUNS,
+    SweepBestOut,
+    SweepCreatedOut,
+    SweepDetailOut,
+    SweepOut,
+    SweepRunOut,
+    SweepStoppedOut,
+)
 
 HARD_MAX_RUNS = MAX_SWEEP_RUNS  # beyond this a sweep is a different tool
 
@@ -40,7 +49,7 @@ class SweepService:
         goal: str,
         max_runs: int,
         idempotency_key: str | None = None,
-    ) -> dict[str, Any]:
+    ) -> SweepCreatedOut:
         """Validate every combination, then write the sweep and all its runs at once."""
         if idempotency_key is not None:
             existing = self._by_idempotency_key(idempotency_key)
@@ -89,12 +98,12 @@ class SweepService:
             return self._created(existing.id)
         return self._created(sweep_id)
 
-    def _created(self, sweep_id: str) -> dict[str, Any]:
+    def _created(self, sweep_id: str) -> SweepCreatedOut:
         with read_session(self._runs.engine) as session:
             ids = session.exec(
                 select(Run.id).where(Run.sweep_id == sweep_id).order_by(col(Run.created_at))
             ).all()
-        return {"sweep_id": sweep_id, "run_ids": list(ids)}
+        return SweepCreatedOut(sweep_id=sweep_id, run_ids=list(ids))
 
     def _by_idempotency_key(self, key: str) -> Sweep | None:
         with read_session(self._runs.engine) as session:
@@ -105,7 +114,7 @@ class SweepService:
 
     # Reading -----------------------------------------------------------------------------
 
-    def list(self, limit: int = 100, offset: int = 0) -> list[dict[str, Any]]:
+    def list(self, limit: int = 100, offset: int = 0) -> list[SweepOut]:
         with read_session(self._runs.engine) as session:
             sweeps = session.exec(
                 select(Sweep)
@@ -121,10 +130,11 @@ class SweepService:
         counts: dict[str, dict[str, int]] = {}
         for sweep_id, status in members:
             bucket = counts.setdefault(sweep_id or "", {})
-            bucket[status.value] = bucket.get(status.value, 0) + 1
+            name = RunStatus(status).value
+            bucket[name] = bucket.get(name, 0) + 1
         return [self._head(sweep, counts.get(sweep.id, {})) for sweep in sweeps]
 
-    def get(self, sweep_id: str) -> dict[str, Any]:
+    def get(self, sweep_id: str) -> SweepDetailOut:
         """Each run's status, overrides and final (or latest) metrics, and the best run by
         the sweep's metric among the runs that have it."""
         sweep = self.row(sweep_id)
@@ -136,24 +146,24 @@ class SweepService:
             counts[run.status.value] = counts.get(run.status.value, 0) + 1
             latest = self._metrics.latest_values(run.id)
             rows.append(
-                {
-                    "run_id": run.id,
-                    "overrides": combos.get(run.id, {}),
-                    "status": run.status.value,
-                    "step": run.step,
-                    "total_steps": run.total_steps,
-                    "failure_kind": run.failure_kind,
-                    "metrics": summarize(latest, run.step),
-                    "value": _number(latest.get(metric_key(sweep.metric))),
-                }
+                SweepRunOut(
+                    run_id=run.id,
+                    overrides=combos.get(run.id, {}),
+                    status=run.status.value,
+                    step=run.step,
+                    total_steps=run.total_steps,
+                    failure_kind=run.failure_kind,
+                    metrics=summarize(latest, run.step),
+                    value=_number(latest.get(metric_key(sweep.metric))),
+                )
             )
-        return {
-            **self._head(sweep, counts),
-            "runs": rows,
-            "best": best_of(rows, sweep.goal, finished=not _unfinished(runs)),
-        }
+        return SweepDetailOut(
+            **self._head(sweep, counts).model_dump(),
+            runs=rows,
+            best=best_of(rows, sweep.goal, finished=not _unfinished(runs)),
+        )
 
-    def members(self, sweep_id: str) -> list[Run]:
+    def members(self, sweep_id: str) -> builtins.list[Run]:
         with read_session(self._runs.engine) as session:
             return list(
                 session.exec(
@@ -175,26 +185,26 @@ class SweepService:
             raise NotFound(f"No sweep '{sweep_id}'. GET /sweeps lists the sweeps.")
         return sweep
 
-    def _head(self, sweep: Sweep, counts: dict[str, int]) -> dict[str, Any]:
+    def _head(self, sweep: Sweep, counts: dict[str, int]) -> SweepOut:
         total = sum(counts.values())
         done = sum(n for status, n in counts.items() if RunStatus(status) in FINISHED)
-        return {
-            "sweep_id": sweep.id,
-            "environment": sweep.environment,
-            "base": json.loads(sweep.base_json),
-            "metric": sweep.metric,
-            "goal": sweep.goal,
-            "status": "finished" if total and done == total else "running",
-            "runs_total": total,
-            "runs_finished": done,
-            "counts": counts,
-            "created_at": iso(sweep.created_at),
-            "finished_at": iso(sweep.finished_at),
-        }
+        return SweepOut(
+            sweep_id=sweep.id,
+            environment=sweep.environment,
+            base=json.loads(sweep.base_json),
+            metric=sweep.metric,
+            goal=sweep.goal,
+            status="finished" if total and done == total else "running",
+            runs_total=total,
+            runs_finished=done,
+            counts=counts,
+            created_at=iso(sweep.created_at),
+            finished_at=iso(sweep.finished_at),
+        )
 
     # Stopping ----------------------------------------------------------------------------
 
-    def stop(self, sweep_id: str) -> dict[str, Any]:
+    def stop(self, sweep_id: str) -> SweepStoppedOut:
         """Stop every run of the sweep that has not finished (queued ones are cancelled)."""
         self.row(sweep_id)
         stopped = [
@@ -202,7 +212,7 @@ class SweepService:
             for run in self.members(sweep_id)
             if RunStatus(run.status) not in FINISHED
         ]
-        return {"sweep_id": sweep_id, "runs": stopped}
+        return SweepStoppedOut(sweep_id=sweep_id, runs=stopped)
 
 
 def expand(
@@ -243,22 +253,22 @@ def metric_key(metric: str) -> str:
     return SUMMARY_KEYS.get(metric, metric)
 
 
-def best_of(rows: list[dict[str, Any]], goal: str, finished: bool) -> dict[str, Any] | None:
+def best_of(rows: list[SweepRunOut], goal: str, finished: bool) -> SweepBestOut | None:
     """The run with the highest (goal max) or lowest (min) value among those that have one;
     succeeded runs are preferred to runs that failed or stopped on the way."""
-    scored = [r for r in rows if r["value"] is not None]
-    good = [r for r in scored if r["status"] == RunStatus.succeeded.value] or scored
+    scored = [(r, r.value) for r in rows if r.value is not None]
+    good = [(r, v) for r, v in scored if r.status == RunStatus.succeeded.value] or scored
     if not good:
         return None
     pick = max if goal == "max" else min
-    best = pick(good, key=lambda r: r["value"])
-    return {
-        "run_id": best["run_id"],
-        "value": best["value"],
-        "overrides": best["overrides"],
-        "status": best["status"],
-        "final": finished,
-    }
+    best, value = pick(good, key=lambda pair: pair[1])
+    return SweepBestOut(
+        run_id=best.run_id,
+        value=value,
+        overrides=best.overrides,
+        status=best.status,
+        final=finished,
+    )
 
 
 def _unfinished(runs: list[Run]) -> bool:
