@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
 
-from core.settings import Settings
+from core.settings import PROJECT_ROOT, Settings
 from server.app import create_app
 
 # A real PostgreSQL for the tests that ask for it (started once per session, on first use).
@@ -38,6 +40,23 @@ def make_settings(tmp_path: Path, **overrides: object) -> Settings:
     }
     values.update(overrides)
     return Settings(**values)  # type: ignore[arg-type]
+
+
+@pytest.fixture(scope="session")
+def prepared_models_dir() -> Path:
+    """The models folder as the set-up leaves it (`make install` runs the same command):
+    SmolLM2 converted from its GGUF, so a new server only has to load it."""
+    folder = PROJECT_ROOT / "var" / "models"
+    env = {**os.environ, "RLCS_MODELS_DIR": str(folder)}
+    subprocess.run(
+        [sys.executable, "-m", "runners.models.prepare"],
+        cwd=PROJECT_ROOT,
+        env=env,
+        check=True,
+        capture_output=True,
+        timeout=600,
+    )
+    return folder
 
 
 @pytest.fixture

@@ -191,14 +191,17 @@ def test_stopped_failed_and_stalled_runs_are_announced(
         wait_for(lambda: len(for_run(receiver.received, slow)) >= 2, 30)
         monkeypatch.setenv("FAKE_RUNNER_MODE", "crash")
         crashing = start_run(client, environment="arithmetic", total_steps=2)
-        wait_for(lambda: for_run(receiver.received, crashing), 30)
+        failed = lambda: [r.event for r in for_run(receiver.received, crashing)]  # noqa: E731
+        wait_for(lambda: "run.failed" in failed(), 30)
         assert run_of(client, slow)["status"] == "stopped"
     got = for_run(receiver.received, slow)
     # Stalled once at step 0 (each tick sees the stall again; it is announced once), then
     # stopped; a stopping run is not stalled.
     assert [(r.event, r.json["step"]) for r in got][:1] == [("run.stalled", 0)]
     assert [r.event for r in got] == ["run.stalled", "run.stopped"]
-    assert [r.event for r in for_run(receiver.received, crashing)] == ["run.failed"]
+    # The crash is announced; on a loaded machine the runner may sit past stall_min_s (0.3 s)
+    # before it crashes, and then its stall is announced first.
+    assert failed()[-1] == "run.failed" and set(failed()) <= {"run.stalled", "run.failed"}
 
 
 def test_a_finished_sweep_is_announced_once(client: TestClient, receiver: WebhookReceiver) -> None:

@@ -7,6 +7,7 @@ import builtins
 import itertools
 import json
 import secrets
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy.exc import IntegrityError
@@ -123,16 +124,19 @@ class SweepService:
                 .limit(limit)
             ).all()
             members = session.exec(
-                select(Run.sweep_id, Run.status).where(
+                select(Run.sweep_id, Run.status, Run.finished_at).where(
                     col(Run.sweep_id).in_([s.id for s in sweeps])
                 )
             ).all()
         counts: dict[str, dict[str, int]] = {}
-        for sweep_id, status in members:
+        last: dict[str, datetime] = {}
+        for sweep_id, status, finished_at in members:
             bucket = counts.setdefault(sweep_id or "", {})
             name = RunStatus(status).value
             bucket[name] = bucket.get(name, 0) + 1
-        return [self._head(sweep, counts.get(sweep.id, {})) for sweep in sweeps]
+            if finished_at is not None and sweep_id is not None:
+                last[sweep_id] = max(finished_at, last.get(sweep_id, finished_at))
+        return [self._head(sweep, counts.get(sweep.id, {}), last.get(sweep.id)) for sweep in sweeps]
 
     def get(self, sweep_id: str) -> SweepDetailOut:
         """Each run's status, overrides and final (or latest) metrics, and the best run by
@@ -158,7 +162,7 @@ class SweepService:
                 )
             )
         return SweepDetailOut(
-            **self._head(sweep, counts).model_dump(),
+            **self._head(sweep, counts, _last_finished(runs)).model_dump(),
             runs=rows,
             best=best_of(rows, sweep.goal, finished=not _unfinished(runs)),
         )
@@ -185,21 +189,26 @@ class SweepService:
             raise NotFound(f"No sweep '{sweep_id}'. GET /sweeps lists the sweeps.")
         return sweep
 
-    def _head(self, sweep: Sweep, counts: dict[str, int]) -> SweepOut:
+    def _head(
+        self, sweep: Sweep, counts: dict[str, int], last_finished: datetime | None
+    ) -> SweepOut:
+        """`last_finished`: when its last run finished; a sweep has finished when all have (the
+        webhook fan-out announces it a moment later, which the answer does not wait for)."""
         total = sum(counts.values())
         done = sum(n for status, n in counts.items() if RunStatus(status) in FINISHED)
+        finished = bool(total) and done == total
         return SweepOut(
             sweep_id=sweep.id,
             environment=sweep.environment,
             base=json.loads(sweep.base_json),
             metric=sweep.metric,
             goal=sweep.goal,
-            status="finished" if total and done == total else "running",
+            status="finished" if finished else "running",
             runs_total=total,
             runs_finished=done,
             counts=counts,
             created_at=iso(sweep.created_at),
-            finished_at=iso(sweep.finished_at),
+            finished_at=iso(last_finished) if finished else None,
         )
 
     # Stopping ----------------------------------------------------------------------------
@@ -282,3 +291,8 @@ def _number(value: Any) -> float | None:
 def _short(values: dict[str, Any]) -> str:
     text = json.dumps(values, sort_keys=True)
     return text if len(text) <= 120 else text[:117] + "..."
+
+
+def _last_finished(runs: builtins.list[Run]) -> datetime | None:
+    ends = [run.finished_at for run in runs if run.finished_at is not None]
+    return max(ends) if ends else None
