@@ -6,8 +6,10 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 # Everything `make serve` and `make test` need, exactly as uv.lock pins it; .venv holds nothing else.
 SYNC := $(BIN)/uv sync --locked --extra dev --extra all --group models
+# What `make test-fast` leaves out (markers in pyproject.toml): at most 3 minutes on 2 cores.
+NOT_FAST := browser or ray or postgres or install or training or slow
 
-.PHONY: serve test install lock lint format demo curves clean
+.PHONY: serve test test-fast install lock lint format demo curves clean
 
 # uv from PyPI, in the venv it fills (the dev extra keeps it there).
 $(BIN)/uv:
@@ -32,7 +34,12 @@ serve: $(STAMP)
 test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=25
+
+test-fast: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/python -m pytest -q --durations=25 -m 'not ($(NOT_FAST))'
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -40,6 +40,22 @@ def make_settings(tmp_path: Path, **overrides: object) -> Settings:
     return Settings(**values)  # type: ignore[arg-type]
 
 
+# Test lanes (markers registered in pyproject.toml; `make test-fast` leaves these out): a folder
+# whose tests are all of one kind, and the PostgreSQL side of tests that run on both databases.
+FOLDER_LANES = {"browser": "browser"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        lane = FOLDER_LANES.get(item.path.parent.name)
+        if lane is not None:
+            item.add_marker(lane)
+        callspec = getattr(item, "callspec", None)
+        on_postgres = callspec is not None and callspec.params.get("database_url") == "postgresql"
+        if on_postgres or "postgres" in getattr(item, "fixturenames", ()):
+            item.add_marker("postgres")
+
+
 @pytest.fixture
 def settings(tmp_path: Path) -> Settings:
     return make_settings(tmp_path)

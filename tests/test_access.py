@@ -59,6 +59,7 @@ def test_uvicorn_on_all_interfaces_refuses_other_machines_without_a_token(tmp_pa
         assert local.status_code == 200
 
 
+@pytest.mark.slow
 @needs_address
 def test_the_operator_can_opt_out_or_set_a_token(tmp_path: Path) -> None:
     with LiveServer(

@@ -89,6 +89,7 @@ def test_multi_turn_environment_plays_whole_episodes(iclient: TestClient) -> Non
         assert result["score"] == pytest.approx(sum(t["reward"] for t in result["turns"]))
 
 
+@pytest.mark.slow
 def test_worker_restarts_after_it_dies(iclient: TestClient) -> None:
     worker = iclient.app.state.services.inference.worker
     assert infer(iclient, prompts=["What is 1 + 2?"], max_tokens=4).status_code == 200
@@ -135,6 +136,7 @@ def test_the_prompt_cap_is_the_setting(tmp_path: Path) -> None:
             assert next(iter(request)) in resp.json()["detail"]
 
 
+@pytest.mark.training
 def test_sampling_a_trained_adapter(tmp_path: Path) -> None:
     with TestClient(create_app(make_settings(tmp_path))) as c:
         run = c.post(

@@ -79,6 +79,7 @@ def test_the_tools_are_the_reference_clients_with_schemas(fake: LiveServer) -> N
     assert tools["rl_stop_training"].annotations.destructiveHint is True
 
 
+@pytest.mark.training
 def test_an_agents_whole_path_on_the_tiny_model(tmp_path: Path) -> None:
     """list, select, edit config to tiny-random, start, wait (progress), results, inference,
     curves, resources; each answer the same JSON as the REST route's."""
@@ -329,6 +330,7 @@ def test_sweeps_forks_and_curves_of_several_runs(fake: LiveServer) -> None:
     run_async(body)
 
 
+@pytest.mark.slow
 def test_stdio_entry_point_runs_the_same_path(fake: LiveServer) -> None:
     """`python -m cli mcp` proxies to the server: the same tools, progress and results."""
 

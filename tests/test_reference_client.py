@@ -58,6 +58,7 @@ def server(tmp_path: Path) -> Iterator[LiveServer]:
         yield live
 
 
+@pytest.mark.training
 @pytest.mark.slow
 def test_reference_client_unchanged_drives_a_run_on_the_local_default(
     server: LiveServer, monkeypatch: pytest.MonkeyPatch

@@ -333,6 +333,7 @@ def test_stall_is_flagged(tmp_path: Path, fake_env) -> None:
         final(c, run_id)
 
 
+@pytest.mark.slow
 def test_server_kill_9_then_restart_adopts_the_run(tmp_path: Path, fake_env) -> None:
     var = tmp_path / "var"
     env = {"RLCS_RUNNER_MODULE": FAKE, "FAKE_RUNNER_STEP_S": "0.3"}
@@ -392,6 +393,7 @@ def test_adopted_run_that_dies_is_settled(tmp_path: Path, fake_env) -> None:
         server.kill(signal.SIGTERM)
 
 
+@pytest.mark.slow
 def test_fifty_concurrent_starts_with_limit_two(tmp_path: Path, fake_env) -> None:
     var = tmp_path / "var"
     env = {

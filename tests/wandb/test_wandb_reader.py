@@ -7,6 +7,8 @@ import sys
 import threading
 import time
 
+import pytest
+
 from server.runs.wandb_reader import WandbReader, WandbResult
 from tests.standins.wandb_standin import WandbStandin
 from tests.wandb.conftest import (
@@ -133,6 +135,7 @@ def test_warm_up_logs_in_ahead_of_the_first_read(
 # Slow W&B ----------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_slow_wandb_never_blocks_the_caller(standin: WandbStandin, make_reader: MakeReader) -> None:
     reader = make_reader(wait_s=0.5, timeout_s=8.0, cache_s=30.0)
     warm(reader, standin)
