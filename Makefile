@@ -18,7 +18,7 @@ $(BIN)/uv:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet 'uv>=0.13,<0.14'
 
-$(STAMP): pyproject.toml uv.lock | $(BIN)/uv
+$(STAMP): pyproject.toml uv.lock Makefile | $(BIN)/uv
 	$(PYTHON) scripts/torch_wheel.py
 	$(SYNC)
 	touch $(STAMP)
