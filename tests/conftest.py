@@ -41,7 +41,9 @@ def make_settings(tmp_path: Path, **overrides: object) -> Settings:
 
 
 # Test lanes (markers registered in pyproject.toml; `make test-fast` leaves these out): a folder
-# whose tests are all of one kind, and the PostgreSQL side of tests that run on both databases.
+# whose tests are all of one kind, and tests on a real PostgreSQL: those that take the `postgres`
+# fixture, and the PostgreSQL side of those parametrized over both databases (param "postgresql",
+# as `database_url` here and test_lifecycle's `engine` are).
 FOLDER_LANES = {"browser": "browser"}
 
 
@@ -51,7 +53,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         if lane is not None:
             item.add_marker(lane)
         callspec = getattr(item, "callspec", None)
-        on_postgres = callspec is not None and callspec.params.get("database_url") == "postgresql"
+        on_postgres = callspec is not None and "postgresql" in callspec.params.values()
         if on_postgres or "postgres" in getattr(item, "fixturenames", ()):
             item.add_marker("postgres")
 

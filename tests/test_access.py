@@ -45,6 +45,7 @@ needs_address = pytest.mark.skipif(
 )
 
 
+@pytest.mark.slow
 @needs_address
 def test_uvicorn_on_all_interfaces_refuses_other_machines_without_a_token(tmp_path: Path) -> None:
     with LiveServer(tmp_path / "var", argv=UVICORN_ALL_INTERFACES) as server:

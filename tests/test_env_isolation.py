@@ -95,6 +95,7 @@ def test_hostile_files_get_a_4xx_that_says_what_happened(client: TestClient) -> 
     assert listed["floods"]["importable"] is True
 
 
+@pytest.mark.slow
 def test_a_hanging_file_holds_up_nobody_else(client: TestClient) -> None:
     done = threading.Event()
     answers: dict[str, int] = {}

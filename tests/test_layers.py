@@ -107,7 +107,9 @@ def modules(package: str) -> list[str]:
     return names
 
 
-@pytest.mark.parametrize("package", ["core", "environments", "runners"])
+@pytest.mark.parametrize(
+    "package", ["core", "environments", pytest.param("runners", marks=pytest.mark.slow)]
+)
 def test_importing_every_module_loads_nothing_from_above(package: str) -> None:
     script = (
         "import importlib, json, sys\n"

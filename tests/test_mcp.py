@@ -228,6 +228,7 @@ def test_the_guards_of_every_route_cover_mcp(tmp_path: Path) -> None:
         assert resp.status_code == 403 and "RLCS_API_TOKEN" in resp.json()["detail"]
 
 
+@pytest.mark.slow
 def test_a_token_is_checked_before_any_mcp_handling(tmp_path: Path) -> None:
     initialize, accept = INITIALIZE, ACCEPT
     tokens = {"RLCS_API_TOKEN": "s3cret-token", "RLCS_READ_TOKENS": "reader-token"}
@@ -255,6 +256,7 @@ def test_a_token_is_checked_before_any_mcp_handling(tmp_path: Path) -> None:
         assert "RLCS_API_TOKEN" in refused.stderr and refused.stdout == ""
 
 
+@pytest.mark.slow
 def test_two_sessions_at_once_and_a_client_leaving_mid_wait(fake: LiveServer) -> None:
     """Session A waits on a run while B reads; then a client leaves in the middle of a wait:
     the run is untouched and finishes."""
@@ -306,6 +308,7 @@ def test_two_sessions_at_once_and_a_client_leaving_mid_wait(fake: LiveServer) ->
     assert ended["status"] == "succeeded" and ended["step"] == 30
 
 
+@pytest.mark.slow
 def test_sweeps_forks_and_curves_of_several_runs(fake: LiveServer) -> None:
     async def body() -> None:
         async with http_session(fake.url) as session:

@@ -180,6 +180,7 @@ def test_stop_leaves_no_process_of_the_group(rclient: TestClient, tmp_path: Path
     assert again.status_code == 200 and again.json()["status"] == "stopped"
 
 
+@pytest.mark.slow
 def test_stop_escalates_to_sigkill_after_grace(
     rclient: TestClient, tmp_path: Path, fake_env
 ) -> None:
@@ -321,6 +322,7 @@ def test_log_streams_per_client_are_bounded(tmp_path: Path, fake_env) -> None:
         final(c, run_id)
 
 
+@pytest.mark.slow
 def test_stall_is_flagged(tmp_path: Path, fake_env) -> None:
     fake_env.setenv("FAKE_RUNNER_STEP_S", "2.5")
     settings = make_settings(tmp_path, runner_module=FAKE, stall_min_s=0.5, stall_factor=2.0)
@@ -370,6 +372,7 @@ def test_server_kill_9_then_restart_adopts_the_run(tmp_path: Path, fake_env) -> 
         server.kill(signal.SIGTERM)
 
 
+@pytest.mark.slow
 def test_adopted_run_that_dies_is_settled(tmp_path: Path, fake_env) -> None:
     var = tmp_path / "var"
     env = {"RLCS_RUNNER_MODULE": FAKE, "FAKE_RUNNER_STEP_S": "0.3"}

@@ -379,6 +379,7 @@ def test_stopped_run_exits_0_and_failed_run_exits_4(
     assert follow.returncode == RUN_FAILED and f"run {to_kill} failed" in follow.stderr
 
 
+@pytest.mark.slow
 def test_infer_with_tiny_random(rlctl: Rlctl, rlctl_in: Rlctl) -> None:
     rlctl_in("envs", "select", "arithmetic")
     assert rlctl_in("config", "set", "model_name", "tiny-random").returncode == OK
@@ -396,6 +397,7 @@ def test_infer_with_tiny_random(rlctl: Rlctl, rlctl_in: Rlctl) -> None:
     assert bad.returncode == SERVER_ERROR and "run_id" in bad.stderr
 
 
+@pytest.mark.slow
 def test_runs_wait_blocks_until_the_end_or_its_timeout(rlctl: Rlctl) -> None:
     run_id = start_run(rlctl, "--env", "arithmetic", "--set", "total_steps=5")
     done = rlctl("--json", "runs", "wait", run_id, "--at-most", "60")

@@ -176,6 +176,7 @@ def test_slow_wandb_never_blocks_the_caller(standin: WandbStandin, make_reader: 
     assert standin.request_count == 1  # served from the cache the slow fetch filled
 
 
+@pytest.mark.slow
 def test_fetch_gives_up_after_timeout_s_and_backs_off(
     standin: WandbStandin, make_reader: MakeReader
 ) -> None:
