@@ -9,6 +9,8 @@
 # `make install`'s (tests/test_install.py runs these steps in a fresh folder and serves /health).
 FROM python:3.11-slim
 
+# UV_COMPILE_BYTECODE: bytecode written at build time, as pip wrote it (the server's user cannot
+# write it into .venv later).
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \

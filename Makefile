@@ -5,9 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 # Everything `make serve` and `make test` need, exactly as uv.lock pins it; .venv holds nothing else.
-# Compiled as pip compiles: a dependency's SyntaxWarning (cellpylib's `is` with a literal) is then
-# not raised at import time, where the tests' filterwarnings=error makes it an error.
-SYNC := $(BIN)/uv sync --locked --compile-bytecode --extra dev --extra all --group models
+SYNC := $(BIN)/uv sync --locked --extra dev --extra all --group models
 # What `make test-fast` leaves out (markers in pyproject.toml): at most 3 minutes on 2 cores.
 NOT_FAST := browser or ray or postgres or install or training or slow
 
