@@ -9,8 +9,8 @@
 # `make install`'s (tests/test_install.py runs these steps in a fresh folder and serves /health).
 FROM python:3.11-slim
 
-# UV_COMPILE_BYTECODE: bytecode written at build time, as pip wrote it (the server's user cannot
-# write it into .venv later).
+# UV_COMPILE_BYTECODE: bytecode written at build time, as pip wrote it (with
+# PYTHONDONTWRITEBYTECODE, nothing writes it later, and every start would compile again).
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
