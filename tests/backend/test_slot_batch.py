@@ -69,6 +69,7 @@ def test_slot_batch_matches_the_dynamic_cache_batch(trainer, settings):
         np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-4)
 
 
+@pytest.mark.slow
 def test_late_rows_join_free_slots_and_match(trainer):
     model = _model(trainer)
     alone = _rows(SPECS)

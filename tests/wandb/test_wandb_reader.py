@@ -229,6 +229,7 @@ def test_429_backs_off_every_run_and_serves_the_cache(
     assert standin.request_count == count
 
 
+@pytest.mark.slow
 def test_repeated_429_doubles_the_backoff(
     standin: WandbStandin, make_reader: MakeReader, clock: FakeClock
 ) -> None:
@@ -251,6 +252,7 @@ def test_repeated_429_doubles_the_backoff(
     assert recovered.ok and recovered.note is None and recovered.age_s == 0
 
 
+@pytest.mark.slow
 def test_retry_after_is_waited_out_inside_wandb_core(
     standin: WandbStandin, make_reader: MakeReader
 ) -> None:
