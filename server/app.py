@@ -54,7 +54,7 @@ from server.runs import export_routes
 from server.runs import routes as run_routes
 from server.runs.export import ExportService
 from server.runs.forks import ForkService
-from server.runs.logs import StreamSlots
+from server.runs.logs import StreamSlots, bind_sse_to_this_loop
 from server.runs.metrics import MetricsService
 from server.runs.service import RunService
 from server.runs.views import RunViews
@@ -118,6 +118,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if settings.api_token is None and settings.insecure_no_token:
             log.warning("!" * 20 + " %s " + "!" * 20, insecure_warning())
+        bind_sse_to_this_loop()
         svc = build_services(settings)
         app.state.services = svc
         await svc.supervisor.start()

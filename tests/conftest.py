@@ -59,6 +59,24 @@ def prepared_models_dir() -> Path:
     return folder
 
 
+# Test lanes (markers registered in pyproject.toml; `make test-fast` leaves these out): a folder
+# whose tests are all of one kind, and tests on a real PostgreSQL: those that take the `postgres`
+# fixture, and the PostgreSQL side of those parametrized over both databases (param "postgresql",
+# as `database_url` here and test_lifecycle's `engine` are).
+FOLDER_LANES = {"browser": "browser"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        lane = FOLDER_LANES.get(item.path.parent.name)
+        if lane is not None:
+            item.add_marker(lane)
+        callspec = getattr(item, "callspec", None)
+        on_postgres = callspec is not None and "postgresql" in callspec.params.values()
+        if on_postgres or "postgres" in getattr(item, "fixturenames", ()):
+            item.add_marker("postgres")
+
+
 @pytest.fixture
 def settings(tmp_path: Path) -> Settings:
     return make_settings(tmp_path)

@@ -15,7 +15,7 @@ import pytest
 from tests.helpers import finish_run, run_of, start_run, wait_for
 from tests.live_server import LiveServer
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.training]
 TOKEN = "openai-compat-test-token-0123456789"
 SMOLLM2 = "HuggingFaceTB/SmolLM2-135M-Instruct"
 HI = [{"role": "user", "content": "Repeat this word: apple"}]

@@ -60,6 +60,7 @@ def server(tmp_path: Path, prepared_models_dir: Path) -> Iterator[LiveServer]:
         yield live
 
 
+@pytest.mark.training
 @pytest.mark.slow
 def test_reference_client_unchanged_drives_a_run_on_the_local_default(
     server: LiveServer, monkeypatch: pytest.MonkeyPatch
@@ -133,6 +134,7 @@ def test_reference_client_unchanged_drives_a_run_on_the_local_default(
     assert stopped == {"run_id": run_id, "status": "succeeded"}
 
 
+@pytest.mark.slow
 def test_reference_client_reaches_a_token_server_through_its_url(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -73,6 +73,7 @@ def test_cross_site_writes_are_refused_and_change_nothing(
     assert state(local) == before
 
 
+@pytest.mark.slow
 def test_the_attack_from_the_issue_fails_on_a_live_server(tmp_path: Path) -> None:
     with LiveServer(tmp_path / "var", RLCS_INFERENCE_WARMUP="0") as server:
         select = httpx.post(

@@ -177,6 +177,7 @@ def test_a_receiver_that_fails_twice_gets_the_third_try(
     assert (row["status"], row["attempts"], row["last_status_code"]) == ("delivered", 3, 204)
 
 
+@pytest.mark.slow
 def test_stopped_failed_and_stalled_runs_are_announced(
     tmp_path: Path, fake_runs: None, receiver: WebhookReceiver, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import json
-from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, Path, Query, Request
-from fastapi.responses import StreamingResponse
 
 from core.models import RUN_ID, RunStatus
 from server.deps import Services, services
-from server.runs.logs import follow
+from server.runs.logs import event_stream, follow
 from server.runs.schemas import (
     CheckpointOut,
     RunCreatedOut,
@@ -136,18 +133,11 @@ def run_logs(
     tail: Annotated[int, Query(ge=0, le=10_000)] = 100,
     follow_: Annotated[bool, Query(alias="follow")] = False,
 ) -> Any:
-    """The last `tail` lines; with follow=true a server-sent event stream that ends with an
-    `end` event carrying the run's final status."""
+    """The last `tail` lines; with follow=true a server-sent event stream (`line` events, a bare
+    CR inside a line as a break between data lines) that ends with an `end` event carrying the
+    run's final status."""
     if not follow_:
         return svc.runs.logs(run_id, tail)
     svc.runs.row(run_id)  # 404/422 before the stream starts
     client = request.client.host if request.client else "local"
-    events = svc.streams.open(client, _sse(follow(svc.runs, run_id, tail)))
-    return StreamingResponse(events, media_type="text/event-stream")
-
-
-async def _sse(events: AsyncIterator[tuple[str, Any]]) -> AsyncIterator[str]:
-    async for kind, data in events:
-        payload = data if isinstance(data, str) else json.dumps(data)
-        lines = "".join(f"data: {part}\n" for part in payload.split("\n"))
-        yield f"event: {kind}\n{lines}\n"
+    return event_stream(svc.streams.open(client, follow(svc.runs, run_id, tail)))

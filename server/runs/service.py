@@ -20,7 +20,7 @@ from core import lifecycle
 from core.checkpoint_check import STATE_KIND, check, first_usable
 from core.db import read_session, write_session
 from core.models import FINISHED, RUN_ID, Checkpoint, Metric, Run, RunStatus
-from core.run_folder import RunFolder, hash_config
+from core.run_folder import RunFolder, hash_config, log_lines
 from core.settings import Settings
 from core.spec import ResumePoint, RunSpec
 from server.environments.catalog import EnvEntry
@@ -444,7 +444,7 @@ class RunService:
         run = self.row(run_id)
         text = self.job_log(run)
         if text is not None:
-            lines = text.splitlines()[-tail:] if tail > 0 else []
+            lines = log_lines(text)[-tail:] if tail > 0 else []
         else:
             lines = RunFolder(run.run_dir).log_tail(tail)
         return RunLogsOut(run_id=run_id, status=run.status.value, lines=lines)

@@ -58,6 +58,7 @@ def _slots(model, trainer, slots: int = 8) -> SlotBatch:
 SPECS = [([5, 9, 2, 7, 1], 12, 3), ([4, 8], 20, 4), ([3, 3, 6], 7, 5)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("settings", [{}, {"top_k": 5, "top_p": 0.8}, {"temperature": 0.0}])
 def test_slot_batch_matches_the_dynamic_cache_batch(trainer, settings):
     model = _model(trainer)
@@ -69,6 +70,7 @@ def test_slot_batch_matches_the_dynamic_cache_batch(trainer, settings):
         np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-4)
 
 
+@pytest.mark.slow
 def test_late_rows_join_free_slots_and_match(trainer):
     model = _model(trainer)
     alone = _rows(SPECS)
