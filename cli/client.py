@@ -1,17 +1,18 @@
 """HTTP to the server: base URL and token from the environment, answers or mapped errors.
 
-Also reads the server-sent events of a followed log (`event:` / `data:` lines).
+Also reads the server-sent events of a followed log, through httpx-sse.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from typing import Any
 from urllib.parse import quote
 
 import httpx
+from httpx_sse import EventSource, SSEError
 
 from cli.exits import ApiError, CliError, Unreachable, UsageError
 
@@ -96,12 +97,18 @@ class Client:
         """(event, data) pairs of a server-sent event stream, until the server closes it."""
         # No read timeout: a quiet run may print nothing for minutes, and that is not a fault.
         timeout = httpx.Timeout(self.timeout, read=None)
+        headers = {"Accept": "text/event-stream", "Cache-Control": "no-store"}
         try:
-            with self._http.stream("GET", path, params=params, timeout=timeout) as response:
+            with self._http.stream(
+                "GET", path, params=params, headers=headers, timeout=timeout
+            ) as response:
                 if response.status_code >= 400:
                     response.read()
                     raise _api_error(response)
-                yield from parse_sse(response.iter_bytes())
+                for event in EventSource(response).iter_sse():
+                    yield event.event, event.data
+        except SSEError as exc:
+            raise CliError(f"GET {path}: {exc}; is {self.url} the RL control server?") from None
         except httpx.TimeoutException:
             raise Unreachable(f"no answer from {self.url} within {self.timeout:g} s") from None
         except httpx.TransportError as exc:
@@ -126,30 +133,3 @@ def _api_error(response: httpx.Response) -> ApiError:
     if response.status_code == 401 and not response.request.headers.get("Authorization"):
         detail += " (set RLCS_API_TOKEN)"
     return ApiError(response.status_code, response.reason_phrase, detail)
-
-
-def parse_sse(chunks: Iterable[bytes]) -> Iterator[tuple[str, str]]:
-    """Parse an event stream. Lines end at LF only (a trailing CR is dropped) so that a log
-    line holding a bare CR, as progress bars print, stays one line."""
-    event, data = "message", []
-    pending = b""
-    for chunk in chunks:
-        pending += chunk
-        *lines, pending = pending.split(b"\n")
-        for raw in lines:
-            line = raw.decode("utf-8", errors="replace").removesuffix("\r")
-            if not line:
-                if data:
-                    yield event, "\n".join(data)
-                event, data = "message", []
-                continue
-            if line.startswith(":"):  # a comment, e.g. a keep-alive
-                continue
-            name, _, value = line.partition(":")
-            value = value.removeprefix(" ")
-            if name == "event":
-                event = value
-            elif name == "data":
-                data.append(value)
-    if data:
-        yield event, "\n".join(data)

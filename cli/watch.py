@@ -92,10 +92,13 @@ def follow_logs(client: Client, args: argparse.Namespace) -> int:
     params = {"tail": args.tail, "follow": "true"}
     for kind, data in client.events(f"/runs/{seg(args.run)}/logs", params):
         if kind == "line":
+            # The server sends a bare CR inside a line as a break between data lines, which
+            # arrive joined by LF; a log line never holds an LF, so this is the line exactly.
+            line = data.replace("\n", "\r")
             if args.json:
-                print_json_line({"event": "line", "data": data})
+                print_json_line({"event": "line", "data": line})
             else:
-                sys.stdout.write(clean(data) + "\n")
+                sys.stdout.write(clean(line) + "\n")
                 sys.stdout.flush()
         elif kind == "end":
             end = json.loads(data)

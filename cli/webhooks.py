@@ -40,7 +40,7 @@ def add(client: Client, args: argparse.Namespace) -> int:
             ]
         )
     )
-    say("Keep the secret: it is shown only now. Check X-RLCS-Signature with it (see README).")
+    say("Keep the secret: it is shown only now. Check X-RLCS-Signature with it (docs/webhooks.md).")
     return OK
 
 

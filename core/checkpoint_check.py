@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from core.checkpoint_manifest import Verdict, verify
+from core.failures import RunFailure
 
 STATE_KIND, SAMPLER_KIND = "state", "sampler"
 STATE_RECORD, SAMPLER_RECORD = "rlcs_state.json", "rlcs_sampler.json"
@@ -23,8 +24,16 @@ _STEP_NAME = re.compile(r"^step-(\d+)$")
 T = TypeVar("T")
 
 
-class CheckpointUnusable(ValueError):
+class CheckpointUnusable(RunFailure, ValueError):
     """A checkpoint that must not be loaded (half written or corrupted), or none left to use."""
+
+    category = "checkpoint"
+
+    def reason(self) -> str:
+        return (
+            f"{self}. Resume from an earlier checkpoint (checkpoint_step), or point resume_from "
+            "at another one."
+        )
 
 
 @dataclass(frozen=True)
@@ -76,7 +85,10 @@ def first_usable(
 ) -> tuple[T | None, list[tuple[str, str]]]:
     """The first of `items` (newest first) whose checkpoint may be loaded, or None; and the
     (path, why) of each one passed over."""
-    item, _, skipped = _first(items, path_of, kind)
+    # Bound before unpacking: unpacked from the call, mypy infers T as `T | None`
+    # (python/mypy#20219).
+    found = _first(items, path_of, kind)
+    item, _, skipped = found
     return item, skipped
 
 
@@ -84,7 +96,8 @@ def pick_resume(path: str, step: int) -> Pick:
     """`path` (the state at `step`) if it may be loaded, else the newest earlier `step-N` state
     beside it that may; CheckpointUnusable when none may."""
     candidates = [(path, step), *earlier_states(path, step)]
-    chosen, verdict, skipped = _first(candidates, lambda c: c[0], STATE_KIND)
+    found = _first(candidates, lambda c: c[0], STATE_KIND)  # bound first, as in first_usable
+    chosen, verdict, skipped = found
     if chosen is None or verdict is None:
         tried = "; ".join(f"{p}: {why}" for p, why in skipped)
         raise CheckpointUnusable(f"no checkpoint that can be loaded to resume from ({tried})")

@@ -8,12 +8,14 @@ waits up to the busy timeout, then raises OperationalError (the API's 503).
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 from sqlalchemy import event
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.pool import ConnectionPoolEntry
 from sqlmodel import Session, create_engine
 
 BUSY_TIMEOUT_S = 30.0
@@ -39,7 +41,7 @@ def make_engine(url: str, busy_timeout_s: float = BUSY_TIMEOUT_S) -> Engine:
     )
 
     @event.listens_for(engine, "connect")
-    def _on_connect(dbapi_conn, _record) -> None:  # type: ignore[no-untyped-def]
+    def _on_connect(dbapi_conn: sqlite3.Connection, _record: ConnectionPoolEntry) -> None:
         # Take over transaction control from pysqlite so BEGIN can be IMMEDIATE for writers.
         dbapi_conn.isolation_level = None
         cur = dbapi_conn.cursor()
@@ -50,7 +52,7 @@ def make_engine(url: str, busy_timeout_s: float = BUSY_TIMEOUT_S) -> Engine:
         cur.close()
 
     @event.listens_for(engine, "begin")
-    def _on_begin(conn) -> None:  # type: ignore[no-untyped-def]
+    def _on_begin(conn: Connection) -> None:
         writer = conn.get_execution_options().get("rlcs_writer", False)
         conn.exec_driver_sql("BEGIN IMMEDIATE" if writer else "BEGIN DEFERRED")
 
@@ -63,7 +65,7 @@ def _server_engine(url: str, busy_timeout_s: float) -> Engine:
         return engine
 
     @event.listens_for(engine, "begin")
-    def _on_begin(conn) -> None:  # type: ignore[no-untyped-def]
+    def _on_begin(conn: Connection) -> None:
         if conn.get_execution_options().get("rlcs_writer", False):
             # Past the busy timeout the wait ends in an error (LockNotAvailable), not forever.
             conn.exec_driver_sql(f"SET LOCAL lock_timeout = {int(busy_timeout_s * 1000)}")

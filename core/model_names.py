@@ -13,6 +13,8 @@ import re
 from pathlib import Path
 from typing import Literal
 
+from core.failures import RunFailure
+
 Backend = Literal["local", "tinker"]
 
 TINY_RANDOM = "tiny-random"
@@ -30,8 +32,10 @@ _HUB_ID_RE = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 HUB_PROBE_TIMEOUT_S = 5.0
 
 
-class ModelNotAvailable(ValueError):
+class ModelNotAvailable(RunFailure, ValueError):
     """The model name cannot be resolved on this machine (offline, not cached, not a folder)."""
+
+    category = "model"
 
 
 def default_model(backend: str) -> str:

@@ -112,7 +112,16 @@ def tail_lines(path: Path, count: int, max_bytes: int = 1 << 20) -> list[str]:
             data = fh.read()
     except FileNotFoundError:
         return []
-    return data.decode("utf-8", errors="replace").splitlines()[-count:]
+    return log_lines(data.decode("utf-8", errors="replace"))[-count:]
+
+
+def log_lines(text: str) -> list[str]:
+    """A log's lines: each ends at LF (a CR right before it is part of a CRLF ending); a bare CR
+    stays inside its line, where progress bars write it to redraw."""
+    lines = text.split("\n")
+    if lines[-1] == "":
+        lines.pop()  # the text ended with a line end, or was empty
+    return [line.removesuffix("\r") for line in lines]
 
 
 def clean_metrics(metrics: dict[str, Any]) -> dict[str, float | None]:

@@ -12,11 +12,14 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import Depends, FastAPI, Request
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 from sqlalchemy.exc import OperationalError
+from starlette.exceptions import HTTPException
+from starlette.routing import Route
 
 from core.db import make_engine
 from core.models import utcnow
@@ -30,9 +33,13 @@ from server.environments.catalog import Catalog
 from server.environments.configs import ConfigService
 from server.environments.inspector import Inspectors
 from server.environments.model_check import ModelCheck
-from server.errors import DomainError, status_for
+from server.errors import DomainError, headers_for, status_for
 from server.guards.access import LoopbackUnlessToken, insecure_warning
-from server.guards.validation import validation_detail
+from server.guards.validation import (
+    FASTAPI_UNREADABLE_BODY,
+    unreadable_body,
+    validation_detail,
+)
 from server.guards.web import BodyLimit, WebGuard
 from server.health import routes as health_routes
 from server.inference import routes as inference_routes
@@ -48,7 +55,7 @@ from server.runs import export_routes
 from server.runs import routes as run_routes
 from server.runs.export import ExportService
 from server.runs.forks import ForkService
-from server.runs.logs import StreamSlots
+from server.runs.logs import StreamSlots, bind_sse_to_this_loop
 from server.runs.metrics import MetricsService
 from server.runs.service import RunService
 from server.runs.views import RunViews
@@ -63,7 +70,7 @@ from server.webhooks.service import WebhookService
 from server.webhooks.signing import signing_key
 
 log = logging.getLogger("server")
-ERROR_CODES = ("400", "401", "403", "404", "409", "413", "415", "422", "424", "429", "503")
+ERROR_CODES = ("400", "401", "403", "404", "409", "413", "415", "422", "429", "503")
 
 
 def build_services(settings: Settings) -> Services:
@@ -78,7 +85,9 @@ def build_services(settings: Settings) -> Services:
     configs = ConfigService(engine, catalog, models)
     metrics = MetricsService(engine, WandbReader.from_settings(settings))
     supervisor = Supervisor(settings, engine)
-    runs_service = RunService(settings, engine, configs, metrics, supervisor.wake)
+    runs_service = RunService(
+        settings, engine, configs, metrics, supervisor.launchers, supervisor.wake
+    )
     worker = InferenceWorker(settings)
     inference = InferenceService(settings, engine, configs, runs_service, worker, models)
     streams = StreamSlots(settings.max_streams_per_client)
@@ -112,6 +121,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if settings.api_token is None and settings.insecure_no_token:
             log.warning("!" * 20 + " %s " + "!" * 20, insecure_warning())
+        bind_sse_to_this_loop()
         svc = build_services(settings)
         app.state.services = svc
         await svc.supervisor.start()
@@ -147,9 +157,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(BodyLimit, settings=settings)
     app.add_middleware(WebGuard, settings=settings)
     app.add_middleware(LoopbackUnlessToken, settings=settings)
+    # Starlette types a handler as taking any Exception; each of ours takes the class it is
+    # registered for, which is all it is ever given (hence the ignores).
     app.add_exception_handler(DomainError, _domain_error)  # type: ignore[arg-type]
     app.add_exception_handler(RequestValidationError, _validation_error)  # type: ignore[arg-type]
     app.add_exception_handler(OperationalError, _database_busy)  # type: ignore[arg-type]
+    app.add_exception_handler(HTTPException, _http_error)  # type: ignore[arg-type]
     app.include_router(health_routes.router)
     # The dashboard's scripts, styles and vendored chart library: no data in them, no token.
     app.mount("/static", StaticFiles(directory=health_routes.STATIC), name="static")
@@ -164,16 +177,16 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     app.include_router(openai_routes.router, dependencies=protected)
     # MCP (streamable HTTP); the endpoint checks the token itself, before any MCP handling.
-    app.add_route("/mcp", McpEndpoint(), include_in_schema=False)
+    # A Route, not app.add_route: that one is typed for request handlers, and this is an ASGI app.
+    app.router.routes.append(Route("/mcp", McpEndpoint(), include_in_schema=False))
     _document_errors(app)
     openai_errors.install(app)  # errors on /v1 in OpenAI's shape
     return app
 
 
 async def _domain_error(_request: Request, exc: DomainError) -> JSONResponse:
-    headers = {"WWW-Authenticate": "Bearer"} if status_for(exc) == 401 else None
     return JSONResponse(
-        {"detail": exc.detail, **exc.extra}, status_code=status_for(exc), headers=headers
+        {"detail": exc.detail, **exc.extra}, status_code=status_for(exc), headers=headers_for(exc)
     )
 
 
@@ -187,6 +200,16 @@ async def _database_busy(_request: Request, exc: OperationalError) -> JSONRespon
         status_code=503,
         headers={"Retry-After": "2"},
     )
+
+
+async def _http_error(request: Request, exc: HTTPException) -> Response:
+    """A body FastAPI could not decode is malformed JSON, answered as such (in OpenAI's shape
+    on /v1); every other HTTP error as FastAPI answers it."""
+    if exc.status_code == 400 and exc.detail == FASTAPI_UNREADABLE_BODY:
+        handler = request.app.exception_handlers[RequestValidationError]
+        response: Response = await handler(request, unreadable_body())
+        return response
+    return await http_exception_handler(request, exc)
 
 
 async def _validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -219,7 +242,7 @@ def _document_errors(app: FastAPI) -> None:
         app.openapi_schema = schema
         return schema
 
-    app.openapi = openapi  # type: ignore[method-assign]
+    app.openapi = openapi  # type: ignore[method-assign]  # FastAPI's documented override
 
 
 app = create_app()

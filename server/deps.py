@@ -47,7 +47,8 @@ class Services:
 
 
 def services(request: Request) -> Services:
-    return request.app.state.services
+    svc: Services = request.app.state.services  # set by the app's lifespan
+    return svc
 
 
 def require_token(request: Request) -> None:

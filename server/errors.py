@@ -43,7 +43,12 @@ class TooMany(DomainError):
 
 
 class Unavailable(DomainError):
-    """A dependency (inference worker, model) is not usable right now; retrying may help."""
+    """A dependency (inference worker, model, backend) is not usable right now; retrying may
+    help, after `retry_after_s` (sent as Retry-After)."""
+
+    def __init__(self, detail: str, retry_after_s: int = 5, **extra: Any) -> None:
+        super().__init__(detail, **extra)
+        self.retry_after_s = retry_after_s
 
 
 STATUS_FOR: dict[type[DomainError], int] = {
@@ -54,8 +59,17 @@ STATUS_FOR: dict[type[DomainError], int] = {
     Conflict: 409,
     InvalidValue: 422,
     TooMany: 429,
-    Unavailable: 424,
+    Unavailable: 503,
 }
+
+
+def headers_for(exc: DomainError) -> dict[str, str] | None:
+    """What the answer's headers add: how to authenticate, or when to try again."""
+    if isinstance(exc, Unauthorized):
+        return {"WWW-Authenticate": "Bearer"}
+    if isinstance(exc, Unavailable):
+        return {"Retry-After": str(exc.retry_after_s)}
+    return None
 
 
 def status_for(exc: DomainError) -> int:

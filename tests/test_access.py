@@ -45,6 +45,7 @@ needs_address = pytest.mark.skipif(
 )
 
 
+@pytest.mark.slow
 @needs_address
 def test_uvicorn_on_all_interfaces_refuses_other_machines_without_a_token(tmp_path: Path) -> None:
     with LiveServer(tmp_path / "var", argv=UVICORN_ALL_INTERFACES) as server:
@@ -59,6 +60,7 @@ def test_uvicorn_on_all_interfaces_refuses_other_machines_without_a_token(tmp_pa
         assert local.status_code == 200
 
 
+@pytest.mark.slow
 @needs_address
 def test_the_operator_can_opt_out_or_set_a_token(tmp_path: Path) -> None:
     with LiveServer(

@@ -192,6 +192,7 @@ def fill(disk: Path, leave: int) -> Path:
     return filler
 
 
+@pytest.mark.training
 @pytest.mark.slow
 @pytest.mark.parametrize("how", ["tmpfs", "injected"])
 def test_a_full_disk_at_a_checkpoint_fails_the_run_and_keeps_the_last_one(
@@ -250,6 +251,7 @@ def kill_point(seed: int, total: int, chunks: int) -> tuple[str, int]:
     return f"{phase}:{step}", step - 1
 
 
+@pytest.mark.slow
 def test_kill_9_at_random_points_then_resume_from_the_last_complete_checkpoint(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -287,6 +289,7 @@ def test_kill_9_at_random_points_then_resume_from_the_last_complete_checkpoint(
             assert leftovers(run_dir / "checkpoints") == [], point
 
 
+@pytest.mark.training
 @pytest.mark.slow
 def test_the_real_runner_killed_in_each_phase_resumes_from_its_last_complete_checkpoint(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -319,6 +322,7 @@ def test_the_real_runner_killed_in_each_phase_resumes_from_its_last_complete_che
         assert check(checkpoints / "step-000006" / STATE_KIND) == Verdict(True, True)
 
 
+@pytest.mark.training
 @pytest.mark.slow
 def test_the_real_runner_skips_a_corrupted_checkpoint_and_resumes_from_the_one_before(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch

@@ -45,6 +45,7 @@ def settings(tmp_path: Path) -> Settings:
     return make_settings(tmp_path, db_busy_timeout_s=1.0)
 
 
+@pytest.mark.slow
 def test_past_the_busy_timeout_writes_answer_503_and_change_nothing(settings: Settings) -> None:
     with TestClient(create_app(settings), raise_server_exceptions=False) as client:
         assert client.post("/environments/arithmetic/select").status_code == 200

@@ -81,6 +81,7 @@ def refusal(client: TestClient, name: str) -> str:
     return body["detail"]
 
 
+@pytest.mark.slow
 def test_hostile_files_get_a_4xx_that_says_what_happened(client: TestClient) -> None:
     assert "did not finish within 3 s" in refusal(client, "hangs")
     assert "boom at import" in refusal(client, "raises")
@@ -94,6 +95,7 @@ def test_hostile_files_get_a_4xx_that_says_what_happened(client: TestClient) -> 
     assert listed["floods"]["importable"] is True
 
 
+@pytest.mark.slow
 def test_a_hanging_file_holds_up_nobody_else(client: TestClient) -> None:
     done = threading.Event()
     answers: dict[str, int] = {}
@@ -131,6 +133,7 @@ def test_an_edited_file_is_inspected_again(client: TestClient, folder: Path) -> 
     assert client.post("/environments/raises/select").status_code == 200
 
 
+@pytest.mark.slow
 def test_an_inspector_stuck_in_an_import_ends_with_its_server(tmp_path: Path, folder: Path) -> None:
     server = LiveServer(
         tmp_path / "live", RLCS_ENV_DIRS=json.dumps([str(folder)]), RLCS_INSPECT_TIMEOUT_S="120"

@@ -91,6 +91,7 @@ def sha(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+@pytest.mark.training
 def test_the_adapter_export_computes_what_the_runs_sampler_computes(
     trained: tuple[TestClient, str, Path], tmp_path: Path
 ) -> None:
@@ -135,6 +136,7 @@ def test_the_adapter_export_computes_what_the_runs_sampler_computes(
     assert AutoTokenizer.from_pretrained(folder).encode(PROMPT) == ids[0].tolist()
 
 
+@pytest.mark.training
 def test_the_merged_export_loads_with_transformers_alone(
     trained: tuple[TestClient, str, Path],
 ) -> None:
@@ -155,6 +157,7 @@ def test_the_merged_export_loads_with_transformers_alone(
     assert AutoTokenizer.from_pretrained(folder).encode(PROMPT) == ids[0].tolist()
 
 
+@pytest.mark.training
 def test_a_chosen_step_and_a_chosen_path_inside_the_export_folder(
     trained: tuple[TestClient, str, Path],
 ) -> None:
@@ -179,6 +182,7 @@ def test_a_chosen_step_and_a_chosen_path_inside_the_export_folder(
     assert sorted(p.name for p in (exports / "mine").iterdir()) == ["one"]  # no temp left
 
 
+@pytest.mark.training
 @pytest.mark.parametrize(
     "body",
     [
@@ -201,6 +205,7 @@ def test_a_path_outside_the_export_folder_is_refused_and_nothing_written(
     assert not Path("/tmp/rlcs-export-outside").exists()
 
 
+@pytest.mark.training
 def test_unknown_step_and_unknown_run(trained: tuple[TestClient, str, Path]) -> None:
     client, run_id, _ = trained
     resp = client.post(f"/runs/{run_id}/export", json={"checkpoint_step": 7})
@@ -212,6 +217,7 @@ def test_unknown_step_and_unknown_run(trained: tuple[TestClient, str, Path]) -> 
     assert unknown_field.status_code == 422
 
 
+@pytest.mark.training
 def test_a_corrupt_checkpoint_is_refused_saying_why(trained: tuple[TestClient, str, Path]) -> None:
     client, run_id, root = trained
     weights = sampler(client, run_id, 1) / "adapter_model.safetensors"

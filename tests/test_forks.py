@@ -34,6 +34,7 @@ def steps(client: TestClient, run_id: str) -> dict[int, dict[str, float]]:
     }
 
 
+@pytest.mark.training
 def test_a_fork_retraces_its_parent_from_the_checkpoint_then_goes_its_own_way(
     tclient: TestClient,
 ) -> None:
@@ -96,6 +97,7 @@ def test_a_fork_retraces_its_parent_from_the_checkpoint_then_goes_its_own_way(
     assert steps(tclient, parent) == parent_steps
 
 
+@pytest.mark.training
 def test_forks_that_cannot_work_are_refused(tclient: TestClient, tmp_path: Path) -> None:
     parent = start_run(
         tclient,

@@ -46,6 +46,7 @@ def test_verifiers_on_known_right_and_wrong_answers() -> None:
     assert words.score("Repeat this word: apple", "zzz") == 0.0
 
 
+@pytest.mark.slow
 def test_reference_client_call_and_warm_worker(iclient: TestClient) -> None:
     worker = iclient.app.state.services.inference.worker
     prompts = ["What is 2 + 3?", "What is 7 * 6?", "Tell me a joke"]
@@ -69,6 +70,7 @@ def test_reference_client_call_and_warm_worker(iclient: TestClient) -> None:
     assert second.json()["summary"]["latency_s"] < first.json()["summary"]["latency_s"]
 
 
+@pytest.mark.slow
 def test_items_from_the_environment_and_greedy_is_repeatable(iclient: TestClient) -> None:
     a = infer(iclient, environment="repeat_word", num_items=3, max_tokens=6, temperature=0.0)
     b = infer(iclient, environment="repeat_word", num_items=3, max_tokens=6, temperature=0.0)
@@ -81,6 +83,7 @@ def test_items_from_the_environment_and_greedy_is_repeatable(iclient: TestClient
         assert result["score"] == RepeatWordEnv().score(result["prompt"], result["response"])
 
 
+@pytest.mark.slow
 def test_multi_turn_environment_plays_whole_episodes(iclient: TestClient) -> None:
     resp = infer(iclient, environment="guess_number", num_items=2, max_tokens=8)
     assert resp.status_code == 200, resp.text
@@ -89,6 +92,7 @@ def test_multi_turn_environment_plays_whole_episodes(iclient: TestClient) -> Non
         assert result["score"] == pytest.approx(sum(t["reward"] for t in result["turns"]))
 
 
+@pytest.mark.slow
 def test_worker_restarts_after_it_dies(iclient: TestClient) -> None:
     worker = iclient.app.state.services.inference.worker
     assert infer(iclient, prompts=["What is 1 + 2?"], max_tokens=4).status_code == 200
@@ -135,6 +139,7 @@ def test_the_prompt_cap_is_the_setting(tmp_path: Path) -> None:
             assert next(iter(request)) in resp.json()["detail"]
 
 
+@pytest.mark.training
 def test_sampling_a_trained_adapter(tmp_path: Path) -> None:
     with TestClient(create_app(make_settings(tmp_path))) as c:
         run = c.post(

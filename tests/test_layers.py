@@ -1,123 +1,119 @@
 """The package layers: core at the bottom, then environments, then server and runners side by
-side; cli stands alone. Read from the source (every import, function-level ones too) and
-checked once more by importing each module in a clean interpreter."""
+side; cli stands alone; no two modules on an import cycle. The rules are import-linter
+contracts in pyproject.toml: here they run, a planted violation of each is caught (inside a
+function, where a reader of top-level imports would miss it), and importing every module in a
+clean interpreter checks once more what actually loads."""
 
 from __future__ import annotations
 
-import ast
 import json
+import os
+import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
 OURS = ("core", "environments", "server", "runners", "cli")
-# What each package may import of ours (itself included).
+# What each package may load of ours (itself included), for the clean-interpreter check.
 ALLOWED = {
     "core": {"core"},
     "environments": {"core", "environments"},
-    "server": {"core", "environments", "server"},
     "runners": {"core", "environments", "runners"},
-    "cli": {"cli"},
 }
 
 
-def module_name(path: Path) -> str:
-    parts = path.relative_to(ROOT).with_suffix("").parts
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+def lint_imports(root: Path) -> subprocess.CompletedProcess[str]:
+    """`lint-imports` on the tree at `root` (its pyproject.toml, its packages)."""
+    return subprocess.run(
+        [str(LINT_IMPORTS), "--no-cache", "--no-logo"],
+        cwd=root,
+        env={**os.environ, "COLUMNS": "1000"},  # one line per import chain, however long
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
-def modules() -> dict[str, Path]:
-    found = {}
+def test_the_import_contracts_hold() -> None:
+    contracts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
+    result = lint_imports(ROOT)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    assert f"Contracts: {len(contracts['contracts'])} kept, 0 broken." in result.stdout
+
+
+# (the contract, the module that gets a function-level import, the import, what is reported)
+PLANTED = [
+    (
+        "layers",
+        "core/settings.py",
+        "from server.app import create_app",
+        "core.settings -> server.app",
+    ),
+    ("layers", "environments/base.py", "import runners.train.loop", "environments.base -> runners"),
+    ("layers", "server/runs/views.py", "import runners.train.loop", "server.runs.views -> runners"),
+    ("layers", "runners/train/report.py", "import server.errors", "runners.train.report -> server"),
+    ("cli-alone", "cli/output.py", "import core.settings", "cli.output -> core.settings"),
+    ("nothing-imports-cli", "runners/train/report.py", "import cli.main", "report -> cli.main"),
+    ("acyclic", "core/models.py", "import core.lifecycle", "core.lifecycle -> core.models ->"),
+]
+
+
+@pytest.mark.parametrize(("contract", "module", "statement", "reported"), PLANTED)
+def test_a_planted_import_inside_a_function_breaks_its_contract(
+    tmp_path: Path, contract: str, module: str, statement: str, reported: str
+) -> None:
     for package in OURS:
-        for path in sorted((ROOT / package).rglob("*.py")):
-            found[module_name(path)] = path
-    return found
+        shutil.copytree(ROOT / package, tmp_path / package, ignore=_not_python)
+    shutil.copy2(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    (tmp_path / "tests").mkdir()
+    for name in ("__init__.py", "import_contracts.py"):
+        shutil.copy2(ROOT / "tests" / name, tmp_path / "tests" / name)
+    assert lint_imports(tmp_path).returncode == 0  # the copy holds, as the tree does
+
+    with (tmp_path / module).open("a") as source:
+        source.write(f"\n\ndef _planted() -> None:\n    {statement}\n")
+    result = lint_imports(tmp_path)
+    assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-2000:]
+    broken = _broken_section(result.stdout, contract)
+    assert reported in broken, result.stdout[-3000:]
 
 
-def imports_of(name: str, path: Path, known: set[str]) -> set[str]:
-    """Our modules that `name` imports anywhere in its file (resolved to known modules)."""
-    tree = ast.parse(path.read_text(), filename=str(path))
-    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    targets: set[str] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            targets.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                anchor = package.split(".")
-                anchor = anchor[: len(anchor) - (node.level - 1)]
-                base = ".".join([*anchor, base] if base else anchor)
-            targets.add(base)
-            # `from pkg import module` imports the module too.
-            targets.update(f"{base}.{alias.name}" for alias in node.names)
-    resolved = set()
-    for target in targets:
-        if target.split(".")[0] not in OURS:
-            continue
-        while target and target not in known:
-            target = target.rpartition(".")[0]
-        if target and target != name:
-            resolved.add(target)
-    return resolved
+def _not_python(folder: str, names: list[str]) -> list[str]:
+    return [n for n in names if not n.endswith(".py") and not (Path(folder) / n).is_dir()]
 
 
-def graph() -> dict[str, set[str]]:
-    found = modules()
-    known = set(found)
-    return {name: imports_of(name, path, known) for name, path in found.items()}
+def _broken_section(report: str, contract: str) -> str:
+    """The part of lint-imports' report that explains why `contract` is broken."""
+    contracts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
+    name = next(c["name"] for c in contracts["contracts"] if c["id"] == contract)
+    assert f"{name} BROKEN" in report, report[-3000:]
+    explained = report.split("Broken contracts", 1)[1]
+    section = explained.split(f"{name}\n", 1)[1]
+    return section.split(" BROKEN", 1)[0] if " BROKEN" in section else section
 
 
-def test_each_package_imports_only_the_layers_below_it() -> None:
-    wrong = []
-    for name, targets in graph().items():
-        allowed = ALLOWED[name.split(".")[0]]
-        wrong += [f"{name} -> {t}" for t in sorted(targets) if t.split(".")[0] not in allowed]
-    assert not wrong, "imports that run back up:\n" + "\n".join(wrong)
+def modules(package: str) -> list[str]:
+    """Every module of `package` but `python -m` entry points (importing one runs it)."""
+    names = []
+    for path in sorted((ROOT / package).rglob("*.py")):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        if parts[-1] != "__main__":
+            names.append(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
+    return names
 
 
-def test_no_import_circles() -> None:
-    edges = graph()
-    state: dict[str, int] = {}
-    circles: list[str] = []
-
-    def visit(node: str, trail: list[str]) -> None:
-        state[node] = 1
-        for nxt in sorted(edges.get(node, ())):
-            if state.get(nxt) == 1:
-                circles.append(" -> ".join([*trail[trail.index(nxt) :], nxt]))
-            elif nxt not in state:
-                visit(nxt, [*trail, nxt])
-        state[node] = 2
-
-    for node in sorted(edges):
-        if node not in state:
-            visit(node, [node])
-    assert not circles, "import circles:\n" + "\n".join(circles)
-
-
-def test_the_checker_sees_a_function_level_import(tmp_path: Path) -> None:
-    """The reader must catch an import hidden in a function, or the tests above prove little."""
-    source = tmp_path / "probe.py"
-    source.write_text(
-        "def f():\n    from server.settings import x\n    import runners.train.loop\n"
-    )
-    known = {"server", "server.settings", "runners", "runners.train"}
-    assert imports_of("environments.probe", source, known) == {"server.settings", "runners.train"}
-
-
-@pytest.mark.parametrize("package", ["core", "environments", "runners"])
+@pytest.mark.parametrize(
+    "package", ["core", "environments", pytest.param("runners", marks=pytest.mark.slow)]
+)
 def test_importing_every_module_loads_nothing_from_above(package: str) -> None:
-    # `python -m` entry points (`__main__`) run their process when imported.
-    names = sorted(
-        n for n in modules() if n.split(".")[0] == package and not n.endswith(".__main__")
-    )
     script = (
         "import importlib, json, sys\n"
-        f"for name in {names!r}:\n"
+        f"for name in {modules(package)!r}:\n"
         "    importlib.import_module(name)\n"
         "print(json.dumps(sorted({m.split('.')[0] for m in sys.modules})))\n"
     )

@@ -79,6 +79,7 @@ def test_the_tools_are_the_reference_clients_with_schemas(fake: LiveServer) -> N
     assert tools["rl_stop_training"].annotations.destructiveHint is True
 
 
+@pytest.mark.training
 def test_an_agents_whole_path_on_the_tiny_model(tmp_path: Path) -> None:
     """list, select, edit config to tiny-random, start, wait (progress), results, inference,
     curves, resources; each answer the same JSON as the REST route's."""
@@ -227,6 +228,7 @@ def test_the_guards_of_every_route_cover_mcp(tmp_path: Path) -> None:
         assert resp.status_code == 403 and "RLCS_API_TOKEN" in resp.json()["detail"]
 
 
+@pytest.mark.slow
 def test_a_token_is_checked_before_any_mcp_handling(tmp_path: Path) -> None:
     initialize, accept = INITIALIZE, ACCEPT
     tokens = {"RLCS_API_TOKEN": "s3cret-token", "RLCS_READ_TOKENS": "reader-token"}
@@ -254,6 +256,7 @@ def test_a_token_is_checked_before_any_mcp_handling(tmp_path: Path) -> None:
         assert "RLCS_API_TOKEN" in refused.stderr and refused.stdout == ""
 
 
+@pytest.mark.slow
 def test_two_sessions_at_once_and_a_client_leaving_mid_wait(fake: LiveServer) -> None:
     """Session A waits on a run while B reads; then a client leaves in the middle of a wait:
     the run is untouched and finishes."""
@@ -305,6 +308,7 @@ def test_two_sessions_at_once_and_a_client_leaving_mid_wait(fake: LiveServer) ->
     assert ended["status"] == "succeeded" and ended["step"] == 30
 
 
+@pytest.mark.slow
 def test_sweeps_forks_and_curves_of_several_runs(fake: LiveServer) -> None:
     async def body() -> None:
         async with http_session(fake.url) as session:
@@ -329,6 +333,7 @@ def test_sweeps_forks_and_curves_of_several_runs(fake: LiveServer) -> None:
     run_async(body)
 
 
+@pytest.mark.slow
 def test_stdio_entry_point_runs_the_same_path(fake: LiveServer) -> None:
     """`python -m cli mcp` proxies to the server: the same tools, progress and results."""
 

@@ -15,7 +15,7 @@ import pytest
 from tests.helpers import finish_run, run_of, start_run, wait_for
 from tests.live_server import LiveServer
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.training]
 TOKEN = "openai-compat-test-token-0123456789"
 SMOLLM2 = "HuggingFaceTB/SmolLM2-135M-Instruct"
 HI = [{"role": "user", "content": "Repeat this word: apple"}]
@@ -192,6 +192,13 @@ def test_bad_input_in_openai_error_shape(client, runs, server: LiveServer) -> No
         assert param in caught.value.message, caught.value.message
     with pytest.raises(openai.BadRequestError):
         client.chat.completions.create(model="tiny-random", messages=[])
+
+    # A body that is not even JSON text: still OpenAI's shape, naming the cause.
+    auth = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
+    for body in (b"\x80{}", b"[" * 100_000, b"not json"):
+        raw = httpx.post(f"{server.url}/v1/chat/completions", content=body, headers=auth)
+        assert raw.status_code == 400, raw.text
+        assert "not valid JSON" in raw.json()["error"]["message"], raw.text
 
     # The rest of the API keeps its own error shape.
     plain = httpx.get(f"{server.url}/runs/r-00000000", headers={"Authorization": f"Bearer {TOKEN}"})

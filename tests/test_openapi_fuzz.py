@@ -17,6 +17,8 @@ from schemathesis.specs.openapi.checks import positive_data_acceptance
 from tests.helpers import end_run_leftovers
 from tests.live_server import LiveServer
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def server_url(tmp_path_factory: pytest.TempPathFactory):

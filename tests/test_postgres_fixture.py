@@ -13,6 +13,8 @@ import sqlalchemy as sa
 
 from tests.postgres import PostgresServer, child_pids, postgres_or_skip
 
+pytestmark = pytest.mark.postgres
+
 psycopg = pytest.importorskip("psycopg", reason="needs the `postgres` extra")
 
 

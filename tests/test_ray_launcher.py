@@ -26,6 +26,7 @@ from tests.ray_head import RayHead, missing_reason
 
 pytestmark = [
     pytest.mark.slow,
+    pytest.mark.ray,
     pytest.mark.skipif(missing_reason() is not None, reason=str(missing_reason())),
 ]
 SECRET = "wandb-key-that-must-not-leak-0123456789"

@@ -1,7 +1,7 @@
 """The reference client (tests/reference_client/rl_training_tool.py), its code unchanged, drives
 a live server end to end on the local default model (SmolLM2), within its own 30 s timeouts:
-a fresh server (nothing converted or loaded yet), inference with its default max_tokens=256,
-a run with its default body, status, results and stop."""
+a fresh server (nothing loaded yet; SmolLM2 converted, as the set-up leaves it), inference
+with its default max_tokens=256, a run with its default body, status, results and stop."""
 
 from __future__ import annotations
 
@@ -51,13 +51,16 @@ def call(tool: Any, *args: Any, **kwargs: Any) -> tuple[Any, float]:
 
 
 @pytest.fixture
-def server(tmp_path: Path) -> Iterator[LiveServer]:
-    # A fresh var folder: SmolLM2 is converted from its GGUF and loaded after start-up, by
-    # the warm-up, as on a new machine.
-    with LiveServer(tmp_path / "var", RLCS_INFERENCE_WARMUP="1") as live:
+def server(tmp_path: Path, prepared_models_dir: Path) -> Iterator[LiveServer]:
+    # A fresh var folder and the models folder the set-up prepared: SmolLM2 is loaded after
+    # start-up, by the warm-up, as on a new machine after `make install`.
+    with LiveServer(
+        tmp_path / "var", RLCS_INFERENCE_WARMUP="1", RLCS_MODELS_DIR=str(prepared_models_dir)
+    ) as live:
         yield live
 
 
+@pytest.mark.training
 @pytest.mark.slow
 def test_reference_client_unchanged_drives_a_run_on_the_local_default(
     server: LiveServer, monkeypatch: pytest.MonkeyPatch
@@ -131,6 +134,7 @@ def test_reference_client_unchanged_drives_a_run_on_the_local_default(
     assert stopped == {"run_id": run_id, "status": "succeeded"}
 
 
+@pytest.mark.slow
 def test_reference_client_reaches_a_token_server_through_its_url(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import signal
@@ -14,7 +15,10 @@ from pathlib import Path
 import httpx
 import pytest
 from fastapi.testclient import TestClient
+from httpx_sse import connect_sse
 
+from cli.client import Client
+from cli.watch import follow_logs
 from core.db import make_engine, read_session
 from core.models import ACTIVE, Run
 from server.app import create_app
@@ -176,6 +180,7 @@ def test_stop_leaves_no_process_of_the_group(rclient: TestClient, tmp_path: Path
     assert again.status_code == 200 and again.json()["status"] == "stopped"
 
 
+@pytest.mark.slow
 def test_stop_escalates_to_sigkill_after_grace(
     rclient: TestClient, tmp_path: Path, fake_env
 ) -> None:
@@ -254,6 +259,46 @@ def test_logs_follow_streams_and_ends_with_status(rclient: TestClient, fake_env)
     assert events[-1][0] == "end" and json.loads(events[-1][1])["status"] == "succeeded"
 
 
+def test_logs_follow_hands_carriage_returns_to_a_standard_client(
+    rclient: TestClient, fake_env, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A progress bar's bare CR is a line end in the SSE spec: it reaches a standard client
+    (httpx-sse) as the LF between two data lines of the one event, and a CRLF ends a line."""
+    fake_env.setenv("FAKE_RUNNER_STEP_S", "0.3")
+    fake_env.setenv("FAKE_RUNNER_PROGRESS", "1")
+    run_id = start(rclient, total_steps=3)
+    url, params = f"/runs/{run_id}/logs", {"follow": True, "tail": 1000}
+
+    def follow() -> list[tuple[str, str]]:
+        with connect_sse(rclient, "GET", url, params=params) as source:
+            return [(event.event, event.data) for event in source.iter_sse()]
+
+    during = follow()  # from the start of the run: its tail, then lines as they are written
+    expected = [f"fake runner {run_id} up, mode=steps"]
+    for step in (1, 2, 3):
+        expected += [
+            f"batch {step}: 50%\rbatch {step}: 100%",
+            f"windows line {step}",
+            f"step {step}",
+        ]
+    expected.append("done")
+    for events in (during, follow()):  # and once more when every line comes from the tail
+        assert events[-1][0] == "end" and json.loads(events[-1][1])["status"] == "succeeded"
+        assert [data.replace("\n", "\r") for kind, data in events[:-1]] == expected
+        assert {kind for kind, _ in events[:-1]} == {"line"}
+        assert events[1] == ("line", "batch 1: 50%\nbatch 1: 100%")
+    assert rclient.get(url, params={"tail": 1000}).json()["lines"] == expected
+
+    # rlctl reads the same stream through httpx-sse and gives each line back exactly.
+    cli = Client("http://testserver", None)
+    cli._http = rclient
+    capsys.readouterr()
+    assert follow_logs(cli, argparse.Namespace(run=run_id, tail=1000, json=True)) == 0
+    printed = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [event["data"] for event in printed[:-1]] == expected
+    assert printed[-1]["event"] == "end"
+
+
 def test_log_streams_per_client_are_bounded(tmp_path: Path, fake_env) -> None:
     fake_env.setenv("FAKE_RUNNER_STEP_S", "0.5")
     settings = make_settings(tmp_path, runner_module=FAKE, max_streams_per_client=2)
@@ -277,6 +322,7 @@ def test_log_streams_per_client_are_bounded(tmp_path: Path, fake_env) -> None:
         final(c, run_id)
 
 
+@pytest.mark.slow
 def test_stall_is_flagged(tmp_path: Path, fake_env) -> None:
     fake_env.setenv("FAKE_RUNNER_STEP_S", "2.5")
     settings = make_settings(tmp_path, runner_module=FAKE, stall_min_s=0.5, stall_factor=2.0)
@@ -289,6 +335,7 @@ def test_stall_is_flagged(tmp_path: Path, fake_env) -> None:
         final(c, run_id)
 
 
+@pytest.mark.slow
 def test_server_kill_9_then_restart_adopts_the_run(tmp_path: Path, fake_env) -> None:
     var = tmp_path / "var"
     env = {"RLCS_RUNNER_MODULE": FAKE, "FAKE_RUNNER_STEP_S": "0.3"}
@@ -325,6 +372,7 @@ def test_server_kill_9_then_restart_adopts_the_run(tmp_path: Path, fake_env) -> 
         server.kill(signal.SIGTERM)
 
 
+@pytest.mark.slow
 def test_adopted_run_that_dies_is_settled(tmp_path: Path, fake_env) -> None:
     var = tmp_path / "var"
     env = {"RLCS_RUNNER_MODULE": FAKE, "FAKE_RUNNER_STEP_S": "0.3"}
@@ -348,6 +396,7 @@ def test_adopted_run_that_dies_is_settled(tmp_path: Path, fake_env) -> None:
         server.kill(signal.SIGTERM)
 
 
+@pytest.mark.slow
 def test_fifty_concurrent_starts_with_limit_two(tmp_path: Path, fake_env) -> None:
     var = tmp_path / "var"
     env = {

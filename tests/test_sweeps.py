@@ -54,6 +54,7 @@ def nothing_created(client: TestClient) -> None:
     assert client.get("/runs").json() == []
 
 
+@pytest.mark.training
 def test_a_2x2_sweep_of_tiny_runs_ends_with_four_results_and_a_best_run(
     tclient: TestClient,
 ) -> None:

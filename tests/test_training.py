@@ -35,6 +35,7 @@ def history(tmp_path: Path, client: TestClient, run_id: str) -> list[dict]:
     return [{"step": row.step, **json.loads(row.values_json)} for row in rows]
 
 
+@pytest.mark.training
 def test_three_step_run_succeeds_with_metrics_and_checkpoints(
     tmp_path: Path, database_url: str
 ) -> None:
@@ -73,6 +74,7 @@ def three_steps(tclient: TestClient, tmp_path: Path) -> None:
     assert "step 3/3" in logs and "best episode" in logs
 
 
+@pytest.mark.training
 def test_learning_is_real_on_repeat_word(tclient: TestClient, tmp_path: Path) -> None:
     """A dense reward a random policy already earns a little of: the last steps' mean reward
     must clearly exceed the first steps'. A sign error in the advantages or the loss makes
@@ -98,6 +100,7 @@ def test_learning_is_real_on_repeat_word(tclient: TestClient, tmp_path: Path) ->
     assert last > 2 * first and last - first > 0.03, (first, last)
 
 
+@pytest.mark.training
 def test_sigterm_leaves_a_checkpoint_and_resume_continues(tclient: TestClient) -> None:
     run_id = start(
         tclient,
@@ -127,6 +130,7 @@ def test_sigterm_leaves_a_checkpoint_and_resume_continues(tclient: TestClient) -
     assert "resuming from" in logs and f"step {at + 1}/{at + 2}" in logs
 
 
+@pytest.mark.training
 def test_wandb_offline_run_is_written(tclient: TestClient, tmp_path: Path) -> None:
     run_id = start(
         tclient,
@@ -152,6 +156,7 @@ def test_unknown_model_is_refused_at_the_request(tclient: TestClient) -> None:
     assert tclient.get("/runs").json() == []
 
 
+@pytest.mark.slow
 def test_a_model_gone_by_the_time_the_run_starts_fails_with_a_clear_reason(
     tclient: TestClient, tmp_path: Path
 ) -> None:
@@ -168,6 +173,7 @@ def test_a_model_gone_by_the_time_the_run_starts_fails_with_a_clear_reason(
     assert "my-model" in run["error"]
 
 
+@pytest.mark.training
 def test_two_environment_run_logs_both_sets_of_metrics(tclient: TestClient, tmp_path: Path) -> None:
     mix = {"repeat_word": {"weight": 1.0, "num_rollouts": 2}}
     bad = tclient.post(
@@ -207,6 +213,7 @@ def test_mixer_shares_groups_by_weight() -> None:
     assert "bb" not in "".join(picks)
 
 
+@pytest.mark.training
 def test_status_while_running_shows_rising_step(tclient: TestClient) -> None:
     run_id = start(
         tclient, environment="arithmetic", total_steps=8, save_every=0, steps_per_eval=0, **TINY
@@ -222,6 +229,7 @@ def test_status_while_running_shows_rising_step(tclient: TestClient) -> None:
     assert run["progress"]["time_per_step_s"] > 0
 
 
+@pytest.mark.training
 def test_a_stop_through_the_database_reaches_a_runner_no_signal_reaches(tmp_path: Path) -> None:
     """A runner the server cannot signal (on another machine; here SIGTERM is blocked) stops
     at the stop request it reads from the database: checkpoint, then `stopped`."""

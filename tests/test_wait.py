@@ -34,6 +34,7 @@ def start(client: TestClient, steps: int) -> str:
     return resp.json()["run_id"]
 
 
+@pytest.mark.slow
 def test_wait_for_a_step_then_for_the_end(client: TestClient) -> None:
     run_id = start(client, 20)
     at_step = client.get(f"/runs/{run_id}/wait", params={"until": "step:3", "timeout": 60})

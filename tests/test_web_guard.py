@@ -73,6 +73,7 @@ def test_cross_site_writes_are_refused_and_change_nothing(
     assert state(local) == before
 
 
+@pytest.mark.slow
 def test_the_attack_from_the_issue_fails_on_a_live_server(tmp_path: Path) -> None:
     with LiveServer(tmp_path / "var", RLCS_INFERENCE_WARMUP="0") as server:
         select = httpx.post(
@@ -153,6 +154,19 @@ def test_bodies_must_be_json(local: TestClient) -> None:
     charset = {"Content-Type": "application/json; charset=utf-8"}
     ok = local.post("/config", content='{"field": "group_size", "value": 8}', headers=charset)
     assert ok.status_code == 200
+
+
+def test_a_body_json_cannot_read_is_malformed_json_naming_the_cause(local: TestClient) -> None:
+    """Not UTF-8, or nested past the parser's depth: FastAPI alone answers a bare 400 that
+    says neither what nor how to fix it."""
+    local.post("/environments/arithmetic/select")
+    before = state(local)
+    for body in (b"\x80{}", b"[" * 100_000):
+        resp = local.post("/config", content=body, headers={"Content-Type": "application/json"})
+        assert resp.status_code == 422, resp.text
+        detail = resp.json()["detail"]
+        assert "malformed JSON" in detail and "UTF-8" in detail, detail
+    assert state(local) == before
 
 
 def test_cors_is_opt_in(tmp_path: Path) -> None:

@@ -177,6 +177,7 @@ def test_a_receiver_that_fails_twice_gets_the_third_try(
     assert (row["status"], row["attempts"], row["last_status_code"]) == ("delivered", 3, 204)
 
 
+@pytest.mark.slow
 def test_stopped_failed_and_stalled_runs_are_announced(
     tmp_path: Path, fake_runs: None, receiver: WebhookReceiver, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -191,14 +192,17 @@ def test_stopped_failed_and_stalled_runs_are_announced(
         wait_for(lambda: len(for_run(receiver.received, slow)) >= 2, 30)
         monkeypatch.setenv("FAKE_RUNNER_MODE", "crash")
         crashing = start_run(client, environment="arithmetic", total_steps=2)
-        wait_for(lambda: for_run(receiver.received, crashing), 30)
+        failed = lambda: [r.event for r in for_run(receiver.received, crashing)]  # noqa: E731
+        wait_for(lambda: "run.failed" in failed(), 30)
         assert run_of(client, slow)["status"] == "stopped"
     got = for_run(receiver.received, slow)
     # Stalled once at step 0 (each tick sees the stall again; it is announced once), then
     # stopped; a stopping run is not stalled.
     assert [(r.event, r.json["step"]) for r in got][:1] == [("run.stalled", 0)]
     assert [r.event for r in got] == ["run.stalled", "run.stopped"]
-    assert [r.event for r in for_run(receiver.received, crashing)] == ["run.failed"]
+    # The crash is announced; on a loaded machine the runner may sit past stall_min_s (0.3 s)
+    # before it crashes, and then its stall is announced first.
+    assert failed()[-1] == "run.failed" and set(failed()) <= {"run.stalled", "run.failed"}
 
 
 def test_a_finished_sweep_is_announced_once(client: TestClient, receiver: WebhookReceiver) -> None:
@@ -370,12 +374,12 @@ def test_backoff_and_giving_up_on_an_injected_clock(
     assert tried == [1, 0, 0, 1, 2, 0, 1]
     steps = [(r.json["step"], r.status) for r in receiver.received]
     assert steps == [(1, 500), (1, 500), (1, 500), (2, 500), (2, 204)]
-    rows = hooks.deliveries(hook["webhook_id"])  # newest first
-    assert [(d["status"], d["attempts"]) for d in rows] == [("delivered", 2), ("failed", 3)]
-    assert rows[1]["last_status_code"] == 500 and rows[1]["last_error"] == "HTTP 500"
+    rows = hooks.deliveries(hook.webhook_id)  # newest first
+    assert [(d.status, d.attempts) for d in rows] == [("delivered", 2), ("failed", 3)]
+    assert rows[1].last_status_code == 500 and rows[1].last_error == "HTTP 500"
     last = receiver.received[-1]
     # The signature carries the dispatcher's (2030) time: fresh then, too old for today.
     header = last.headers["x-rlcs-signature"]
-    assert verify(hook["secret"], last.body, header, now=now[0].timestamp())
-    assert not verify(hook["secret"], last.body, header)
+    assert verify(hook.secret, last.body, header, now=now[0].timestamp())
+    assert not verify(hook.secret, last.body, header)
     engine.dispose()

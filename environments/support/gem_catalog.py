@@ -74,7 +74,8 @@ def wrappers() -> dict[str, Wrapper]:
     tree = parse(root / "wrappers" / "wrapper_factory.py") if root is not None else None
     if tree is None:
         return {}
-    needs_tokenizer = literal_assigns(tree).get("TOKENIZER_REQUIRED", [])
+    required = literal_assigns(tree).get("TOKENIZER_REQUIRED")
+    needs_tokenizer = required if isinstance(required, list | tuple | set) else []
     factory: ast.Dict | None = None
     for node in tree.body:
         if (

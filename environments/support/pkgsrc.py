@@ -63,7 +63,7 @@ def init_params(root: Path, package: str, dotted: str, class_name: str) -> list[
     for _ in range(3):
         path = module_file(root, dotted, package)
         tree = parse(path) if path is not None else None
-        if tree is None:
+        if path is None or tree is None:
             return None
         for node in tree.body:
             if isinstance(node, ast.ClassDef) and node.name == class_name:

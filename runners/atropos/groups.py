@@ -13,12 +13,16 @@ from typing import Any
 
 from tinker import types
 
+from core.failures import RunFailure
+
 MASKED = -100  # atroposlib's mask value for tokens that are not trained on
 DUMMY_LOGPROB = -0.5  # what atroposlib's DummyManagedServer makes up
 
 
-class UnusableData(ValueError):
+class UnusableData(RunFailure):
     """The environment's data cannot be trained on at all (says why)."""
+
+    category = "environment"
 
 
 @dataclass

@@ -22,6 +22,7 @@ import httpx
 
 from core import lifecycle
 from core.atropos import METRICS_FILE_VARIABLE, OFFPOLICY_BATCHES, AtroposRunConfig
+from core.failures import RunFailure
 from core.models import RunStatus
 from core.run_folder import RunFolder
 from core.settings import Settings
@@ -46,12 +47,16 @@ DRAIN_S = 60.0  # at the end, how long samples already running may take to finis
 ENV_DONE_GRACE_S = 2.0  # after the environment's exit 0, how long its queue may give nothing
 
 
-class EnvironmentFailed(RuntimeError):
+class EnvironmentFailed(RunFailure):
     """The environment (or the trajectory API) ended or hung while the run needed it."""
 
+    category = "environment"
 
-class Stalled(RuntimeError):
+
+class Stalled(RunFailure):
     """No usable batch came for RLCS_ATROPOS_STALL_S; the message says why, from its log."""
+
+    category = "stalled"
 
 
 class AtroposTrainer(RunnerBase):

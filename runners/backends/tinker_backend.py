@@ -16,6 +16,8 @@ from typing import Any, Generic, Literal, NoReturn, TypeVar
 
 import tinker
 
+from core.failures import RunFailure
+
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
@@ -27,8 +29,10 @@ DEFAULT_TIMEOUT_S = 120.0
 _KEY_PREFIXES = ("tml-", "eyJ")  # an API key, or a JWT credential
 
 
-class TinkerUnavailable(RuntimeError):
+class TinkerUnavailable(RunFailure, RuntimeError):
     """The Tinker backend cannot be used: no key, a malformed or refused key, or no service."""
+
+    category = "backend"
 
 
 class TinkerUnreachable(TinkerUnavailable):

@@ -30,7 +30,7 @@ from core.checkpoint_check import (
     locate,
 )
 from core.checkpoint_manifest import MANIFEST_FILE, seal
-from runners.train.disk_full import DiskFull, disk_full_errno
+from runners.engine.disk_full import DiskFull, disk_full_errno
 
 __all__ = [
     "SAMPLER_KIND",

@@ -13,7 +13,8 @@ from tinker import types
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from runners.engine.decoding import right_pad
+from runners.engine.dynamic_batch import right_pad
+from runners.engine.lora import LanguageModel
 from runners.engine.losses import check_input_keys, compute_loss
 
 
@@ -103,7 +104,7 @@ def _chunk_logprobs(hidden: torch.Tensor, targets: torch.Tensor, head: nn.Module
     return picked - torch.logsumexp(logits, dim=-1)
 
 
-def _autocast(device: torch.device, model: nn.Module):
+def _autocast(device: torch.device, model: LanguageModel) -> torch.autocast:
     """bf16 autocast on CUDA for a bf16 base: the float32 adapter (master weights) then runs
     its matmuls in bf16 too; elsewhere a no-op."""
     base_dtype = model.get_output_embeddings().weight.dtype
@@ -112,7 +113,7 @@ def _autocast(device: torch.device, model: nn.Module):
 
 
 def run_loss(
-    model: nn.Module,
+    model: LanguageModel,
     batch: DatumBatch,
     loss_fn: str,
     config: dict[str, float],

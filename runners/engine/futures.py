@@ -8,12 +8,12 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 from collections.abc import Callable, Coroutine, Generator
-from typing import Any, Generic, TypeVar
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 
 
-class LocalFuture(concurrent.futures.Future, Generic[T]):
+class LocalFuture(concurrent.futures.Future[T]):
     """A concurrent future that can also be awaited from inside a running event loop."""
 
     def result(self, timeout: float | None = None) -> T:
@@ -28,7 +28,7 @@ class LocalFuture(concurrent.futures.Future, Generic[T]):
     def __await__(self) -> Generator[Any, None, T]:
         return self.result_async().__await__()
 
-    def future(self) -> concurrent.futures.Future:
+    def future(self) -> concurrent.futures.Future[T]:
         return self
 
     def coroutine(self) -> Coroutine[Any, Any, T]:

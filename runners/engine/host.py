@@ -34,7 +34,7 @@ class ModelHost:
     def __init__(
         self,
         base_model: str,
-        model: nn.Module,
+        model: lora.LanguageModel,
         tokenizer: Any,
         *,
         max_batch_sequences: int = 64,
@@ -92,7 +92,7 @@ class ModelHost:
         return AdapterWeights(placed)
 
     @contextmanager
-    def use(self, adapter: AdapterWeights | None) -> Iterator[nn.Module]:
+    def use(self, adapter: AdapterWeights | None) -> Iterator[lora.LanguageModel]:
         """The model with `adapter` in place (None: the base model alone), lock held."""
         with self.lock:
             if adapter is None:

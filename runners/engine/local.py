@@ -45,11 +45,9 @@ class LocalServiceClient:
         self.dtype = str(loading.resolve_dtype(dtype, torch_device)).removeprefix("torch.")
         self.checkpoint_dir = Path(checkpoint_dir)
         self.models_dir = Path(models_dir)
-        self._host_options = {
-            "max_batch_sequences": max_batch_sequences,
-            "batch_window_s": batch_window_s,
-            "sampling_dtype": sampling_dtype,
-        }
+        self._max_batch_sequences = max_batch_sequences
+        self._batch_window_s = batch_window_s
+        self._sampling_dtype = sampling_dtype
         self._tokens_per_microbatch = tokens_per_microbatch
         self._lock = threading.Lock()
         self._hosts: list[ModelHost] = []
@@ -136,7 +134,15 @@ class LocalServiceClient:
             base_model, self.models_dir, device=self.device, dtype=self.dtype
         )
 
-    def _register(self, host: ModelHost) -> ModelHost:
+    def _add_host(self, base_model: str, model: Any, tokenizer: Any) -> ModelHost:
+        host = ModelHost(
+            base_model,
+            model,
+            tokenizer,
+            max_batch_sequences=self._max_batch_sequences,
+            batch_window_s=self._batch_window_s,
+            sampling_dtype=self._sampling_dtype,
+        )
         with self._lock:
             self._hosts.append(host)
         return host
@@ -147,7 +153,7 @@ class LocalServiceClient:
         self._check_open()
         model, tokenizer = self._load(base_model)
         model = lora.apply_lora(model, spec, seed, base_model)
-        host = self._register(ModelHost(base_model, model, tokenizer, **self._host_options))
+        host = self._add_host(base_model, model, tokenizer)
         client = LocalTrainingClient(
             host=host,
             spec=spec,
@@ -199,7 +205,7 @@ class LocalServiceClient:
         if host is None:
             model, tokenizer = self._load(base_model)
             model = lora.wrap_with_config(model, config, seed=0)
-            host = self._register(ModelHost(base_model, model, tokenizer, **self._host_options))
+            host = self._add_host(base_model, model, tokenizer)
         return LocalSamplingClient(host, host.adapter_from_file(tensors), model_path=str(folder))
 
     def _base_sampler(self, base_model: str) -> LocalSamplingClient:
@@ -207,5 +213,5 @@ class LocalServiceClient:
         host = self._find_host(base_model, None)
         if host is None:
             model, tokenizer = self._load(base_model)
-            host = self._register(ModelHost(base_model, model, tokenizer, **self._host_options))
+            host = self._add_host(base_model, model, tokenizer)
         return LocalSamplingClient(host, None)

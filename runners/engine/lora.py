@@ -11,9 +11,16 @@ import random
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
+
+# A transformers causal LM, or peft's wrapper of one. Held untyped on purpose: peft forwards
+# every attribute to the model it wraps (its __getattr__ returns Any), transformers leaves
+# get_decoder and get_output_embeddings unannotated, and nn.Module would type each such
+# attribute as a tensor or a submodule.
+LanguageModel = Any
 
 # Fixed like the hosted service's (it exposes only the rank); scaling is alpha / rank.
 LORA_ALPHA = 32
@@ -39,7 +46,7 @@ class LoraSpec:
             raise ValueError("at least one of train_mlp, train_attn, train_unembed must be true")
 
 
-def _category(model: nn.Module, name: str, module: nn.Module) -> str | None:
+def _category(model: LanguageModel, name: str, module: nn.Module) -> str | None:
     if module is model.get_output_embeddings():
         return "unembed"
     parent = name.rsplit(".", 1)[0].lower() if "." in name else ""
@@ -50,7 +57,7 @@ def _category(model: nn.Module, name: str, module: nn.Module) -> str | None:
     return None
 
 
-def target_modules(model: nn.Module, spec: LoraSpec) -> list[str]:
+def target_modules(model: LanguageModel, spec: LoraSpec) -> list[str]:
     """Names for peft's target_modules: attention and/or MLP projections, and the unembedding."""
     wanted = {"attn": spec.train_attn, "mlp": spec.train_mlp, "unembed": spec.train_unembed}
     chosen: dict[str, str] = {}
@@ -73,7 +80,9 @@ def target_modules(model: nn.Module, spec: LoraSpec) -> list[str]:
     return sorted(chosen)
 
 
-def apply_lora(model: nn.Module, spec: LoraSpec, seed: int | None, base_model: str) -> nn.Module:
+def apply_lora(
+    model: LanguageModel, spec: LoraSpec, seed: int | None, base_model: str
+) -> LanguageModel:
     """Wrap `model` in a peft LoRA model; the same seed gives the same adapter init."""
     from peft import LoraConfig
 
@@ -88,7 +97,7 @@ def apply_lora(model: nn.Module, spec: LoraSpec, seed: int | None, base_model: s
     return wrap_with_config(model, config, seed)
 
 
-def wrap_with_config(model: nn.Module, config, seed: int | None) -> nn.Module:
+def wrap_with_config(model: LanguageModel, config: Any, seed: int | None) -> LanguageModel:
     """get_peft_model under a private RNG stream seeded with `seed` (random when None)."""
     from peft import get_peft_model
 
@@ -106,7 +115,7 @@ def wrap_with_config(model: nn.Module, config, seed: int | None) -> nn.Module:
             return get_peft_model(model, config)
 
 
-def file_key_map(peft_model: nn.Module) -> dict[str, str]:
+def file_key_map(peft_model: LanguageModel) -> dict[str, str]:
     """Adapter file key (as peft saves it) -> parameter name in this peft model.
 
     Matched by storage, so it holds whatever naming peft uses (adapter name, prefixes).
@@ -119,7 +128,7 @@ def file_key_map(peft_model: nn.Module) -> dict[str, str]:
 
 
 def save_adapter(
-    peft_model: nn.Module, folder: Path, tensors_by_param: dict[str, torch.Tensor]
+    peft_model: LanguageModel, folder: Path, tensors_by_param: dict[str, torch.Tensor]
 ) -> None:
     """Write adapter weights (never the base model) and adapter_config.json into `folder`."""
     from safetensors.torch import save_file

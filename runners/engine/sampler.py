@@ -5,6 +5,7 @@ Settings follow tinker's SamplingParams; logprobs are those of the raw model dis
 
 from __future__ import annotations
 
+import concurrent.futures
 import hashlib
 import random
 import threading
@@ -15,7 +16,7 @@ from typing import Any
 
 from tinker import types
 
-from runners.engine.decoding import Row
+from runners.engine.batch import Row
 from runners.engine.futures import LocalFuture
 from runners.engine.host import AdapterWeights, ModelHost
 from runners.engine.scheduler import SampleRequest, engine_for
@@ -142,11 +143,15 @@ class LocalSamplingClient:
         )
         outer: LocalFuture[list[float | None]] = LocalFuture()
 
-        def relay(done: LocalFuture) -> None:
+        def relay(done: concurrent.futures.Future[types.SampleResponse]) -> None:
             if done.exception() is not None:
                 outer.set_exception(done.exception())
+                return
+            logprobs = done.result().prompt_logprobs
+            if logprobs is None:  # asked for above; tinker's client assumes the same
+                outer.set_exception(RuntimeError("the sampler answered without prompt logprobs"))
             else:
-                outer.set_result(done.result().prompt_logprobs)
+                outer.set_result(logprobs)
 
         inner.add_done_callback(relay)
         return outer

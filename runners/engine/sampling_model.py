@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from runners.engine.host import AdapterWeights, ModelHost
+from runners.engine.lora import LanguageModel
 
 _PEFT_PREFIX = "base_model.model."
 
@@ -41,6 +42,9 @@ def _cpu_has_fast_bf16() -> bool:
 
 class LoraDelta(nn.Module):
     """`base(x) + up(down(x))`, with `up` already scaled by alpha / rank; zero `up`: base alone."""
+
+    down: torch.Tensor  # buffers (register_buffer below), declared for the type checker
+    up: torch.Tensor
 
     def __init__(self, base: nn.Linear, rank: int) -> None:
         super().__init__()
@@ -104,7 +108,7 @@ def plain_head(config: object) -> bool:
 
 
 def next_token_logits(
-    model: nn.Module,
+    model: LanguageModel,
     ids: torch.Tensor,
     mask: torch.Tensor,
     positions: torch.Tensor,
@@ -164,7 +168,9 @@ def _replace_lora_layers(host: ModelHost, module: nn.Module) -> list[_Slot]:
         copied = module.get_submodule(relative)
         parent_name, _, leaf = relative.rpartition(".")
         parent = module.get_submodule(parent_name) if parent_name else module
-        delta = LoraDelta(copied.base_layer, int(layer.r["default"]))
+        base = copied.base_layer
+        assert isinstance(base, nn.Linear)  # LoRA targets linear layers only (target_modules)
+        delta = LoraDelta(base, int(layer.r["default"]))
         setattr(parent, leaf, delta)
         slots.append(
             _Slot(

@@ -22,16 +22,16 @@ import numpy as np
 import torch
 from tinker import types
 
-from runners.engine.decoding import Row, RunningBatch
+from runners.engine.batch import DecodeBatch, Row
+from runners.engine.dynamic_batch import DynamicCacheBatch
 from runners.engine.futures import LocalFuture
 from runners.engine.host import AdapterWeights, ModelHost
+from runners.engine.lora import LanguageModel
 from runners.engine.sampling_model import SamplingModel, resolve_sampling_dtype
 from runners.engine.slot_batch import SlotBatch
 from runners.engine.slot_batch import supports as supports_slots
 
 _STOP = object()
-# Dynamic-cache batches on the CPU; slot batches with captured decode steps on CUDA.
-Batch = RunningBatch | SlotBatch
 _sequence_ids = count(1)
 
 
@@ -97,7 +97,7 @@ class SamplingEngine:
         self._backlog: deque[SampleRequest] = deque()
         self._closed = False
         self._model: SamplingModel | None = None  # built by the engine thread on first use
-        self._batch: Batch | None = None
+        self._batch: DecodeBatch | None = None
         self._thread = threading.Thread(target=self._run, name="local-sampler", daemon=True)
         self._thread.start()
 
@@ -173,7 +173,9 @@ class SamplingEngine:
                 return False
             self._backlog.append(item)
 
-    def _take(self, batch: Batch, adapter: AdapterWeights | None, room: int) -> list[SampleRequest]:
+    def _take(
+        self, batch: DecodeBatch, adapter: AdapterWeights | None, room: int
+    ) -> list[SampleRequest]:
         """Backlogged requests on `adapter` that fit in `room` rows, oldest first."""
         taken: list[SampleRequest] = []
         for request in list(self._backlog):
@@ -209,7 +211,7 @@ class SamplingEngine:
                 self._model = SamplingModel(host, dtype)
         return self._model
 
-    def _batch_for(self, adapter: AdapterWeights | None) -> Batch:
+    def _batch_for(self, adapter: AdapterWeights | None) -> DecodeBatch:
         """The engine's batch (built once, kept across adapters), `adapter` loaded."""
         sampling = self._sampling_model()
         sampling.load(adapter)
@@ -217,19 +219,32 @@ class SamplingEngine:
             self._batch = self._make_batch(sampling.module)
         return self._batch
 
-    def _make_batch(self, model: torch.nn.Module) -> Batch:
+    def _make_batch(self, model: LanguageModel) -> DecodeBatch:
         host = self.host
-        options = {
-            "pad_id": int(host.tokenizer.pad_token_id or 0),
-            "device": host.device,
-            "decode": lambda toks: host.tokenizer.decode(toks, skip_special_tokens=False),
-            "max_positions": host.max_positions,
-        }
+        pad_id = int(host.tokenizer.pad_token_id or 0)
+
+        def decode(tokens: list[int]) -> str:
+            return host.tokenizer.decode(tokens, skip_special_tokens=False)
+
         # No host lock when decoding: the copy's own buffers hold the adapter, and the base
         # weights it may share with the trainer are frozen.
         if slots_wanted(host.device) and supports_slots(model):
-            return SlotBatch(model, slots=self.max_batch_sequences, graphs=True, **options)
-        return RunningBatch(model, **options)
+            return SlotBatch(
+                model,
+                slots=self.max_batch_sequences,
+                graphs=True,
+                pad_id=pad_id,
+                device=host.device,
+                decode=decode,
+                max_positions=host.max_positions,
+            )
+        return DynamicCacheBatch(
+            model,
+            pad_id=pad_id,
+            device=host.device,
+            decode=decode,
+            max_positions=host.max_positions,
+        )
 
     def _prompt_logprobs(
         self, adapter: AdapterWeights | None, request: SampleRequest

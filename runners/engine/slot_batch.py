@@ -13,9 +13,10 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-from torch import nn
 
-from runners.engine.decoding import Row, finished, record, right_pad
+from runners.engine.batch import Row, finished, record
+from runners.engine.dynamic_batch import right_pad
+from runners.engine.lora import LanguageModel
 from runners.engine.sampling_model import next_token_logits, plain_head
 from runners.engine.selection import row_keys, select_tokens
 
@@ -69,7 +70,7 @@ class SlotCache:
             mine_v[:, :, :width].index_copy_(0, slots, layer.values[:, :, :width])
 
 
-def supports(model: nn.Module) -> bool:
+def supports(model: LanguageModel) -> bool:
     """Full attention in every layer and a plain unembedding (what the slot step assumes)."""
     config = model.config
     layer_types = getattr(config, "layer_types", None) or ["full_attention"]
@@ -85,7 +86,7 @@ class SlotBatch:
 
     def __init__(
         self,
-        model: nn.Module,
+        model: LanguageModel,
         *,
         slots: int,
         pad_id: int,
@@ -102,7 +103,7 @@ class SlotBatch:
         self._graphs = graphs and device.type == "cuda"
         self.prefills = 0
         self.captures = 0
-        self._pool = None
+        self._pool: torch.cuda._POOL_HANDLE | None = None  # the captured graphs' shared memory
         self._cache: SlotCache | None = None
         self._captured: dict[tuple[int, bool], torch.cuda.CUDAGraph] = {}
         self._allocate_slots(slots)
@@ -206,7 +207,7 @@ class SlotBatch:
         if not occupied:
             return []
         bucket = min(b for b in self._buckets if b > occupied[-1])
-        filtered = any(self.rows[s].filtered for s in occupied)  # type: ignore[union-attr]
+        filtered = any(row.filtered for row in self.rows if row is not None)
         if self._graphs:
             self._graph(bucket, filtered).replay()
         else:

@@ -193,7 +193,9 @@ class LocalTrainingClient:
             elif params.grad_clip_norm > 0:
                 norm = float(torch.nn.utils.clip_grad_norm_(grads, params.grad_clip_norm))
             else:
-                norm = float(torch.nn.utils.get_total_norm([p.grad for p in grads]))
+                norm = float(
+                    torch.nn.utils.get_total_norm([p.grad for p in grads if p.grad is not None])
+                )
             for group in self._optimizer.param_groups:
                 group["lr"] = params.learning_rate
                 group["betas"] = (params.beta1, params.beta2)

@@ -37,7 +37,7 @@ class Collector:
             return await self._collect(
                 endless, policy, enough=lambda got: got.transitions >= cfg.batch_size
             )
-        specs = []
+        specs: list[EpisodeSpec] = []
         for group in range(cfg.batch_size):
             source, seed = self._mixer.next(), rng.randrange(2**31)
             specs.extend(source.spec(group, seed) for _ in range(source.group_size))

@@ -47,7 +47,7 @@ class SamplerPolicy:
         if cancel is not None:
             self._extra["cancel"] = cancel
         self.max_tokens = max_tokens
-        self._params = dict(
+        self._params = types.SamplingParams(
             max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, stop=stop
         )
         self._seeds = itertools.count(seed) if seed is not None else None
@@ -58,8 +58,8 @@ class SamplerPolicy:
         return completion.tokens, completion.logprobs
 
     async def complete(self, prompt_tokens: list[int]) -> Completion:
-        params = types.SamplingParams(
-            **self._params, seed=next(self._seeds) if self._seeds is not None else None
+        params = self._params.model_copy(
+            update={"seed": next(self._seeds) if self._seeds is not None else None}
         )
         response = await bounded(
             self._client.sample(

@@ -62,6 +62,7 @@ def export_merged(sampler: Path, out: Path, card: dict[str, Any], models_dir: Pa
         # The adapter changes the unembedding only: merged into a tied lm_head it would change
         # the input embeddings too, so the merged model gets its own lm_head weight.
         embeddings = model.get_input_embeddings().weight
+        assert isinstance(embeddings, torch.Tensor)  # typed as nn.Module's any-attribute
         model.lm_head.weight = torch.nn.Parameter(embeddings.detach().clone())
         model.config.tie_word_embeddings = False
         text_config = getattr(model.config, "get_text_config", lambda: None)()

@@ -99,7 +99,9 @@ def load_model_and_tokenizer(
     if tokenizer.pad_token_id is None:
         # Batched sampling pads; any id works since padded positions are masked out.
         tokenizer.pad_token = tokenizer.eos_token
-    model = model.to(device=torch_device, dtype=torch_dtype).eval()
+    # transformers wraps PreTrainedModel.to in functools.wraps(nn.Module.to), which types it
+    # as the unbound method (self missing); the call is the bound one.
+    model = model.to(device=torch_device, dtype=torch_dtype).eval()  # type: ignore[call-arg]
     return model, tokenizer
 
 
@@ -154,8 +156,8 @@ def tokenizer_folder(name: str, models_dir: Path) -> str:
                 shutil.rmtree(partial, ignore_errors=True)
         make_portable(folder)  # one written before the tokenizer config was portable
         return str(folder)
-    given = local_folder(name)
-    return str(given) if given is not None else name
+    found = local_folder(name)
+    return str(found) if found is not None else name
 
 
 CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length")

@@ -12,7 +12,8 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
+from unittest import mock
 
 from core.model_names import (
     SMOLLM2_DISTRIBUTION,
@@ -65,17 +66,15 @@ def _one_gguf_parse() -> Iterator[None]:
     original = gguf_module.GGUFReader
     readers: dict[tuple[str, str], Any] = {}
 
-    def shared_reader(path: Any, mode: str = "r") -> Any:
+    def shared_reader(path: Any, mode: Literal["r", "r+", "c"] = "r") -> Any:
         key = (str(path), mode)
         if key not in readers:
             readers[key] = original(path, mode)
         return readers[key]
 
-    gguf_module.GGUFReader = shared_reader
-    try:
+    # The library's class is swapped for the conversion only (patch.object puts it back).
+    with mock.patch.object(gguf_module, "GGUFReader", shared_reader):
         yield
-    finally:
-        gguf_module.GGUFReader = original
 
 
 def _write_plain_checkpoint(gguf: Path, out: Path) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 from tinker import types
 
 from runners.train.advantages import Weighted
@@ -21,12 +22,16 @@ def make_datum(item: Weighted) -> types.Datum | None:
         return None
     tokens = t.prompt_tokens + t.action_tokens
     prompt_part = len(t.prompt_tokens) - 1
+    logprobs = [0.0] * prompt_part + [float(x) for x in t.action_logprobs]
+    advantages = [0.0] * prompt_part + [float(item.advantage)] * len(t.action_tokens)
+    # As Datum would convert plain lists (int64 targets, float32 values), done here so the
+    # values have the type its field declares.
     return types.Datum(
         model_input=types.ModelInput.from_ints(tokens[:-1]),
         loss_fn_inputs={
-            "target_tokens": tokens[1:],
-            "logprobs": [0.0] * prompt_part + [float(x) for x in t.action_logprobs],
-            "advantages": [0.0] * prompt_part + [float(item.advantage)] * len(t.action_tokens),
+            "target_tokens": types.TensorData.from_numpy(np.asarray(tokens[1:], dtype=np.int64)),
+            "logprobs": types.TensorData.from_numpy(np.asarray(logprobs, dtype=np.float32)),
+            "advantages": types.TensorData.from_numpy(np.asarray(advantages, dtype=np.float32)),
         },
     )
 

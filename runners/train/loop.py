@@ -20,20 +20,20 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from core import lifecycle
-from core.checkpoint_check import CheckpointUnusable
 from core.db import make_engine
+from core.failures import RunFailure
 from core.models import RunStatus
 from core.procs import process_start_time
 from core.run_folder import RunFolder
 from core.settings import Settings
 from core.spec import RunSpec
 from environments.base import EnvConfig
+from runners.engine.disk_full import DiskFull, full_errno
 from runners.episodes.policy import SamplerPolicy
 from runners.episodes.rollouts import Collected, Episode
 from runners.episodes.sources import env_context, load_sources
 from runners.train.advantages import Weighted, grpo_advantages, rebn_advantages
 from runners.train.datums import kl_metrics, make_datums
-from runners.train.disk_full import full_errno
 from runners.train.run_base import RunnerBase
 
 if TYPE_CHECKING:
@@ -292,26 +292,16 @@ async def _watch_stop_request(trainer: RunnerBase) -> None:
 
 
 def classify(exc: Exception) -> tuple[str, str]:
-    """A failure kind and a one-line reason a user can act on."""
-    name = type(exc).__name__
+    """A failure kind and a one-line reason a user can act on, from the exception's type."""
+    # A full disk surfaces as whatever the writing library raises (its errno may only be in
+    # the message or a chained cause), so it is recognised before the type.
     if full_errno(exc) is not None:
-        return "disk_full", disk_full_reason(exc)
-    if isinstance(exc, CheckpointUnusable):
-        return "checkpoint", (
-            f"{exc}. Resume from an earlier checkpoint (checkpoint_step), or point resume_from "
-            "at another one."
-        )
-    if name in ("TinkerUnavailable", "TinkerUnreachable"):
-        return "backend", str(exc)
-    if name == "ModelNotAvailable":
-        return "model", str(exc)
-    if name in ("ImportError", "ModuleNotFoundError"):
+        return DiskFull.category, disk_full_reason(exc)
+    if isinstance(exc, RunFailure):
+        return exc.category, exc.reason()
+    if isinstance(exc, ImportError):
         return "environment", f"the environment could not be imported: {exc}"
-    if name == "Stalled":  # an Atropos environment that sends nothing usable
-        return "stalled", str(exc)
-    if name in ("EnvironmentFailed", "UnusableData"):  # an Atropos environment's processes
-        return "environment", str(exc)
-    return "error", f"{name}: {exc}"
+    return RunFailure.category, f"{type(exc).__name__}: {exc}"
 
 
 def disk_full_reason(exc: BaseException) -> str:

@@ -52,7 +52,7 @@ class Reporter:
 
             name = self._config.wandb_name or f"{self._config.model_name.split('/')[-1]}"
             wandb_id = wandb_id_for(self.run_id)
-            options = {
+            options: dict[str, Any] = {  # wandb.init's keywords, of several types
                 "project": self._config.wandb_project,
                 "entity": self._settings.wandb_entity,
                 "name": f"{name}-{self.run_id}",

@@ -16,9 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from core.spec import EnvSource
+from core.spec import EnvSource, Framework
 from server.environments import discovery
-from server.environments.discovery import Framework
 from server.environments.inspector import ConfigSchema, InspectFailed, Inspectors
 from server.errors import Conflict, InvalidValue, NotFound
 

@@ -9,6 +9,7 @@ A config that names no model gets the default model of the backend that will run
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pydantic import ConfigDict, ValidationError
@@ -20,10 +21,11 @@ from core.db import read_session, write_session
 from core.model_names import LOCAL_DEFAULT_MODEL, default_model
 from core.models import EnvironmentConfig, Selection, iso, utcnow
 from core.spec import EnvSource
-from environments.base import EnvConfig
+from environments.base import EnvConfig, MixEntry
 from server.environments.catalog import Catalog, EnvEntry
 from server.environments.inspector import ConfigInvalid, ConfigSchema, InspectFailed
 from server.environments.model_check import ModelCheck
+from server.environments.schemas import ConfigOut, SelectOut
 from server.errors import BadRequest, Conflict, DomainError, InvalidValue
 
 
@@ -47,7 +49,7 @@ class ConfigService:
 
     # Selection -------------------------------------------------------------------------
 
-    def select(self, name: str) -> dict[str, Any]:
+    def select(self, name: str) -> SelectOut:
         entry, _ = self._catalog.load(name)
         with write_session(self._engine) as session:
             row = session.get(Selection, 1)
@@ -57,14 +59,14 @@ class ConfigService:
                 row.environment, row.selected_at = entry.name, utcnow()
                 session.add(row)
         view = self.view(entry.name)
-        return {
-            "selected": entry.name,
-            "file_path": entry.file_path,
-            "class_name": entry.class_name,
-            "description": entry.description,
-            "framework": entry.framework,
-            "config": view["configurable_fields"],
-        }
+        return SelectOut(
+            selected=entry.name,
+            file_path=entry.file_path,
+            class_name=entry.class_name,
+            description=entry.description,
+            framework=entry.framework,
+            config=view.configurable_fields,
+        )
 
     def selected(self) -> str:
         with read_session(self._engine) as session:
@@ -78,7 +80,7 @@ class ConfigService:
 
     # Reading ---------------------------------------------------------------------------
 
-    def view(self, name: str) -> dict[str, Any]:
+    def view(self, name: str) -> ConfigOut:
         entry, config_schema = self._config_class(name)
         with read_session(self._engine) as session:
             stored, version, updated_at = _stored(session, entry.name)
@@ -87,14 +89,14 @@ class ConfigService:
         schema = json.loads(json.dumps(config_schema.schema))  # a copy: the cached one stays whole
         for field in locked:
             schema.get("properties", {}).pop(field, None)
-        return {
-            "environment": entry.name,
-            "configurable_fields": {k: v for k, v in values.items() if k not in locked},
-            "locked_fields": {k: v for k, v in values.items() if k in locked},
-            "schema": schema,
-            "version": version,
-            "updated_at": iso(updated_at),
-        }
+        return ConfigOut(
+            environment=entry.name,
+            configurable_fields={k: v for k, v in values.items() if k not in locked},
+            locked_fields={k: v for k, v in values.items() if k in locked},
+            schema_=schema,
+            version=version,
+            updated_at=iso(updated_at),
+        )
 
     def resolve(
         self, name: str, overrides: dict[str, Any] | None = None
@@ -149,8 +151,7 @@ class ConfigService:
 
     def mix(self, name: str, config: Resolved) -> dict[str, EnvSource]:
         """The frozen sources of a run: each environment's class, file, config and share."""
-        entries = {name: {"weight": 1.0, "num_rollouts": None}}
-        entries.update({k: v.model_dump() for k, v in config.environments.items()})
+        entries = {name: MixEntry(), **config.environments}
         sources: dict[str, EnvSource] = {}
         for env_name, share in entries.items():
             if env_name == name:
@@ -158,14 +159,14 @@ class ConfigService:
             else:
                 entry, env_config = self.resolve(env_name)
             values = env_config.model_dump(mode="json")
-            if share["num_rollouts"]:
-                values["group_size"] = share["num_rollouts"]
-            sources[entry.name] = entry.source(values, share["weight"])
+            if share.num_rollouts:
+                values["group_size"] = share.num_rollouts
+            sources[entry.name] = entry.source(values, share.weight)
         return sources
 
     # Editing ---------------------------------------------------------------------------
 
-    def set_fields(self, name: str, changes: dict[str, Any]) -> dict[str, Any]:
+    def set_fields(self, name: str, changes: dict[str, Any]) -> ConfigOut:
         """Validate `changes` against the whole config and store them as a new version."""
         entry, config_schema = self._config_class(name)
         if not changes:
@@ -271,7 +272,7 @@ def _validate(config_schema: ConfigSchema, values: dict[str, Any]) -> Resolved:
         ) from None
 
 
-def describe_errors(errors: list[dict[str, Any]]) -> str:
+def describe_errors(errors: Sequence[Mapping[str, Any]]) -> str:
     parts = []
     for err in errors:
         loc = ".".join(str(p) for p in err["loc"]) or "config"

@@ -21,7 +21,8 @@ from typing import Any
 from core import procs
 from core.atropos import INSPECT_SCRIPT, offline_environment
 from core.settings import PROJECT_ROOT, Settings
-from server.environments.discovery import ATROPOS, Framework
+from core.spec import Framework
+from server.environments.discovery import ATROPOS
 from server.line_pipe import read_lines, send_line
 
 log = logging.getLogger(__name__)
@@ -56,7 +57,8 @@ class ConfigSchema:
         """The values as the Config validates and dumps them (strict); ConfigInvalid else."""
         answer = self._ask({"values": values})
         if answer.get("ok"):
-            return answer["values"]
+            valid: dict[str, Any] = answer["values"]
+            return valid
         if "errors" in answer:
             raise ConfigInvalid(answer["errors"])
         raise InspectFailed(f"its Config's validation failed: {answer.get('error')}")
@@ -141,7 +143,8 @@ class InspectorProcess:
                 f"its process ended while {doing} ({procs.describe_exit(code)}): the file "
                 "exits or crashes the interpreter at import (os._exit, a fatal signal)"
             )
-        return json.loads(line)
+        answer: dict[str, Any] = json.loads(line)  # the inspector answers with JSON objects
+        return answer
 
     @property
     def alive(self) -> bool:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Depends, Path
 
@@ -28,31 +28,31 @@ EnvName = Annotated[
 ]
 
 
-@router.get("/environments", response_model=list[EnvironmentOut])
-def list_environments(svc: Svc) -> list[dict[str, Any]]:
-    return [{k: getattr(e, k) for k in EnvironmentOut.model_fields} for e in svc.catalog.list()]
+@router.get("/environments")
+def list_environments(svc: Svc) -> list[EnvironmentOut]:
+    return [EnvironmentOut.model_validate(e, from_attributes=True) for e in svc.catalog.list()]
 
 
-@router.post("/environments/{name}/select", response_model=SelectOut)
-def select_environment(name: EnvName, svc: Svc) -> dict[str, Any]:
+@router.post("/environments/{name}/select")
+def select_environment(name: EnvName, svc: Svc) -> SelectOut:
     return svc.configs.select(name)
 
 
-@router.get("/environments/{name}/config", response_model=ConfigOut)
-def get_environment_config(name: EnvName, svc: Svc) -> dict[str, Any]:
+@router.get("/environments/{name}/config")
+def get_environment_config(name: EnvName, svc: Svc) -> ConfigOut:
     return svc.configs.view(name)
 
 
-@router.put("/environments/{name}/config", response_model=ConfigOut)
-def put_environment_config(name: EnvName, body: ConfigPutIn, svc: Svc) -> dict[str, Any]:
+@router.put("/environments/{name}/config")
+def put_environment_config(name: EnvName, body: ConfigPutIn, svc: Svc) -> ConfigOut:
     return svc.configs.set_fields(name, body.values)
 
 
-@router.get("/config", response_model=ConfigOut)
-def get_config(svc: Svc) -> dict[str, Any]:
+@router.get("/config")
+def get_config(svc: Svc) -> ConfigOut:
     return svc.configs.view(svc.configs.selected())
 
 
-@router.post("/config", response_model=ConfigOut)
-def edit_config(body: ConfigEditIn, svc: Svc) -> dict[str, Any]:
+@router.post("/config")
+def edit_config(body: ConfigEditIn, svc: Svc) -> ConfigOut:
     return svc.configs.set_fields(svc.configs.selected(), {body.field: body.value})

@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from fastapi.exceptions import RequestValidationError
+
 # Where FastAPI says a value came from; the field's own name is what a client can act on.
 _SOURCES = ("body", "query", "path", "header")
 
@@ -22,3 +24,23 @@ def validation_detail(errors: Sequence[Any]) -> str:
         else:
             parts.append(f"{where}: {err.get('msg', 'invalid')}")
     return "; ".join(parts) + "."
+
+
+# FastAPI's words when it cannot even decode a body as JSON text (not UTF-8, nested past the
+# parser's depth): a bare 400 in its own shape, which names neither the cause nor the fix.
+FASTAPI_UNREADABLE_BODY = "There was an error parsing the body"
+
+
+def unreadable_body() -> RequestValidationError:
+    """The same failure as the malformed JSON it is, so every route answers it in its shape."""
+    return RequestValidationError(
+        [
+            {
+                "type": "json_invalid",
+                "loc": ("body",),
+                "msg": "JSON decode error",
+                "input": {},
+                "ctx": {"error": "it is not UTF-8 text, or it nests too deeply"},
+            }
+        ]
+    )

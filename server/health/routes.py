@@ -11,7 +11,7 @@ from fastapi.responses import HTMLResponse
 
 from server import __version__
 from server.deps import Services, services
-from server.health.schemas import HealthOut, LauncherOut
+from server.health.schemas import HealthOut
 
 router = APIRouter(tags=["health"])
 
@@ -25,7 +25,7 @@ def health(svc: Annotated[Services, Depends(services)]) -> HealthOut:
         environments=svc.catalog.count(),
         active_runs=svc.runs.count_active(),
         supervisor=svc.supervisor.role,
-        launcher=LauncherOut.model_validate(svc.supervisor.launcher_health()),
+        launcher=svc.supervisor.launcher_health(),
     )
 
 

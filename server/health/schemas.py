@@ -2,17 +2,9 @@
 
 from __future__ import annotations
 
-from pydantic import (
-    BaseModel,
-    Field,
-)
+from pydantic import BaseModel, Field
 
-
-class LauncherOut(BaseModel):
-    kind: str = Field(description="local (child processes) or ray (RLCS_LAUNCHER)")
-    address: str | None = Field(description="The Ray job server (RLCS_RAY_ADDRESS)")
-    reachable: bool
-    reason: str | None = Field(description="Why the launcher cannot start runs now")
+from server.launch.launcher import LauncherHealth
 
 
 class HealthOut(BaseModel):
@@ -24,4 +16,4 @@ class HealthOut(BaseModel):
     supervisor: str = Field(
         description="'supervising', or 'standing by: <why>' when another server supervises"
     )
-    launcher: LauncherOut
+    launcher: LauncherHealth

@@ -72,10 +72,20 @@ class InferenceResult(BaseModel):
     turns: list[dict[str, Any]] | None = None
 
 
+class InferenceSummaryOut(BaseModel):
+    count: int
+    scored: int = Field(description="Results the verifier could score")
+    mean_score: float | None
+    percent_correct: float | None
+    tokens: int = Field(description="Tokens sampled, all results together")
+    truncated: int = Field(description="Results cut short")
+    latency_s: float
+
+
 class InferenceOut(BaseModel):
     environment: str
     model: str
     adapter: str | None
     backend: str
     results: list[InferenceResult]
-    summary: dict[str, Any]
+    summary: InferenceSummaryOut

@@ -22,7 +22,12 @@ from core.spec import InferenceJob, WarmJob
 from server.environments.configs import ConfigService
 from server.environments.model_check import ModelCheck
 from server.errors import DomainError, NotFound, Unavailable
-from server.inference.schemas import InferenceIn
+from server.inference.schemas import (
+    InferenceIn,
+    InferenceOut,
+    InferenceResult,
+    InferenceSummaryOut,
+)
 from server.inference.worker import InferenceWorker
 from server.runs.service import RunService
 
@@ -50,7 +55,7 @@ class InferenceService:
 
     async def infer_for(
         self, body: InferenceIn, disconnected: Callable[[], Awaitable[bool]]
-    ) -> dict[str, Any]:
+    ) -> InferenceOut:
         """`infer` in a thread, cancelling the work in the worker if the client goes away."""
         abandoned = threading.Event()
         answer = asyncio.ensure_future(asyncio.to_thread(self.infer, body, abandoned))
@@ -61,7 +66,7 @@ class InferenceService:
                 break
         return await answer
 
-    def infer(self, body: InferenceIn, abandoned: threading.Event | None = None) -> dict[str, Any]:
+    def infer(self, body: InferenceIn, abandoned: threading.Event | None = None) -> InferenceOut:
         arrived = time.time()
         budget = min(self._settings.inference_budget_s, self._settings.inference_timeout_s)
         adapter = None
@@ -99,15 +104,15 @@ class InferenceService:
         )
         if not answer.get("ok"):
             raise _error_for(answer, model)
-        results = answer["results"]
-        return {
-            "environment": entry.name,
-            "model": model,
-            "adapter": adapter,
-            "backend": answer["backend"],
-            "results": results,
-            "summary": summarize(results, answer["latency_s"]),
-        }
+        results = [InferenceResult.model_validate(result) for result in answer["results"]]
+        return InferenceOut(
+            environment=entry.name,
+            model=model,
+            adapter=adapter,
+            backend=answer["backend"],
+            results=results,
+            summary=summarize(results, answer["latency_s"]),
+        )
 
     def warm_up(self) -> None:
         """Load the model a first request would use, in the background (local backend)."""
@@ -144,19 +149,19 @@ class InferenceService:
         return self._runs.checkpoint(run_id, SAMPLER_KIND, step, "sample", verify=False).path
 
 
-def summarize(results: list[dict[str, Any]], latency_s: float) -> dict[str, Any]:
-    scored = [r["score"] for r in results if r.get("score") is not None]
-    return {
-        "count": len(results),
-        "scored": len(scored),
-        "mean_score": sum(scored) / len(scored) if scored else None,
-        "percent_correct": (
-            100.0 * sum(1 for r in results if r.get("correct")) / len(results) if results else None
+def summarize(results: list[InferenceResult], latency_s: float) -> InferenceSummaryOut:
+    scored = [r.score for r in results if r.score is not None]
+    return InferenceSummaryOut(
+        count=len(results),
+        scored=len(scored),
+        mean_score=sum(scored) / len(scored) if scored else None,
+        percent_correct=(
+            100.0 * sum(1 for r in results if r.correct) / len(results) if results else None
         ),
-        "tokens": sum(int(r.get("tokens") or 0) for r in results),
-        "truncated": sum(1 for r in results if r.get("truncated")),
-        "latency_s": latency_s,
-    }
+        tokens=sum(r.tokens for r in results),
+        truncated=sum(1 for r in results if r.truncated),
+        latency_s=latency_s,
+    )
 
 
 def _error_for(answer: dict[str, Any], model: str) -> Exception:

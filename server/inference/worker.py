@@ -104,7 +104,7 @@ class InferenceWorker:
             if line is None:
                 self._stop_locked()
                 raise Unavailable(self._died("it exited while answering"))
-            answer = json.loads(line)
+            answer: dict[str, Any] = json.loads(line)  # the worker answers with JSON objects
             if answer.get("id") != request_id:
                 continue  # a late line of a request that was given up on
             if not answer.get("partial"):

@@ -1,7 +1,7 @@
 """The `ray` launcher (RLCS_LAUNCHER=ray): a queued run becomes a Ray job whose submission id
 is the run's (a retried submit never makes a second job), its spec travelling in the job's
 environment; the supervisor reads each job's state every tick to say why it waits, to stop it
-after the grace period and to record an end its runner could not (DESIGN §4, issue 15)."""
+after the grace period and to record an end its runner could not (DESIGN §4, §12)."""
 
 from __future__ import annotations
 
@@ -15,11 +15,13 @@ from sqlalchemy.engine import Engine
 
 from core import lifecycle
 from core.db import write_session
-from core.models import FINISHED, RAY_LAUNCHER, Run, RunStatus, utcnow
+from core.models import RAY_LAUNCHER, Run, RunStatus, utcnow
 from core.run_folder import RunFolder
 from core.settings import Settings
 from server.launch import exit_cause
+from server.launch.launcher import LauncherHealth
 from server.launch.ray_jobs import FINAL_STATES, JobState, RayJobs, RayUnreachable, Resources
+from server.launch.settle import Ending, settle
 
 log = logging.getLogger(__name__)
 LOG_TAIL_LINES = 20
@@ -44,20 +46,22 @@ def resources_for(config: dict[str, Any], settings: Settings) -> Resources:
 
 
 class RayLauncher:
+    kind = RAY_LAUNCHER
+
     def __init__(self, settings: Settings, engine: Engine, jobs: RayJobs | None = None) -> None:
         self._settings = settings
         self._engine = engine
         self.jobs = jobs or RayJobs(settings)
         self._stop_sent: set[str] = set()
 
-    def health(self) -> dict[str, Any]:
+    def health(self) -> LauncherHealth:
         reachable = self.jobs.reachable()
-        return {
-            "kind": RAY_LAUNCHER,
-            "address": self.jobs.address,
-            "reachable": reachable,
-            "reason": None if reachable else self.jobs.last_error,
-        }
+        return LauncherHealth(
+            kind=self.kind,
+            address=self.jobs.address,
+            reachable=reachable,
+            reason=None if reachable else self.jobs.last_error,
+        )
 
     # Starting ------------------------------------------------------------------------------
 
@@ -124,6 +128,29 @@ class RayLauncher:
                 lifecycle.transition(session, row, RunStatus.queued, details=why)
 
     # Watching ------------------------------------------------------------------------------
+
+    def reconcile(self, runs: list[Run]) -> None:
+        """They went on in Ray meanwhile: read each job's state (ended ones are recorded)."""
+        if runs:
+            log.info("following %s unfinished Ray job(s)", len(runs))
+        self.watch(runs)
+
+    def request_stop(self, run: Run) -> None:
+        """Nothing now: the runner, on its own node, reads the request from the database; the
+        job is stopped by Ray when the grace period passes (see `watch`)."""
+
+    def log_text(self, run: Run) -> str | None:
+        """The job's whole log as Ray keeps it (its runner writes no train.log); None when
+        Ray cannot be asked (then the run folder's log is what there is)."""
+        if run.job_id is None:
+            return None
+        try:
+            return self.jobs.logs(run.job_id)
+        except (RayUnreachable, RuntimeError):
+            return None
+
+    def hand_over(self) -> None:
+        self._stop_sent.clear()
 
     def watch(self, runs: list[Run]) -> None:
         """One look at each unfinished Ray run's job; nothing is decided while Ray is away."""
@@ -194,59 +221,40 @@ class RayLauncher:
     # Settling ends -------------------------------------------------------------------------
 
     def _settle(self, run: Run, state: JobState | None) -> None:
-        """Record how a job ended, unless its runner recorded its own end."""
-        assert run.job_id is not None
-        self._stop_sent.discard(run.job_id)
-        tail = self._log_tail(run.job_id) if state is not None else ""
-        with write_session(self._engine) as session:
-            row = session.get(Run, run.id)
-            if row is None or row.job_id != run.job_id:
-                return  # a later attempt is under way
-            status = RunStatus(row.status)
-            exit_code = state.exit_code if state is not None else None
-            if status in FINISHED:
-                if exit_code is not None and row.exit_code is None:
-                    lifecycle.transition(session, row, status, exit_code=exit_code)
-                return
-            if state is None:
-                why = f"Ray has no job {run.job_id} (was the cluster restarted?)"
-            else:
-                why = f"its Ray job {run.job_id} ended {state.status}: {state.message}"
-            if status == RunStatus.stopping:
-                lifecycle.transition(
-                    session,
-                    row,
-                    RunStatus.stopped,
-                    exit_code=exit_code,
-                    details=f"stopped on request; {why}",
-                )
-                return
-            if state is None:
-                kind, summary = "lost", f"lost: {why}, and the runner recorded no end"
-            elif exit_code is not None and exit_code != 0:
-                kind, summary = exit_cause.classify_exit(exit_code, f"exit code {exit_code}", None)
-                summary = f"{summary} ({why})"
-            elif state.status == "STOPPED":
-                lifecycle.transition(
-                    session, row, RunStatus.stopped, details=f"stopped outside this server; {why}"
-                )
-                return
-            else:
-                kind = "launcher" if row.started_at is None else "lost"
-                summary = f"{why}, and the runner recorded no end"
-            details = f"{summary}. Last lines of the job's log:\n{tail}" if tail else summary
-            lifecycle.transition(
-                session,
-                row,
-                RunStatus.failed,
-                exit_code=exit_code,
-                failure_kind=kind,
-                details=details[-8000:],
-            )
+        """A job that ended (or that Ray no longer has)."""
+        job_id = run.job_id
+        assert job_id is not None
+        self._stop_sent.discard(job_id)
+        exit_code = state.exit_code if state is not None else None
+        if state is None:
+            why = f"Ray has no job {job_id} (was the cluster restarted?)"
+        else:
+            why = f"its Ray job {job_id} ended {state.status}: {state.message}"
+        kind: str | None
+        if state is None:
+            kind, summary = "lost", f"lost: {why}, and the runner recorded no end"
+        elif exit_code is not None and exit_code != 0:
+            kind, summary = exit_cause.classify_exit(exit_code, f"exit code {exit_code}", None)
+            summary = f"{summary} ({why})"
+        elif state.status == "STOPPED":
+            kind, summary = None, f"stopped outside this server; {why}"
+        else:
+            kind = "launcher" if run.started_at is None else "lost"
+            summary = f"{why}, and the runner recorded no end"
+        ending = Ending(
+            exit_code=exit_code,
+            stop_details=f"stopped on request; {why}",
+            failure_kind=kind,
+            summary=summary,
+            log_tail=self._log_tail(job_id) if state is not None else [],
+            log_name="the job's log",
+        )
+        # A later attempt (a resume) is a new job: this end is not its end.
+        settle(self._engine, run.id, ending, lambda row: row.job_id == job_id)
 
-    def _log_tail(self, job_id: str) -> str:
+    def _log_tail(self, job_id: str) -> list[str]:
         try:
             text = self.jobs.logs(job_id)
         except (RayUnreachable, RuntimeError):
-            return ""
-        return "\n".join(text.splitlines()[-LOG_TAIL_LINES:])[-4000:]
+            return []
+        return text.splitlines()[-LOG_TAIL_LINES:]

@@ -52,14 +52,14 @@ def _sweep_probe(call: Call, sweep_id: str) -> Probe:
     return probe
 
 
-async def _wait_run(call: Call, args: WaitRunIn) -> dict[str, Any]:
+async def _wait_run(call: Call, args: WaitRunIn) -> RunWaitOut:
     parse_until(args.until)  # a bad condition is refused before any waiting
     await asyncio.to_thread(call.svc.runs.row, args.run_id)  # so is an unknown run
     wait = wait_for_run(call.svc.runs, args.run_id, args.until, args.timeout_s)
     return await call.progress.during(wait, _run_probe(call, args.run_id))
 
 
-async def _start_sweep(call: Call, args: SweepCreateIn) -> dict[str, Any]:
+async def _start_sweep(call: Call, args: SweepCreateIn) -> SweepCreatedOut:
     return await asyncio.to_thread(
         call.svc.sweeps.create,
         args.environment,
@@ -73,17 +73,17 @@ async def _start_sweep(call: Call, args: SweepCreateIn) -> dict[str, Any]:
     )
 
 
-async def _get_sweep(call: Call, args: SweepRef) -> dict[str, Any]:
+async def _get_sweep(call: Call, args: SweepRef) -> SweepDetailOut:
     return await asyncio.to_thread(call.svc.sweeps.get, args.sweep_id)
 
 
-async def _wait_sweep(call: Call, args: WaitSweepIn) -> dict[str, Any]:
+async def _wait_sweep(call: Call, args: WaitSweepIn) -> SweepWaitOut:
     await asyncio.to_thread(call.svc.sweeps.row, args.sweep_id)
     wait = wait_for_sweep(call.svc.sweeps, args.sweep_id, args.timeout_s)
     return await call.progress.during(wait, _sweep_probe(call, args.sweep_id))
 
 
-async def _fork(call: Call, args: ForkRunIn) -> dict[str, Any]:
+async def _fork(call: Call, args: ForkRunIn) -> RunForkedOut:
     return await asyncio.to_thread(
         call.svc.forks.fork, args.run_id, args.overrides(), args.checkpoint_step
     )

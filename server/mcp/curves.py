@@ -23,7 +23,7 @@ def _series(call: Call, args: PlotIn) -> Series:
     keys = ",".join(args.metrics)
     found: Series = {}
     for run_id in dict.fromkeys(args.run_ids):
-        rows = call.svc.runs.history(run_id, keys, HISTORY_ROWS, MAX_POINTS)["rows"]
+        rows = call.svc.runs.history(run_id, keys, HISTORY_ROWS, MAX_POINTS).rows
         found[run_id] = {
             metric: (
                 [float(r["step"]) for r in rows if _number(r.get(metric))],

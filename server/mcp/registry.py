@@ -14,7 +14,8 @@ from pydantic import BaseModel
 from server.deps import Services
 from server.mcp.progress import Progress
 
-Run = Callable[["Call", Any], Awaitable[Any]]
+# A tool's coroutine: its answer model (the REST route's), or a finished CallToolResult.
+Run = Callable[["Call", Any], Awaitable[BaseModel]]
 
 
 @dataclass(frozen=True)
@@ -30,7 +31,7 @@ class ToolSpec:
     name: str
     description: str
     args: type[BaseModel]
-    run: Run  # returns the REST answer (a dict) or a finished CallToolResult
+    run: Run
     out: type[BaseModel] | None = None
     text: Callable[[dict[str, Any]], str] = lambda _data: "Done."
     read_only: bool = True
@@ -49,12 +50,12 @@ class ToolSpec:
             ),
         )
 
-    def result(self, answer: Any) -> types.CallToolResult:
+    def result(self, answer: BaseModel) -> types.CallToolResult:
         if isinstance(answer, types.CallToolResult):
             return answer
-        data = answer
-        if self.out is not None:  # the fields the REST route answers with, as it serializes them
-            data = self.out.model_validate(answer).model_dump(mode="json", by_alias=True)
+        if self.out is not None:  # the answer as the REST route's model (the output schema)
+            answer = self.out.model_validate(answer)
+        data = answer.model_dump(mode="json", by_alias=True)
         return types.CallToolResult(
             content=[
                 types.TextContent(type="text", text=self.text(data)),

@@ -14,7 +14,6 @@ from pydantic import AnyUrl
 
 from server.deps import Services
 from server.errors import DomainError, NotFound
-from server.runs.schemas import RunResultsOut
 
 LOG_TAIL = 200  # lines: what fits an agent's context; GET /runs/{id}/logs?tail= reads more
 LISTED = 20  # newest runs whose resources resources/list names
@@ -44,13 +43,13 @@ def listed(svc: Services) -> list[types.Resource]:
     for run in svc.runs.list(limit=LISTED):
         found += [
             types.Resource(
-                uri=AnyUrl(f"run://{run['run_id']}/log"),
-                name=f"{run['run_id']} log",
+                uri=AnyUrl(f"run://{run.run_id}/log"),
+                name=f"{run.run_id} log",
                 mimeType="text/plain",
             ),
             types.Resource(
-                uri=AnyUrl(f"run://{run['run_id']}/metrics"),
-                name=f"{run['run_id']} metrics",
+                uri=AnyUrl(f"run://{run.run_id}/metrics"),
+                name=f"{run.run_id} metrics",
                 mimeType="application/json",
             ),
         ]
@@ -71,10 +70,10 @@ async def read(svc: Services, uri: AnyUrl) -> list[ReadResourceContents]:
     try:
         if kind == "log":
             answer = await asyncio.to_thread(svc.runs.logs, run_id, LOG_TAIL)
-            return [ReadResourceContents("\n".join(answer["lines"]), "text/plain")]
+            return [ReadResourceContents("\n".join(answer.lines), "text/plain")]
         results = await asyncio.to_thread(svc.runs.results, run_id)
     except DomainError as exc:
         code = RESOURCE_NOT_FOUND if isinstance(exc, NotFound) else types.INVALID_PARAMS
         raise McpError(types.ErrorData(code=code, message=exc.detail)) from None
-    data = RunResultsOut.model_validate(results).model_dump(mode="json")
+    data = results.model_dump(mode="json")
     return [ReadResourceContents(json.dumps(data, indent=2), "application/json")]

@@ -32,49 +32,49 @@ WAIT_HINT = (
 )
 
 
-async def _environments(call: Call, _args: NoArgs) -> dict[str, Any]:
+async def _environments(call: Call, _args: NoArgs) -> EnvironmentsOut:
     found = await asyncio.to_thread(list_environments, call.svc)
-    return {"environments": found, "count": len(found)}
+    return EnvironmentsOut(environments=found, count=len(found))
 
 
-async def _select(call: Call, args: SelectIn) -> dict[str, Any]:
+async def _select(call: Call, args: SelectIn) -> SelectOut:
     return await asyncio.to_thread(call.svc.configs.select, args.name)
 
 
-async def _config(call: Call, _args: NoArgs) -> dict[str, Any]:
+async def _config(call: Call, _args: NoArgs) -> ConfigOut:
     configs = call.svc.configs
     return await asyncio.to_thread(lambda: configs.view(configs.selected()))
 
 
-async def _edit(call: Call, args: ConfigEditIn) -> dict[str, Any]:
+async def _edit(call: Call, args: ConfigEditIn) -> ConfigOut:
     configs = call.svc.configs
     return await asyncio.to_thread(
         lambda: configs.set_fields(configs.selected(), {args.field: args.value})
     )
 
 
-async def _start(call: Call, args: StartTrainingIn) -> dict[str, Any]:
+async def _start(call: Call, args: StartTrainingIn) -> RunCreatedOut:
     return await asyncio.to_thread(call.svc.runs.create, args.environment, args.overrides(), None)
 
 
-async def _status(call: Call, args: RunRef) -> dict[str, Any]:
+async def _status(call: Call, args: RunRef) -> RunDetailOut:
     return await asyncio.to_thread(call.svc.runs.get, args.run_id)
 
 
-async def _stop(call: Call, args: RunRef) -> dict[str, Any]:
+async def _stop(call: Call, args: RunRef) -> RunCreatedOut:
     return await asyncio.to_thread(call.svc.runs.stop, args.run_id)
 
 
-async def _results(call: Call, args: RunRef) -> dict[str, Any]:
+async def _results(call: Call, args: RunRef) -> RunResultsOut:
     return await asyncio.to_thread(call.svc.runs.results, args.run_id)
 
 
-async def _runs(call: Call, args: ListRunsIn) -> dict[str, Any]:
+async def _runs(call: Call, args: ListRunsIn) -> RunsOut:
     runs = await asyncio.to_thread(call.svc.runs.list, args.status, args.environment, args.limit, 0)
-    return {"runs": runs}
+    return RunsOut(runs=runs)
 
 
-async def _infer(call: Call, args: InferenceIn) -> dict[str, Any]:
+async def _infer(call: Call, args: InferenceIn) -> InferenceOut:
     abandoned = threading.Event()
     try:
         return await asyncio.to_thread(call.svc.inference.infer, args, abandoned)

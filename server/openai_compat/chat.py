@@ -16,7 +16,14 @@ from core.spec import ChatJob, ChatMessage
 from server.errors import InvalidValue, Unavailable
 from server.inference.worker import InferenceWorker
 from server.openai_compat.chat_models import ChatModels, Target, not_found
-from server.openai_compat.schemas import ChatCompletionIn
+from server.openai_compat.schemas import (
+    AssistantMessage,
+    ChatCompletionIn,
+    ChatCompletionOut,
+    ChoiceLogprobs,
+    ChoiceOut,
+    UsageOut,
+)
 
 CLIENT_POLL_S = 0.25  # how often a request in flight checks that its client is still there
 
@@ -71,7 +78,7 @@ class ChatService:
         abandoned: threading.Event | None = None,
         on_partial: Callable[[dict[str, Any]], None] | None = None,
     ) -> dict[str, Any]:
-        """The worker's answer for `prepared` (blocking); a failure raises its 4xx/424."""
+        """The worker's answer for `prepared` (blocking); a failure raises its 4xx/503."""
         budget = self._budget_s()
         answer = self._worker.request(
             prepared.job,
@@ -86,7 +93,7 @@ class ChatService:
 
     async def complete(
         self, prepared: Prepared, disconnected: Callable[[], Awaitable[bool]]
-    ) -> dict[str, Any]:
+    ) -> ChatCompletionOut:
         """The whole completion; the worker stops decoding if the client goes away."""
         abandoned = threading.Event()
         answer = asyncio.ensure_future(asyncio.to_thread(self.run, prepared, abandoned))
@@ -101,35 +108,32 @@ class ChatService:
         return min(self._settings.inference_budget_s, self._settings.inference_timeout_s)
 
 
-def completion_body(prepared: Prepared, answer: dict[str, Any]) -> dict[str, Any]:
+def completion_body(prepared: Prepared, answer: dict[str, Any]) -> ChatCompletionOut:
+    """OpenAI's completion from the worker's answer (a JSON object: its wire format)."""
     choices = [
-        {
-            "index": c["index"],
-            "message": {"role": "assistant", "content": c["text"], "refusal": None},
-            "finish_reason": c["finish_reason"],
-            "logprobs": {"content": c["logprobs"]} if c["logprobs"] is not None else None,
-        }
+        ChoiceOut(
+            index=c["index"],
+            message=AssistantMessage(content=c["text"]),
+            finish_reason=c["finish_reason"],
+            logprobs=ChoiceLogprobs(content=c["logprobs"]) if c["logprobs"] is not None else None,
+        )
         for c in answer["choices"]
     ]
-    return {
-        "id": prepared.completion_id,
-        "object": "chat.completion",
-        "created": int(prepared.arrived),
-        "model": prepared.target.model_id,
-        "choices": choices,
-        "usage": usage(answer),
-        "system_fingerprint": None,
-    }
+    return ChatCompletionOut(
+        id=prepared.completion_id,
+        created=int(prepared.arrived),
+        model=prepared.target.model_id,
+        choices=choices,
+        usage=usage(answer),
+    )
 
 
-def usage(answer: dict[str, Any]) -> dict[str, int]:
+def usage(answer: dict[str, Any]) -> UsageOut:
     completion = sum(int(c["tokens"]) for c in answer["choices"])
     prompt = int(answer["prompt_tokens"])
-    return {
-        "prompt_tokens": prompt,
-        "completion_tokens": completion,
-        "total_tokens": prompt + completion,
-    }
+    return UsageOut(
+        prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion
+    )
 
 
 def worker_error(answer: dict[str, Any], target: Target) -> Exception:

@@ -11,7 +11,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC
-from typing import Any
 
 from sqlalchemy.engine import Engine
 from sqlmodel import col, select
@@ -23,6 +22,7 @@ from server.environments.configs import ConfigService
 from server.environments.model_check import ModelCheck
 from server.errors import Conflict, DomainError, NotFound
 from server.inference.service import InferenceService
+from server.openai_compat.schemas import ModelOut
 
 RUN_MODEL = re.compile(r"^(r-[0-9a-f]{8})(?:@step-(\d{1,9}))?$")
 MAX_RUNS = 100  # /v1/models lists the newest runs with a sampler checkpoint...
@@ -91,7 +91,7 @@ class ChatModels:
         backend = "tinker" if path.startswith("tinker://") else "local"
         return Target(model_id, base_model_of(run), path, backend)
 
-    def listing(self) -> list[dict[str, Any]]:
+    def listing(self) -> list[ModelOut]:
         """OpenAI's model objects: base models, then runs newest first (latest, then steps)."""
         data = [_model(name, self._started, name, None) for name in self.base_models()]
         with read_session(self._engine) as session:
@@ -139,15 +139,8 @@ def not_found(model_id: str, why: str) -> NotFound:
     )
 
 
-def _model(model_id: str, created: int, root: str, parent: str | None) -> dict[str, Any]:
-    return {
-        "id": model_id,
-        "object": "model",
-        "created": created,
-        "owned_by": OWNER,
-        "root": root,
-        "parent": parent,
-    }
+def _model(model_id: str, created: int, root: str, parent: str | None) -> ModelOut:
+    return ModelOut(id=model_id, created=created, owned_by=OWNER, root=root, parent=parent)
 
 
 def _epoch(row: Checkpoint) -> int:

@@ -52,7 +52,7 @@ class ChunkWriter:
         )
 
     def usage(self, answer: dict[str, Any]) -> str:
-        return event({**self._head, "choices": [], "usage": usage(answer)})
+        return event({**self._head, "choices": [], "usage": usage(answer).model_dump()})
 
 
 async def stream(service: ChatService, prepared: Prepared) -> AsyncIterator[str]:
@@ -88,7 +88,7 @@ async def stream(service: ChatService, prepared: Prepared) -> AsyncIterator[str]
             answer = task.result()
         except DomainError as exc:
             # Mid-stream, an error is an event the client raises (the status is sent).
-            yield event(error_body(exc.detail, status_for(exc), None, None))
+            yield event(error_body(exc.detail, status_for(exc), None, None).model_dump(mode="json"))
             return
         for choice in answer["choices"]:
             index, text = choice["index"], choice["text"]

@@ -8,34 +8,35 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 
-from server.errors import DomainError, status_for
-from server.openai_compat.schemas import OpenAIErrorOut
+from server.errors import DomainError, headers_for, status_for
+from server.openai_compat.schemas import OpenAIErrorBody, OpenAIErrorOut
 
 PREFIX = "/v1/"
-# Answered by our handlers (OpenAI's shape); the middleware's 403/413/415 and a busy database's
-# 503 come before them and keep {"detail"}, as documented for every route.
-OPENAI_CODES = ("400", "401", "404", "424")
-Handler = Callable[[Request, Any], Awaitable[JSONResponse]]
+# Answered by our handlers (OpenAI's shape); the middleware's 403/413/415 come before them and
+# keep {"detail"}, as documented for every route. A 503 (with Retry-After) is ours when the
+# inference worker or a backend is down, {"detail"} when the database is busy.
+OPENAI_CODES = ("400", "401", "404")
+Handler = Callable[[Request, Any], Response | Awaitable[Response]]  # as the app holds them
 
 
-def error_body(message: str, status: int, param: str | None, code: str | None) -> dict[str, Any]:
+def error_body(message: str, status: int, param: str | None, code: str | None) -> OpenAIErrorOut:
     kind = {
         401: "authentication_error",
         403: "permission_error",
         429: "rate_limit_error",
-    }.get(status, "server_error" if status >= 424 else "invalid_request_error")
-    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+    }.get(status, "server_error" if status >= 500 else "invalid_request_error")
+    return OpenAIErrorOut(error=OpenAIErrorBody(message=message, type=kind, param=param, code=code))
 
 
 def domain_error(exc: DomainError) -> JSONResponse:
     # OpenAI answers a value it cannot accept with 400, not 422.
     status = 400 if status_for(exc) == 422 else status_for(exc)
     code = exc.extra.get("code") or ("invalid_api_key" if status == 401 else None)
-    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+    headers = headers_for(exc)
     body = error_body(exc.detail, status, exc.extra.get("param"), code)
-    return JSONResponse(body, status_code=status, headers=headers)
+    return JSONResponse(body.model_dump(mode="json"), status_code=status, headers=headers)
 
 
 def validation_error(exc: RequestValidationError) -> JSONResponse:
@@ -53,17 +54,19 @@ def validation_error(exc: RequestValidationError) -> JSONResponse:
         else:
             parts.append(f"{where or 'body'}: {err.get('msg', 'invalid')}")
     message = "; ".join(dict.fromkeys(parts)) + "."
-    return JSONResponse(error_body(message, 400, params[0] if params else None, None), 400)
+    body = error_body(message, 400, params[0] if params else None, None)
+    return JSONResponse(body.model_dump(mode="json"), 400)
 
 
 def install(app: FastAPI) -> None:
     """Answer errors on /v1 paths in OpenAI's shape; call after the app's own handlers."""
 
     def scoped(original: Handler, convert: Callable[[Any], JSONResponse]) -> Handler:
-        async def handle(request: Request, exc: Any) -> JSONResponse:
+        async def handle(request: Request, exc: Any) -> Response:
             if request.url.path.startswith(PREFIX):
                 return convert(exc)
-            return await original(request, exc)
+            answer = original(request, exc)
+            return answer if isinstance(answer, Response) else await answer
 
         return handle
 
@@ -102,9 +105,13 @@ def _document(app: FastAPI) -> None:
                     "description": "Refused",
                     "content": {"application/json": {"schema": either}},
                 }
+                responses["503"] = {
+                    "description": "A dependency is down or the database busy; see Retry-After",
+                    "content": {"application/json": {"schema": either}},
+                }
                 responses.pop("409", None)
                 responses.pop("422", None)
         app.openapi_schema = schema
         return schema
 
-    app.openapi = openapi  # type: ignore[method-assign]
+    app.openapi = openapi  # type: ignore[method-assign]  # FastAPI's documented override

@@ -23,16 +23,16 @@ CHAT_RESPONSES: dict[int | str, dict[str, Any]] = {
 }
 
 
-@router.get("/models", response_model=ModelListOut)
-async def list_models(svc: Annotated[Services, Depends(services)]) -> dict[str, Any]:
+@router.get("/models")
+async def list_models(svc: Annotated[Services, Depends(services)]) -> ModelListOut:
     data = await asyncio.to_thread(svc.chat.models.listing)
-    return {"object": "list", "data": data}
+    return ModelListOut(data=data)
 
 
 @router.post("/chat/completions", response_model=ChatCompletionOut, responses=CHAT_RESPONSES)
 async def chat_completions(
     body: ChatCompletionIn, svc: Annotated[Services, Depends(services)], request: Request
-) -> Any:
+) -> ChatCompletionOut | StreamingResponse:
     prepared = await asyncio.to_thread(svc.chat.prepare, body)
     if body.stream:
         return StreamingResponse(

@@ -18,6 +18,7 @@ from core.models import Run
 from core.settings import PROJECT_ROOT, Settings
 from server.errors import Conflict, InvalidValue, Unavailable
 from server.runs.metrics import MetricsService
+from server.runs.schemas import CheckpointOut, ExportOut
 from server.runs.service import RunService
 
 log = logging.getLogger(__name__)
@@ -52,7 +53,7 @@ class ExportService:
         merged: bool,
         path: str | None,
         overwrite: bool,
-    ) -> dict[str, Any]:
+    ) -> ExportOut:
         job = self.plan(run_id, checkpoint_step, merged, path, overwrite)
         with self._lock:
             if job.destination in self._busy:
@@ -66,15 +67,15 @@ class ExportService:
         finally:
             with self._lock:
                 self._busy.discard(job.destination)
-        return {
-            "run_id": job.run_id,
-            "step": job.step,
-            "path": str(job.destination),
-            "files": answer.get("files", []),
-            "merged": job.merged,
-            "format": answer.get("format"),
-            "base_model": answer.get("base_model"),
-        }
+        return ExportOut(
+            run_id=job.run_id,
+            step=job.step,
+            path=str(job.destination),
+            files=answer.get("files", []),
+            merged=job.merged,
+            format=answer.get("format"),
+            base_model=answer.get("base_model"),
+        )
 
     # Choosing -----------------------------------------------------------------------------
 
@@ -112,11 +113,11 @@ class ExportService:
         return ExportJob(run.id, step, source, tinker, merged, destination, overwrite, card)
 
     @staticmethod
-    def _tinker_state(run_id: str, rows: list[dict[str, Any]], step: int) -> str:
+    def _tinker_state(run_id: str, rows: list[CheckpointOut], step: int) -> str:
         # Tinker writes external weights from a training client, which loads a state checkpoint.
         for row in rows:
-            if row["kind"] == "state" and row["step"] == step and is_remote(row["path"]):
-                return str(row["path"])
+            if row.kind == "state" and row.step == step and is_remote(row.path):
+                return row.path
         raise Conflict(
             f"checkpoint_step: run {run_id} has a Tinker sampler checkpoint at step {step} but no "
             "state checkpoint there, and Tinker exports weights only from a state checkpoint; "

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Depends, Path
 
@@ -15,8 +15,8 @@ Svc = Annotated[Services, Depends(services)]
 RunId = Annotated[str, Path(pattern=RUN_ID.pattern, description="A run id such as r-3f9c2a1b")]
 
 
-@router.post("/runs/{run_id}/export", response_model=ExportOut)
-def export_run(run_id: RunId, svc: Svc, body: ExportIn | None = None) -> dict[str, Any]:
+@router.post("/runs/{run_id}/export")
+def export_run(run_id: RunId, svc: Svc, body: ExportIn | None = None) -> ExportOut:
     """Write the checkpoint's folder and answer where; it takes seconds (a merge of a larger
     model, or a Tinker download, longer). A plain `def`: it runs on a worker thread."""
     body = body or ExportIn()

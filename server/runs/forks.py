@@ -8,6 +8,7 @@ from typing import Any
 from core.models import RunStatus
 from server.environments.configs import ConfigService
 from server.errors import InvalidValue
+from server.runs.schemas import RunForkedOut
 from server.runs.service import RunService
 
 # Fields that fix the shape of the checkpoint's weights: a fork cannot change them.
@@ -21,7 +22,7 @@ class ForkService:
 
     def fork(
         self, run_id: str, overrides: dict[str, Any], checkpoint_step: int | None = None
-    ) -> dict[str, Any]:
+    ) -> RunForkedOut:
         """Queue a new run from `run_id`'s state checkpoint at `checkpoint_step` (its newest
         loadable one by default) with the parent's frozen config plus `overrides`."""
         parent = self._runs.row(run_id)
@@ -59,10 +60,10 @@ class ForkService:
             parent_step=checkpoint.step,
         )
         (child,) = self._runs.launch([planned])
-        return {
-            "run_id": child,
-            "status": RunStatus.queued.value,
-            "parent_run_id": parent.id,
-            "parent_step": checkpoint.step,
-            "resume_from": checkpoint.path,
-        }
+        return RunForkedOut(
+            run_id=child,
+            status=RunStatus.queued.value,
+            parent_run_id=parent.id,
+            parent_step=checkpoint.step,
+            resume_from=checkpoint.path,
+        )

@@ -1,19 +1,30 @@
-"""Follow a run's log: the last lines, then new lines as they come, then one final event;
-each client address may hold a bounded number of such streams open."""
+"""Follow a run's log: the last lines, then new lines as they come, then one final event, as
+server-sent events framed by sse-starlette; each client address may hold a bounded number of
+such streams open."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import threading
 from collections import Counter
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+from sse_starlette import EventSourceResponse, ServerSentEvent
+from sse_starlette.sse import AppStatus
 
 from core.models import FINISHED, RAY_LAUNCHER, Run, RunStatus
+from core.run_folder import log_lines
 from server.errors import TooMany
 from server.runs.service import RunService
+
+T = TypeVar("T")
+# Fields end at LF, one of the three line ends the SSE spec allows (sse-starlette's default is
+# CRLF): the dashboard's reader (static/js/api.js) splits events at a blank line of LFs.
+SSE_LINE_END = "\n"
 
 
 class StreamSlots:
@@ -40,18 +51,40 @@ class StreamSlots:
             if self._open[client] <= 0:
                 del self._open[client]
 
-    def open(self, client: str, events: AsyncIterator[str]) -> AsyncIterator[str]:
+    def open(self, client: str, events: AsyncIterator[T]) -> AsyncIterator[T]:
         """Take one of `client`'s places (429 when none is left) for `events`, given back
         however the stream ends (the client gone included)."""
         self._take(client)
         return self._held(client, events)
 
-    async def _held(self, client: str, events: AsyncIterator[str]) -> AsyncIterator[str]:
+    async def _held(self, client: str, events: AsyncIterator[T]) -> AsyncIterator[T]:
         try:
             async for event in events:
                 yield event
         finally:
             self._give_back(client)
+
+
+def bind_sse_to_this_loop() -> None:
+    """Called as the app starts. sse-starlette 2.x (the openreward extra pins 2.3.6) ends every
+    stream at shutdown through one process-wide event, bound to the first event loop that waits
+    on it; an app started on another loop (each TestClient runs its own) needs a fresh one.
+    sse-starlette 3 keeps one per context (its issue #140)."""
+    AppStatus.should_exit_event = None
+
+
+def event_stream(events: AsyncIterator[tuple[str, Any]]) -> EventSourceResponse:
+    """`follow`'s events as an SSE response: `event: line` with the line as data, `event: end`
+    with JSON. sse-starlette writes a bare CR inside a line as a break between two `data:`
+    fields of the one event (a CR ends a field in the spec), so standard clients receive an LF
+    there; a log line never holds an LF, so `data.replace("\n", "\r")` is the line exactly."""
+    return EventSourceResponse(_framed(events), sep=SSE_LINE_END)
+
+
+async def _framed(events: AsyncIterator[tuple[str, Any]]) -> AsyncIterator[ServerSentEvent]:
+    async for kind, data in events:
+        text = data if isinstance(data, str) else json.dumps(data)
+        yield ServerSentEvent(text, event=kind, sep=SSE_LINE_END)
 
 
 async def follow(
@@ -75,10 +108,10 @@ async def follow(
         pending += chunk
         *complete, pending = pending.split(b"\n")
         for raw in complete:
-            yield "line", raw.decode("utf-8", errors="replace")
+            yield "line", _line(raw)
         if finished:
             if pending:
-                yield "line", pending.decode("utf-8", errors="replace")
+                yield "line", _line(pending)
             yield "end", _end(run)
             return
         await asyncio.sleep(poll_s)
@@ -94,7 +127,7 @@ async def _follow_job(
         run = await asyncio.to_thread(runs.row, run_id)
         finished = RunStatus(run.status) in FINISHED
         text = await asyncio.to_thread(runs.job_log, run) or ""
-        lines = text.splitlines()
+        lines = log_lines(text)
         complete = lines if finished or text.endswith("\n") else lines[:-1]
         if sent is None:
             sent = max(0, len(complete) - tail)
@@ -135,7 +168,12 @@ def _tail_and_offset(path: Path, count: int, max_bytes: int = 1 << 20) -> tuple[
     if count <= 0:
         return [], offset
     text = complete.decode("utf-8", errors="replace")
-    return text.splitlines()[-count:], offset
+    return log_lines(text)[-count:], offset
+
+
+def _line(raw: bytes) -> str:
+    """One line as `log_lines` cuts them, from the bytes before its LF."""
+    return raw.decode("utf-8", errors="replace").removesuffix("\r")
 
 
 def _read_from(path: Path, offset: int, limit: int = 1 << 20) -> tuple[bytes, int]:

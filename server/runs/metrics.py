@@ -15,6 +15,7 @@ from sqlmodel import col, select
 
 from core.db import read_session
 from core.models import Checkpoint, Metric, Run, iso
+from server.runs.schemas import CheckpointOut
 from server.runs.wandb_reader import WandbReader
 
 # Names in answers (the reference client's) -> metric keys the runner logs (DESIGN §7).
@@ -118,7 +119,7 @@ class MetricsService:
                 ).all()
             )
 
-    def checkpoints(self, run_id: str) -> list[dict[str, Any]]:
+    def checkpoints(self, run_id: str) -> list[CheckpointOut]:
         with read_session(self._engine) as session:
             rows = session.exec(
                 select(Checkpoint)
@@ -126,13 +127,9 @@ class MetricsService:
                 .order_by(col(Checkpoint.step), col(Checkpoint.id))
             ).all()
         return [
-            {
-                "step": r.step,
-                "kind": r.kind,
-                "name": r.name,
-                "path": r.path,
-                "created_at": iso(r.created_at),
-            }
+            CheckpointOut(
+                step=r.step, kind=r.kind, name=r.name, path=r.path, created_at=iso(r.created_at)
+            )
             for r in rows
         ]
 

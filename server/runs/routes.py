@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import json
-from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, Path, Query, Request
-from fastapi.responses import StreamingResponse
 
 from core.models import RUN_ID, RunStatus
 from server.deps import Services, services
-from server.runs.logs import follow
+from server.runs.logs import event_stream, follow
 from server.runs.schemas import (
     CheckpointOut,
     RunCreatedOut,
@@ -34,35 +31,35 @@ Svc = Annotated[Services, Depends(services)]
 RunId = Annotated[str, Path(pattern=RUN_ID.pattern, description="A run id such as r-3f9c2a1b")]
 
 
-@router.post("/runs", response_model=RunCreatedOut)
+@router.post("/runs")
 def create_run(
     svc: Svc,
     body: RunCreateIn | None = None,
     idempotency_key: Annotated[
         str | None, Header(alias="Idempotency-Key", min_length=1, max_length=200)
     ] = None,
-) -> dict[str, Any]:
+) -> RunCreatedOut:
     body = body or RunCreateIn()
     return svc.runs.create(body.environment, body.overrides(), idempotency_key)
 
 
-@router.get("/runs", response_model=list[RunSummaryOut])
+@router.get("/runs")
 def list_runs(
     svc: Svc,
     status: RunStatus | None = None,
     environment: Annotated[str | None, Query(max_length=128)] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     offset: Annotated[int, Query(ge=0, le=1_000_000)] = 0,
-) -> list[dict[str, Any]]:
+) -> list[RunSummaryOut]:
     return svc.runs.list(status, environment, limit, offset)
 
 
-@router.get("/runs/{run_id}", response_model=RunDetailOut)
-def get_run(run_id: RunId, svc: Svc) -> dict[str, Any]:
+@router.get("/runs/{run_id}")
+def get_run(run_id: RunId, svc: Svc) -> RunDetailOut:
     return svc.runs.get(run_id)
 
 
-@router.get("/runs/{run_id}/wait", response_model=RunWaitOut)
+@router.get("/runs/{run_id}/wait")
 async def wait_run(
     run_id: RunId,
     svc: Svc,
@@ -72,24 +69,24 @@ async def wait_run(
     timeout: Annotated[
         float, Query(ge=0, le=MAX_WAIT_S, description="Seconds to wait at most")
     ] = 60.0,
-) -> dict[str, Any]:
+) -> RunWaitOut:
     """Answer as soon as the run has finished (or reached step N), or when `timeout` passes:
     either way with its current state and whether the condition held."""
     return await wait_for_run(svc.runs, run_id, until, timeout)
 
 
-@router.post("/runs/{run_id}/stop", response_model=RunCreatedOut)
-def stop_run(run_id: RunId, svc: Svc) -> dict[str, Any]:
+@router.post("/runs/{run_id}/stop")
+def stop_run(run_id: RunId, svc: Svc) -> RunCreatedOut:
     return svc.runs.stop(run_id)
 
 
-@router.get("/runs/{run_id}/metrics", response_model=RunResultsOut)
-def run_metrics(run_id: RunId, svc: Svc) -> dict[str, Any]:
+@router.get("/runs/{run_id}/metrics")
+def run_metrics(run_id: RunId, svc: Svc) -> RunResultsOut:
     """Final (or latest) metrics, the last rows of history, checkpoints and weights path."""
     return svc.runs.results(run_id)
 
 
-@router.get("/runs/{run_id}/history", response_model=RunHistoryOut)
+@router.get("/runs/{run_id}/history")
 def run_history(
     run_id: RunId,
     svc: Svc,
@@ -101,23 +98,23 @@ def run_history(
         int | None,
         Query(ge=2, le=100_000, description="Thin each metric's series to at most this many"),
     ] = None,
-) -> dict[str, Any]:
+) -> RunHistoryOut:
     return svc.runs.history(run_id, keys, limit, max_points)
 
 
-@router.get("/runs/{run_id}/checkpoints", response_model=list[CheckpointOut])
-def run_checkpoints(run_id: RunId, svc: Svc) -> list[dict[str, Any]]:
+@router.get("/runs/{run_id}/checkpoints")
+def run_checkpoints(run_id: RunId, svc: Svc) -> list[CheckpointOut]:
     return svc.runs.checkpoints(run_id)
 
 
-@router.post("/runs/{run_id}/resume", response_model=RunResumedOut)
-def resume_run(run_id: RunId, svc: Svc, body: RunResumeIn | None = None) -> dict[str, Any]:
+@router.post("/runs/{run_id}/resume")
+def resume_run(run_id: RunId, svc: Svc, body: RunResumeIn | None = None) -> RunResumedOut:
     body = body or RunResumeIn()
     return svc.runs.resume(run_id, body.overrides(), body.force, body.checkpoint_step)
 
 
-@router.post("/runs/{run_id}/fork", response_model=RunForkedOut)
-def fork_run(run_id: RunId, svc: Svc, body: RunForkIn | None = None) -> dict[str, Any]:
+@router.post("/runs/{run_id}/fork")
+def fork_run(run_id: RunId, svc: Svc, body: RunForkIn | None = None) -> RunForkedOut:
     """A new run from this run's state checkpoint (weights and optimizer state) with the
     parent's config plus the overrides; its steps continue from the checkpoint's step."""
     body = body or RunForkIn()
@@ -136,18 +133,11 @@ def run_logs(
     tail: Annotated[int, Query(ge=0, le=10_000)] = 100,
     follow_: Annotated[bool, Query(alias="follow")] = False,
 ) -> Any:
-    """The last `tail` lines; with follow=true a server-sent event stream that ends with an
-    `end` event carrying the run's final status."""
+    """The last `tail` lines; with follow=true a server-sent event stream (`line` events, a bare
+    CR inside a line as a break between data lines) that ends with an `end` event carrying the
+    run's final status."""
     if not follow_:
         return svc.runs.logs(run_id, tail)
     svc.runs.row(run_id)  # 404/422 before the stream starts
     client = request.client.host if request.client else "local"
-    events = svc.streams.open(client, _sse(follow(svc.runs, run_id, tail)))
-    return StreamingResponse(events, media_type="text/event-stream")
-
-
-async def _sse(events: AsyncIterator[tuple[str, Any]]) -> AsyncIterator[str]:
-    async for kind, data in events:
-        payload = data if isinstance(data, str) else json.dumps(data)
-        lines = "".join(f"data: {part}\n" for part in payload.split("\n"))
-        yield f"event: {kind}\n{lines}\n"
+    return event_stream(svc.streams.open(client, follow(svc.runs, run_id, tail)))

@@ -54,6 +54,12 @@ class RunSummaryOut(BaseModel):
     parent_step: int | None = Field(None, description="The parent's step the fork started at")
 
 
+class RunProgressOut(BaseModel):
+    fraction: float = Field(description="step / total_steps, at most 1")
+    time_per_step_s: float | None = Field(description="Mean over the steps this run trained")
+    eta_s: float | None = Field(description="While running: seconds until total_steps")
+
+
 class RunDetailOut(RunSummaryOut):
     metrics: dict[str, Any]
     metrics_source: str
@@ -69,7 +75,7 @@ class RunDetailOut(RunSummaryOut):
     config: dict[str, Any] = Field(description="The frozen, resolved config the run trains with")
     stalled: bool
     stall_details: str | None
-    progress: dict[str, Any]
+    progress: RunProgressOut
     last_step_at: str | None
 
 

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+import builtins
 import json
 import secrets
 import shutil
-import signal
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -14,20 +14,30 @@ from typing import Any
 from sqlalchemy import delete, func
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError, OperationalError
-from sqlmodel import col, select
+from sqlmodel import SQLModel, col, select
 
-from core import lifecycle, procs
+from core import lifecycle
 from core.checkpoint_check import STATE_KIND, check, first_usable
 from core.db import read_session, write_session
-from core.models import FINISHED, RAY_LAUNCHER, RUN_ID, Checkpoint, Metric, Run, RunStatus
-from core.run_folder import RunFolder, hash_config
+from core.models import FINISHED, RUN_ID, Checkpoint, Metric, Run, RunStatus
+from core.run_folder import RunFolder, hash_config, log_lines
 from core.settings import Settings
 from core.spec import ResumePoint, RunSpec
 from server.environments.catalog import EnvEntry
 from server.environments.configs import ConfigService, Resolved
 from server.errors import Conflict, InvalidValue, NotFound
-from server.launch.ray_jobs import RayJobs, RayUnreachable
+from server.launch.launchers import Launchers
 from server.runs.metrics import MetricsService
+from server.runs.schemas import (
+    CheckpointOut,
+    RunCreatedOut,
+    RunDetailOut,
+    RunHistoryOut,
+    RunLogsOut,
+    RunResultsOut,
+    RunResumedOut,
+    RunSummaryOut,
+)
 from server.runs.views import RunViews
 
 
@@ -65,6 +75,7 @@ class RunService:
         engine: Engine,
         configs: ConfigService,
         metrics: MetricsService,
+        launchers: Launchers,
         wake_supervisor: Callable[[], None],
     ) -> None:
         self._settings = settings
@@ -72,7 +83,7 @@ class RunService:
         self._configs = configs
         self._metrics = metrics
         self._views = RunViews(settings, metrics)
-        self._ray_jobs: RayJobs | None = None  # made when a Ray run's log is first read
+        self._launchers = launchers
         self._wake = wake_supervisor
 
     # Creating ----------------------------------------------------------------------------
@@ -82,12 +93,12 @@ class RunService:
         environment: str | None,
         overrides: dict[str, Any],
         idempotency_key: str | None = None,
-    ) -> dict[str, Any]:
+    ) -> RunCreatedOut:
         """Resolve and freeze the config, write the run folder and row, queue it."""
         if idempotency_key is not None:
             existing = self._by_idempotency_key(idempotency_key)
             if existing is not None:
-                return {"run_id": existing.id, "status": existing.status.value}
+                return RunCreatedOut(run_id=existing.id, status=existing.status.value)
         name = environment or self._configs.selected()
         entry, config = self._configs.resolve(name, overrides)
         self._configs.check_model(config)
@@ -102,8 +113,8 @@ class RunService:
                 existing = self._by_idempotency_key(idempotency_key)
             if existing is None:
                 raise
-            return {"run_id": existing.id, "status": existing.status.value}
-        return {"run_id": run_id, "status": RunStatus.queued.value}
+            return RunCreatedOut(run_id=existing.id, status=existing.status.value)
+        return RunCreatedOut(run_id=run_id, status=RunStatus.queued.value)
 
     def plan(self, entry: EnvEntry, config: Resolved, **row: Any) -> PlannedRun:
         """A run's row and frozen spec for a validated config (`row`: extra Run fields);
@@ -133,7 +144,9 @@ class RunService:
         )
         return PlannedRun(run, spec)
 
-    def launch(self, planned: list[PlannedRun], also: Callable[[], list[Any]] = list) -> None:
+    def launch(
+        self, planned: list[PlannedRun], also: Callable[[], Sequence[SQLModel]] = tuple
+    ) -> list[str]:
         """Write each run's folder and frozen spec, then every row (and the rows `also` makes
         once the runs have their ids) in one transaction, and wake the supervisor. All or
         nothing: on a failure no folder is left behind. The new runs' ids, in order."""
@@ -177,7 +190,7 @@ class RunService:
 
     # Reading -----------------------------------------------------------------------------
 
-    def get(self, run_id: str) -> dict[str, Any]:
+    def get(self, run_id: str) -> RunDetailOut:
         run = self.row(run_id)
         return self._views.detail(run, self._queue_position(run))
 
@@ -187,7 +200,7 @@ class RunService:
         environment: str | None = None,
         limit: int = 100,
         offset: int = 0,
-    ) -> list[dict[str, Any]]:
+    ) -> list[RunSummaryOut]:
         # Only the summary's columns: building whole rows (frozen config JSON) costs more.
         query = select(*(getattr(Run, name) for name in SUMMARY_COLUMNS))
         if status is not None:
@@ -232,38 +245,38 @@ class RunService:
 
     # Results ----------------------------------------------------------------------------
 
-    def results(self, run_id: str, history_rows: int = 20) -> dict[str, Any]:
+    def results(self, run_id: str, history_rows: int = 20) -> RunResultsOut:
         """Final (or latest) metrics, recent history, checkpoints and where the weights are."""
         run = self.row(run_id)
         metrics = self._metrics
         latest = metrics.latest(run)
-        return {
-            "run_id": run.id,
-            "environment": run.environment,
-            "status": run.status.value,
-            "step": run.step,
-            "total_steps": run.total_steps,
-            "final": RunStatus(run.status) in FINISHED,
-            "metrics": latest.metrics,
-            "metrics_source": latest.source,
-            "metrics_note": latest.note,
-            "latest": metrics.latest_values(run.id),
-            "history": metrics.history(run.id, limit=history_rows),
-            "wandb_url": run.wandb_url,
-            "weights_path": run.weights_path,
-            "checkpoints": metrics.checkpoints(run.id),
-        }
+        return RunResultsOut(
+            run_id=run.id,
+            environment=run.environment,
+            status=run.status.value,
+            step=run.step,
+            total_steps=run.total_steps,
+            final=RunStatus(run.status) in FINISHED,
+            metrics=latest.metrics,
+            metrics_source=latest.source,
+            metrics_note=latest.note,
+            latest=metrics.latest_values(run.id),
+            history=metrics.history(run.id, limit=history_rows),
+            wandb_url=run.wandb_url,
+            weights_path=run.weights_path,
+            checkpoints=metrics.checkpoints(run.id),
+        )
 
     def history(
         self, run_id: str, keys: str | None, limit: int, max_points: int | None = None
-    ) -> dict[str, Any]:
+    ) -> RunHistoryOut:
         """Metric rows for plots; `keys` is a comma-separated list (all keys when absent)."""
         run = self.row(run_id)
         wanted = [k.strip() for k in keys.split(",") if k.strip()] if keys else None
         rows = self._metrics.history(run.id, wanted, limit, max_points)
-        return {"run_id": run.id, "keys": wanted, "rows": rows}
+        return RunHistoryOut(run_id=run.id, keys=wanted, rows=rows)
 
-    def checkpoints(self, run_id: str) -> list[dict[str, Any]]:
+    def checkpoints(self, run_id: str) -> builtins.list[CheckpointOut]:
         return self._metrics.checkpoints(self.row(run_id).id)
 
     @staticmethod
@@ -273,8 +286,9 @@ class RunService:
 
     # Stopping ----------------------------------------------------------------------------
 
-    def stop(self, run_id: str) -> dict[str, Any]:
-        """Ask a run to stop: cancel it if queued, else SIGTERM its group; idempotent."""
+    def stop(self, run_id: str) -> RunCreatedOut:
+        """Ask a run to stop: cancel it if queued, else pass the request to its launcher (a local
+        run gets SIGTERM at once); idempotent."""
         check_run_id(run_id)
         with write_session(self._engine) as session:
             run = session.get(Run, run_id)
@@ -282,21 +296,17 @@ class RunService:
                 raise no_such_run(run_id)
             status = RunStatus(run.status)
             if status in FINISHED or status == RunStatus.stopping:
-                return {"run_id": run_id, "status": status.value}
+                return RunCreatedOut(run_id=run_id, status=status.value)
             if status == RunStatus.queued and run.job_id is None:
                 lifecycle.transition(
                     session, run, RunStatus.stopped, details="cancelled before it started"
                 )
-                return {"run_id": run_id, "status": RunStatus.stopped.value}
+                return RunCreatedOut(run_id=run_id, status=RunStatus.stopped.value)
             lifecycle.transition(session, run, RunStatus.stopping)
-            # A Ray job's pid is on its own node: it reads the request from the database.
-            local = run.launcher != RAY_LAUNCHER
-            pid, start = (run.pid, run.process_start) if local else (None, None)
-        # The supervisor sends SIGKILL when the grace period passes; SIGTERM goes out now.
-        if pid is not None and procs.same_process_alive(pid, start):
-            procs.signal_group(pid, signal.SIGTERM)
+            stopping = Run(**run.model_dump())  # the row as committed, usable after the session
+        self._launchers.of(stopping).request_stop(stopping)
         self._wake()
-        return {"run_id": run_id, "status": RunStatus.stopping.value}
+        return RunCreatedOut(run_id=run_id, status=RunStatus.stopping.value)
 
     # Resuming ---------------------------------------------------------------------------
 
@@ -306,7 +316,7 @@ class RunService:
         overrides: dict[str, Any],
         force: bool,
         checkpoint_step: int | None = None,
-    ) -> dict[str, Any]:
+    ) -> RunResumedOut:
         """A new attempt of a finished run from a state checkpoint (the last one by default),
         continuing its step count.
 
@@ -352,17 +362,19 @@ class RunService:
             session.add(row)
             # Metrics logged after the checkpoint belong to steps that will be redone.
             session.exec(
-                delete(Metric).where(Metric.run_id == run_id, col(Metric.step) > checkpoint.step)
+                delete(Metric).where(
+                    col(Metric.run_id) == run_id, col(Metric.step) > checkpoint.step
+                )
             )
             attempt = row.attempt
         self._wake()
-        return {
-            "run_id": run_id,
-            "status": RunStatus.queued.value,
-            "attempt": attempt,
-            "resume_step": checkpoint.step,
-            "resume_from": checkpoint.path,
-        }
+        return RunResumedOut(
+            run_id=run_id,
+            status=RunStatus.queued.value,
+            attempt=attempt,
+            resume_step=checkpoint.step,
+            resume_from=checkpoint.path,
+        )
 
     def state_checkpoint(
         self, run_id: str, step: int | None, verb: str = "resume from"
@@ -398,7 +410,10 @@ class RunService:
             if not verify:
                 return rows[0]
             # The newest one that may be loaded: a half-written or corrupted one is passed over.
-            usable, skipped = first_usable(rows, lambda r: r.path, kind)
+            # Bound before unpacking: unpacked from the call, mypy infers the item type as
+            # `Checkpoint | None` (python/mypy#20219).
+            found = first_usable(rows, lambda r: r.path, kind)
+            usable, skipped = found
             if usable is None:
                 tried = "; ".join(f"{path}: {why}" for path, why in skipped)
                 raise Conflict(
@@ -426,26 +441,19 @@ class RunService:
     def log_path(self, run_id: str) -> Path:
         return RunFolder(self.row(run_id).run_dir).log
 
-    def logs(self, run_id: str, tail: int) -> dict[str, Any]:
+    def logs(self, run_id: str, tail: int) -> RunLogsOut:
         run = self.row(run_id)
         text = self.job_log(run)
         if text is not None:
-            lines = text.splitlines()[-tail:] if tail > 0 else []
+            lines = log_lines(text)[-tail:] if tail > 0 else []
         else:
             lines = RunFolder(run.run_dir).log_tail(tail)
-        return {"run_id": run_id, "status": run.status.value, "lines": lines}
+        return RunLogsOut(run_id=run_id, status=run.status.value, lines=lines)
 
     def job_log(self, run: Run) -> str | None:
-        """A Ray job's whole log as Ray keeps it (its runner writes no train.log); None for a
-        local run, or when Ray cannot be asked (then the run folder's log is what there is)."""
-        if run.launcher != RAY_LAUNCHER or run.job_id is None:
-            return None
-        if self._ray_jobs is None:
-            self._ray_jobs = RayJobs(self._settings)
-        try:
-            return self._ray_jobs.logs(run.job_id)
-        except (RayUnreachable, RuntimeError):
-            return None
+        """The attempt's whole log where its launcher keeps it (a Ray job's); None: the run
+        folder's train.log is the log."""
+        return self._launchers.of(run).log_text(run)
 
 
 def no_such_run(run_id: str) -> NotFound:

@@ -5,9 +5,15 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from sqlalchemy.engine import Row
+
 from core.models import Run, RunStatus, iso, utcnow
 from core.settings import Settings
 from server.runs.metrics import MetricsService
+from server.runs.schemas import RunDetailOut, RunProgressOut, RunSummaryOut
+
+# A Run, or a row of the columns a summary reads (runs.SUMMARY_COLUMNS).
+RunColumns = Run | Row[Any]
 
 
 class RunViews:
@@ -15,17 +21,16 @@ class RunViews:
         self._settings = settings
         self._metrics = metrics
 
-    def summary(self, run: Any, reward_mean: float | None = None) -> dict[str, Any]:
-        """From a Run, or a row holding the columns the summary needs (runs.SUMMARY_COLUMNS)."""
+    def summary(self, run: RunColumns, reward_mean: float | None = None) -> RunSummaryOut:
         progress = self.progress(run)
-        stalled, _ = self.stall(run, progress["time_per_step_s"])
+        stalled, _ = self.stall(run, progress.time_per_step_s)
         return _summary(run, reward_mean, progress, stalled)
 
-    def detail(self, run: Run, queue: tuple[int, int] | None = None) -> dict[str, Any]:
+    def detail(self, run: Run, queue: tuple[int, int] | None = None) -> RunDetailOut:
         status = RunStatus(run.status)
         latest = self._metrics.latest(run)
         progress = self.progress(run)
-        stalled, stall_details = self.stall(run, progress["time_per_step_s"])
+        stalled, stall_details = self.stall(run, progress.time_per_step_s)
         details = run.details
         if queue is not None:
             position, active = queue
@@ -33,26 +38,27 @@ class RunViews:
                 f"waiting for a slot: {active} of {self._settings.max_concurrent_runs} runs "
                 f"active (RLCS_MAX_CONCURRENT_RUNS); position {position} in the queue"
             )
-        return {
-            **_summary(run, latest.metrics.get("reward_mean"), progress, stalled),
-            "metrics": latest.metrics,
-            "metrics_source": latest.source,
-            "metrics_note": latest.note,
-            "wandb_url": run.wandb_url,
-            "wandb_path": run.wandb_path,
-            "weights_path": run.weights_path,
-            "error": run.details if status == RunStatus.failed else None,
-            "details": details,
-            "exit_code": run.exit_code,
-            "pid": run.pid,
-            "config_hash": run.config_hash,
-            "config": json.loads(run.config_json),
-            "stall_details": stall_details,
-            "progress": progress,
-            "last_step_at": iso(run.last_step_at),
-        }
+        summary = _summary(run, latest.metrics.get("reward_mean"), progress, stalled)
+        return RunDetailOut(
+            **summary.model_dump(),
+            metrics=latest.metrics,
+            metrics_source=latest.source,
+            metrics_note=latest.note,
+            wandb_url=run.wandb_url,
+            wandb_path=run.wandb_path,
+            weights_path=run.weights_path,
+            error=run.details if status == RunStatus.failed else None,
+            details=details,
+            exit_code=run.exit_code,
+            pid=run.pid,
+            config_hash=run.config_hash,
+            config=json.loads(run.config_json),
+            stall_details=stall_details,
+            progress=progress,
+            last_step_at=iso(run.last_step_at),
+        )
 
-    def progress(self, run: Run) -> dict[str, Any]:
+    def progress(self, run: RunColumns) -> RunProgressOut:
         per_step = None
         eta = None
         # A fork starts at its parent's step: only the steps it trained itself took its time.
@@ -62,13 +68,13 @@ class RunViews:
             if run.status == RunStatus.running:
                 eta = max(0.0, per_step * (run.total_steps - run.step))
         fraction = run.step / run.total_steps if run.total_steps else 0.0
-        return {
-            "fraction": round(min(1.0, fraction), 4),
-            "time_per_step_s": round(per_step, 3) if per_step is not None else None,
-            "eta_s": round(eta, 1) if eta is not None else None,
-        }
+        return RunProgressOut(
+            fraction=round(min(1.0, fraction), 4),
+            time_per_step_s=round(per_step, 3) if per_step is not None else None,
+            eta_s=round(eta, 1) if eta is not None else None,
+        )
 
-    def stall(self, run: Run, per_step: float | None) -> tuple[bool, str | None]:
+    def stall(self, run: RunColumns, per_step: float | None) -> tuple[bool, str | None]:
         """Stalled: running, and no step for far longer than its usual step time."""
         if run.status != RunStatus.running:
             return False, None
@@ -89,27 +95,27 @@ class RunViews:
 
 
 def _summary(
-    run: Any, reward_mean: float | None, progress: dict[str, Any], stalled: bool
-) -> dict[str, Any]:
-    return {
-        "run_id": run.id,
-        "environment": run.environment,
-        "status": RunStatus(run.status).value,
-        "step": run.step,
-        "total_steps": run.total_steps,
-        "attempt": run.attempt,
-        "failure_kind": run.failure_kind,
-        "created_at": iso(run.created_at),
-        "started_at": iso(run.started_at),
-        "finished_at": iso(run.finished_at),
-        "model_name": _model_name(run.config_json),
-        "reward_mean": reward_mean,
-        "eta_s": progress["eta_s"],
-        "stalled": stalled,
-        "sweep_id": run.sweep_id,
-        "parent_run_id": run.parent_run_id,
-        "parent_step": run.parent_step,
-    }
+    run: RunColumns, reward_mean: float | None, progress: RunProgressOut, stalled: bool
+) -> RunSummaryOut:
+    return RunSummaryOut(
+        run_id=run.id,
+        environment=run.environment,
+        status=RunStatus(run.status).value,
+        step=run.step,
+        total_steps=run.total_steps,
+        attempt=run.attempt,
+        failure_kind=run.failure_kind,
+        created_at=iso(run.created_at),
+        started_at=iso(run.started_at),
+        finished_at=iso(run.finished_at),
+        model_name=_model_name(run.config_json),
+        reward_mean=reward_mean,
+        eta_s=progress.eta_s,
+        stalled=stalled,
+        sweep_id=run.sweep_id,
+        parent_run_id=run.parent_run_id,
+        parent_step=run.parent_step,
+    )
 
 
 def _model_name(config_json: str) -> str | None:

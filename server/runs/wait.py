@@ -8,11 +8,12 @@ import asyncio
 import re
 import time
 from dataclasses import dataclass
-from typing import Any
 
 from core.models import FINISHED, Run, RunStatus
 from server.errors import InvalidValue
+from server.runs.schemas import RunWaitOut
 from server.runs.service import RunService
+from server.sweeps.schemas import SweepWaitOut
 from server.sweeps.service import SweepService
 
 MAX_WAIT_S = 600.0  # one request holds a connection at most this long; ask again after it
@@ -41,9 +42,7 @@ def parse_until(until: str) -> Condition:
     )
 
 
-async def wait_for_run(
-    runs: RunService, run_id: str, until: str, timeout_s: float
-) -> dict[str, Any]:
+async def wait_for_run(runs: RunService, run_id: str, until: str, timeout_s: float) -> RunWaitOut:
     """The run's detail once `until` holds, or as it is when `timeout_s` (capped) has passed,
     with `condition_met` saying which."""
     condition = parse_until(until)
@@ -53,11 +52,12 @@ async def wait_for_run(
         met = condition.holds(run)
         left = deadline - time.monotonic()
         if met or left <= 0:
-            return {**await asyncio.to_thread(runs.get, run.id), "condition_met": met}
+            detail = await asyncio.to_thread(runs.get, run.id)
+            return RunWaitOut(**detail.model_dump(), condition_met=met)
         await asyncio.sleep(min(POLL_S, left))
 
 
-async def wait_for_sweep(sweeps: SweepService, sweep_id: str, timeout_s: float) -> dict[str, Any]:
+async def wait_for_sweep(sweeps: SweepService, sweep_id: str, timeout_s: float) -> SweepWaitOut:
     """The sweep's results once every run has finished, or as they are at the timeout."""
     deadline = time.monotonic() + min(timeout_s, MAX_WAIT_S)
     sweeps.row(sweep_id)  # 404/422 at once
@@ -66,5 +66,6 @@ async def wait_for_sweep(sweeps: SweepService, sweep_id: str, timeout_s: float) 
         met = all(RunStatus(run.status) in FINISHED for run in runs)
         left = deadline - time.monotonic()
         if met or left <= 0:
-            return {**await asyncio.to_thread(sweeps.get, sweep_id), "condition_met": met}
+            detail = await asyncio.to_thread(sweeps.get, sweep_id)
+            return SweepWaitOut(**detail.model_dump(), condition_met=met)
         await asyncio.sleep(min(POLL_S, left))

@@ -3,7 +3,7 @@ them, stop them."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Depends, Header, Path, Query
 
@@ -26,14 +26,14 @@ SweepId = Annotated[
 ]
 
 
-@router.post("/sweeps", response_model=SweepCreatedOut)
+@router.post("/sweeps")
 def create_sweep(
     body: SweepCreateIn,
     svc: Svc,
     idempotency_key: Annotated[
         str | None, Header(alias="Idempotency-Key", min_length=1, max_length=200)
     ] = None,
-) -> dict[str, Any]:
+) -> SweepCreatedOut:
     """Every combination is validated first: one bad value is a 422 naming it, and nothing
     is created. The runs then go through the normal queue."""
     return svc.sweeps.create(
@@ -48,32 +48,32 @@ def create_sweep(
     )
 
 
-@router.get("/sweeps", response_model=list[SweepOut])
+@router.get("/sweeps")
 def list_sweeps(
     svc: Svc,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     offset: Annotated[int, Query(ge=0, le=1_000_000)] = 0,
-) -> list[dict[str, Any]]:
+) -> list[SweepOut]:
     return svc.sweeps.list(limit, offset)
 
 
-@router.get("/sweeps/{sweep_id}", response_model=SweepDetailOut)
-def get_sweep(sweep_id: SweepId, svc: Svc) -> dict[str, Any]:
+@router.get("/sweeps/{sweep_id}")
+def get_sweep(sweep_id: SweepId, svc: Svc) -> SweepDetailOut:
     return svc.sweeps.get(sweep_id)
 
 
-@router.get("/sweeps/{sweep_id}/wait", response_model=SweepWaitOut)
+@router.get("/sweeps/{sweep_id}/wait")
 async def wait_sweep(
     sweep_id: SweepId,
     svc: Svc,
     timeout: Annotated[
         float, Query(ge=0, le=MAX_WAIT_S, description="Seconds to wait at most")
     ] = 60.0,
-) -> dict[str, Any]:
+) -> SweepWaitOut:
     """Answer once every run of the sweep has finished, or when `timeout` passes."""
     return await wait_for_sweep(svc.sweeps, sweep_id, timeout)
 
 
-@router.post("/sweeps/{sweep_id}/stop", response_model=SweepStoppedOut)
-def stop_sweep(sweep_id: SweepId, svc: Svc) -> dict[str, Any]:
+@router.post("/sweeps/{sweep_id}/stop")
+def stop_sweep(sweep_id: SweepId, svc: Svc) -> SweepStoppedOut:
     return svc.sweeps.stop(sweep_id)

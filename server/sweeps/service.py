@@ -3,9 +3,11 @@ combination validated before any run exists; their results side by side and the 
 
 from __future__ import annotations
 
+import builtins
 import itertools
 import json
 import secrets
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy.exc import IntegrityError
@@ -17,7 +19,15 @@ from server.environments.configs import ConfigService
 from server.errors import DomainError, InvalidValue, NotFound
 from server.runs.metrics import SUMMARY_KEYS, MetricsService, summarize
 from server.runs.service import PlannedRun, RunService
-from server.sweeps.schemas import MAX_SWEEP_RUNS
+from server.sweeps.schemas import (
+    MAX_SWEEP_RUNS,
+    SweepBestOut,
+    SweepCreatedOut,
+    SweepDetailOut,
+    SweepOut,
+    SweepRunOut,
+    SweepStoppedOut,
+)
 
 HARD_MAX_RUNS = MAX_SWEEP_RUNS  # beyond this a sweep is a different tool
 
@@ -40,7 +50,7 @@ class SweepService:
         goal: str,
         max_runs: int,
         idempotency_key: str | None = None,
-    ) -> dict[str, Any]:
+    ) -> SweepCreatedOut:
         """Validate every combination, then write the sweep and all its runs at once."""
         if idempotency_key is not None:
             existing = self._by_idempotency_key(idempotency_key)
@@ -89,12 +99,12 @@ class SweepService:
             return self._created(existing.id)
         return self._created(sweep_id)
 
-    def _created(self, sweep_id: str) -> dict[str, Any]:
+    def _created(self, sweep_id: str) -> SweepCreatedOut:
         with read_session(self._runs.engine) as session:
             ids = session.exec(
                 select(Run.id).where(Run.sweep_id == sweep_id).order_by(col(Run.created_at))
             ).all()
-        return {"sweep_id": sweep_id, "run_ids": list(ids)}
+        return SweepCreatedOut(sweep_id=sweep_id, run_ids=list(ids))
 
     def _by_idempotency_key(self, key: str) -> Sweep | None:
         with read_session(self._runs.engine) as session:
@@ -105,7 +115,7 @@ class SweepService:
 
     # Reading -----------------------------------------------------------------------------
 
-    def list(self, limit: int = 100, offset: int = 0) -> list[dict[str, Any]]:
+    def list(self, limit: int = 100, offset: int = 0) -> list[SweepOut]:
         with read_session(self._runs.engine) as session:
             sweeps = session.exec(
                 select(Sweep)
@@ -114,17 +124,21 @@ class SweepService:
                 .limit(limit)
             ).all()
             members = session.exec(
-                select(Run.sweep_id, Run.status).where(
+                select(Run.sweep_id, Run.status, Run.finished_at).where(
                     col(Run.sweep_id).in_([s.id for s in sweeps])
                 )
             ).all()
         counts: dict[str, dict[str, int]] = {}
-        for sweep_id, status in members:
+        last: dict[str, datetime] = {}
+        for sweep_id, status, finished_at in members:
             bucket = counts.setdefault(sweep_id or "", {})
-            bucket[status.value] = bucket.get(status.value, 0) + 1
-        return [self._head(sweep, counts.get(sweep.id, {})) for sweep in sweeps]
+            name = RunStatus(status).value
+            bucket[name] = bucket.get(name, 0) + 1
+            if finished_at is not None and sweep_id is not None:
+                last[sweep_id] = max(finished_at, last.get(sweep_id, finished_at))
+        return [self._head(sweep, counts.get(sweep.id, {}), last.get(sweep.id)) for sweep in sweeps]
 
-    def get(self, sweep_id: str) -> dict[str, Any]:
+    def get(self, sweep_id: str) -> SweepDetailOut:
         """Each run's status, overrides and final (or latest) metrics, and the best run by
         the sweep's metric among the runs that have it."""
         sweep = self.row(sweep_id)
@@ -136,24 +150,24 @@ class SweepService:
             counts[run.status.value] = counts.get(run.status.value, 0) + 1
             latest = self._metrics.latest_values(run.id)
             rows.append(
-                {
-                    "run_id": run.id,
-                    "overrides": combos.get(run.id, {}),
-                    "status": run.status.value,
-                    "step": run.step,
-                    "total_steps": run.total_steps,
-                    "failure_kind": run.failure_kind,
-                    "metrics": summarize(latest, run.step),
-                    "value": _number(latest.get(metric_key(sweep.metric))),
-                }
+                SweepRunOut(
+                    run_id=run.id,
+                    overrides=combos.get(run.id, {}),
+                    status=run.status.value,
+                    step=run.step,
+                    total_steps=run.total_steps,
+                    failure_kind=run.failure_kind,
+                    metrics=summarize(latest, run.step),
+                    value=_number(latest.get(metric_key(sweep.metric))),
+                )
             )
-        return {
-            **self._head(sweep, counts),
-            "runs": rows,
-            "best": best_of(rows, sweep.goal, finished=not _unfinished(runs)),
-        }
+        return SweepDetailOut(
+            **self._head(sweep, counts, _last_finished(runs)).model_dump(),
+            runs=rows,
+            best=best_of(rows, sweep.goal, finished=not _unfinished(runs)),
+        )
 
-    def members(self, sweep_id: str) -> list[Run]:
+    def members(self, sweep_id: str) -> builtins.list[Run]:
         with read_session(self._runs.engine) as session:
             return list(
                 session.exec(
@@ -175,26 +189,31 @@ class SweepService:
             raise NotFound(f"No sweep '{sweep_id}'. GET /sweeps lists the sweeps.")
         return sweep
 
-    def _head(self, sweep: Sweep, counts: dict[str, int]) -> dict[str, Any]:
+    def _head(
+        self, sweep: Sweep, counts: dict[str, int], last_finished: datetime | None
+    ) -> SweepOut:
+        """`last_finished`: when its last run finished; a sweep has finished when all have (the
+        webhook fan-out announces it a moment later, which the answer does not wait for)."""
         total = sum(counts.values())
         done = sum(n for status, n in counts.items() if RunStatus(status) in FINISHED)
-        return {
-            "sweep_id": sweep.id,
-            "environment": sweep.environment,
-            "base": json.loads(sweep.base_json),
-            "metric": sweep.metric,
-            "goal": sweep.goal,
-            "status": "finished" if total and done == total else "running",
-            "runs_total": total,
-            "runs_finished": done,
-            "counts": counts,
-            "created_at": iso(sweep.created_at),
-            "finished_at": iso(sweep.finished_at),
-        }
+        finished = bool(total) and done == total
+        return SweepOut(
+            sweep_id=sweep.id,
+            environment=sweep.environment,
+            base=json.loads(sweep.base_json),
+            metric=sweep.metric,
+            goal=sweep.goal,
+            status="finished" if finished else "running",
+            runs_total=total,
+            runs_finished=done,
+            counts=counts,
+            created_at=iso(sweep.created_at),
+            finished_at=iso(last_finished) if finished else None,
+        )
 
     # Stopping ----------------------------------------------------------------------------
 
-    def stop(self, sweep_id: str) -> dict[str, Any]:
+    def stop(self, sweep_id: str) -> SweepStoppedOut:
         """Stop every run of the sweep that has not finished (queued ones are cancelled)."""
         self.row(sweep_id)
         stopped = [
@@ -202,7 +221,7 @@ class SweepService:
             for run in self.members(sweep_id)
             if RunStatus(run.status) not in FINISHED
         ]
-        return {"sweep_id": sweep_id, "runs": stopped}
+        return SweepStoppedOut(sweep_id=sweep_id, runs=stopped)
 
 
 def expand(
@@ -243,22 +262,22 @@ def metric_key(metric: str) -> str:
     return SUMMARY_KEYS.get(metric, metric)
 
 
-def best_of(rows: list[dict[str, Any]], goal: str, finished: bool) -> dict[str, Any] | None:
+def best_of(rows: list[SweepRunOut], goal: str, finished: bool) -> SweepBestOut | None:
     """The run with the highest (goal max) or lowest (min) value among those that have one;
     succeeded runs are preferred to runs that failed or stopped on the way."""
-    scored = [r for r in rows if r["value"] is not None]
-    good = [r for r in scored if r["status"] == RunStatus.succeeded.value] or scored
+    scored = [(r, r.value) for r in rows if r.value is not None]
+    good = [(r, v) for r, v in scored if r.status == RunStatus.succeeded.value] or scored
     if not good:
         return None
     pick = max if goal == "max" else min
-    best = pick(good, key=lambda r: r["value"])
-    return {
-        "run_id": best["run_id"],
-        "value": best["value"],
-        "overrides": best["overrides"],
-        "status": best["status"],
-        "final": finished,
-    }
+    best, value = pick(good, key=lambda pair: pair[1])
+    return SweepBestOut(
+        run_id=best.run_id,
+        value=value,
+        overrides=best.overrides,
+        status=best.status,
+        final=finished,
+    )
 
 
 def _unfinished(runs: list[Run]) -> bool:
@@ -272,3 +291,8 @@ def _number(value: Any) -> float | None:
 def _short(values: dict[str, Any]) -> str:
     text = json.dumps(values, sort_keys=True)
     return text if len(text) <= 120 else text[:117] + "..."
+
+
+def _last_finished(runs: builtins.list[Run]) -> datetime | None:
+    ends = [run.finished_at for run in runs if run.finished_at is not None]
+    return max(ends) if ends else None

@@ -194,4 +194,4 @@ class WebhookDispatcher:
 
     def backoff(self, attempts: int) -> float:
         """Seconds before the next try after `attempts` failed ones: base, 2 base, 4 base..."""
-        return min(RETRY_CAP_S, self._settings.webhook_retry_base_s * 2 ** (attempts - 1))
+        return min(RETRY_CAP_S, self._settings.webhook_retry_base_s * 2.0 ** (attempts - 1))

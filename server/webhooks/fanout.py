@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -29,11 +29,12 @@ from core.models import (
     iso,
 )
 from server.runs.views import RunViews
+from server.sweeps.schemas import SweepDetailOut
 from server.webhooks.service import events_of
 
 log = logging.getLogger(__name__)
 BATCH = 500  # events fanned out per transaction
-SweepView = Callable[[str], dict[str, Any]]
+SweepView = Callable[[str], SweepDetailOut]
 
 
 class FanOut:
@@ -59,7 +60,7 @@ class FanOut:
         stalled = [
             run
             for run in running
-            if self._views.stall(run, self._views.progress(run)["time_per_step_s"])[0]
+            if self._views.stall(run, self._views.progress(run).time_per_step_s)[0]
         ]
         keys = {f"stall:{run.id}:{run.attempt}:{run.step}": run for run in stalled}
         if not keys:
@@ -140,11 +141,12 @@ class FanOut:
         return len(fresh)
 
     def _deliveries(
-        self, session: Session, event: RunEvent, hooks: list[Webhook]
+        self, session: Session, event: RunEvent, hooks: Sequence[Webhook]
     ) -> list[WebhookDelivery]:
         wanted = [hook for hook in hooks if _matches(hook, event)]
         if not wanted:
             return []
+        assert event.id is not None  # read back from the table
         content = self._content(session, event)
         order_key = event.run_id or event.sweep_id or "-"
         out = []
@@ -172,7 +174,7 @@ class FanOut:
             sweep: dict[str, Any] | None = None
             if self._sweep_view is not None:
                 try:
-                    sweep = self._sweep_view(event.sweep_id)
+                    sweep = self._sweep_view(event.sweep_id).model_dump(mode="json")
                 except Exception:  # the counts below still say how it ended
                     log.exception("sweep view of %s failed", event.sweep_id)
             return {"sweep": sweep or _sweep_summary(session, event.sweep_id)}
@@ -183,7 +185,8 @@ class FanOut:
         summary = self._views.summary(run, metrics.get("reward/mean"))
         return {
             "step": event.step,
-            "run": {**summary, "metrics": metrics},  # the summary names its sweep_id
+            # The summary as the API answers it (it names its sweep_id), and the metrics.
+            "run": {**summary.model_dump(mode="json"), "metrics": metrics},
         }
 
 

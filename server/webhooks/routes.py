@@ -3,7 +3,7 @@ each one's deliveries."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Depends, Path, Query
 
@@ -25,34 +25,34 @@ WebhookId = Annotated[
 ]
 
 
-@router.post("/webhooks", response_model=WebhookCreatedOut)
-def create_webhook(body: WebhookCreateIn, svc: Svc) -> dict[str, Any]:
+@router.post("/webhooks")
+def create_webhook(body: WebhookCreateIn, svc: Svc) -> WebhookCreatedOut:
     """Deliveries are JSON POSTs signed in X-RLCS-Signature with the `secret` answered here
     (and only here)."""
     return svc.webhooks.create(body.url, list(body.events), body.step_every)
 
 
-@router.get("/webhooks", response_model=list[WebhookOut])
-def list_webhooks(svc: Svc) -> list[dict[str, Any]]:
+@router.get("/webhooks")
+def list_webhooks(svc: Svc) -> list[WebhookOut]:
     return svc.webhooks.list()
 
 
-@router.get("/webhooks/{webhook_id}", response_model=WebhookOut)
-def get_webhook(webhook_id: WebhookId, svc: Svc) -> dict[str, Any]:
+@router.get("/webhooks/{webhook_id}")
+def get_webhook(webhook_id: WebhookId, svc: Svc) -> WebhookOut:
     return svc.webhooks.get(webhook_id)
 
 
-@router.delete("/webhooks/{webhook_id}", response_model=WebhookDeletedOut)
-def delete_webhook(webhook_id: WebhookId, svc: Svc) -> dict[str, Any]:
+@router.delete("/webhooks/{webhook_id}")
+def delete_webhook(webhook_id: WebhookId, svc: Svc) -> WebhookDeletedOut:
     return svc.webhooks.delete(webhook_id)
 
 
-@router.get("/webhooks/{webhook_id}/deliveries", response_model=list[DeliveryOut])
+@router.get("/webhooks/{webhook_id}/deliveries")
 def list_deliveries(
     webhook_id: WebhookId,
     svc: Svc,
     status: DeliveryStatus | None = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-) -> list[dict[str, Any]]:
+) -> list[DeliveryOut]:
     """Newest first."""
     return svc.webhooks.deliveries(webhook_id, status, limit)

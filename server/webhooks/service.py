@@ -3,11 +3,11 @@ their deliveries. Delivery itself is server.webhooks.dispatch."""
 
 from __future__ import annotations
 
+import builtins
 import ipaddress
 import json
 import re
 import secrets
-from typing import Any
 
 import httpx
 from sqlalchemy import delete
@@ -20,6 +20,7 @@ from core.models import Webhook, WebhookDelivery, iso
 from core.net import is_loopback, parse_ip
 from core.settings import Settings
 from server.errors import InvalidValue, NotFound
+from server.webhooks.schemas import DeliveryOut, WebhookCreatedOut, WebhookDeletedOut, WebhookOut
 from server.webhooks.signing import secret_for
 
 DELIVERY_STATUSES = ("pending", "delivered", "failed")
@@ -32,7 +33,7 @@ class WebhookService:
         self._engine = engine
         self._key = signing_key
 
-    def create(self, url: str, events: list[str], step_every: int = 1) -> dict[str, Any]:
+    def create(self, url: str, events: list[str], step_every: int = 1) -> WebhookCreatedOut:
         """Check everything, then write the webhook; the answer holds its secret (only here)."""
         url = check_url(url, self._settings.webhook_allowed_hosts)
         kinds = check_events(events)
@@ -47,20 +48,20 @@ class WebhookService:
         view = _view(hook)
         with write_session(self._engine) as session:
             session.add(hook)
-        return {**view, "secret": self.secret(view["webhook_id"])}
+        return WebhookCreatedOut(**view.model_dump(), secret=self.secret(view.webhook_id))
 
     def secret(self, webhook_id: str) -> str:
         return secret_for(self._key, webhook_id)
 
-    def list(self) -> list[dict[str, Any]]:
+    def list(self) -> list[WebhookOut]:
         with read_session(self._engine) as session:
             hooks = session.exec(select(Webhook).order_by(col(Webhook.created_at))).all()
         return [_view(h) for h in hooks]
 
-    def get(self, webhook_id: str) -> dict[str, Any]:
+    def get(self, webhook_id: str) -> WebhookOut:
         return _view(self._row(webhook_id))
 
-    def delete(self, webhook_id: str) -> dict[str, Any]:
+    def delete(self, webhook_id: str) -> WebhookDeletedOut:
         """Remove the webhook and its deliveries (pending ones are not sent)."""
         with write_session(self._engine) as session:
             hook = session.get(Webhook, webhook_id)
@@ -68,11 +69,11 @@ class WebhookService:
                 raise _not_found(webhook_id)
             session.exec(delete(WebhookDelivery).where(col(WebhookDelivery.webhook_id) == hook.id))
             session.delete(hook)
-        return {"webhook_id": webhook_id, "deleted": True}
+        return WebhookDeletedOut(webhook_id=webhook_id, deleted=True)
 
     def deliveries(
         self, webhook_id: str, status: str | None = None, limit: int = 100
-    ) -> list[dict[str, Any]]:
+    ) -> builtins.list[DeliveryOut]:
         """Newest first."""
         self._row(webhook_id)
         query = select(WebhookDelivery).where(WebhookDelivery.webhook_id == webhook_id)
@@ -164,29 +165,29 @@ def events_of(hook: Webhook) -> list[str]:
     return list(json.loads(hook.events_json))
 
 
-def _view(hook: Webhook) -> dict[str, Any]:
-    return {
-        "webhook_id": hook.id,
-        "url": hook.url,
-        "events": events_of(hook),
-        "step_every": hook.step_every,
-        "created_at": iso(hook.created_at),
-    }
+def _view(hook: Webhook) -> WebhookOut:
+    return WebhookOut(
+        webhook_id=hook.id,
+        url=hook.url,
+        events=events_of(hook),
+        step_every=hook.step_every,
+        created_at=iso(hook.created_at),
+    )
 
 
-def delivery_view(d: WebhookDelivery) -> dict[str, Any]:
-    return {
-        "id": d.id,
-        "event": d.kind,
-        "order_key": d.order_key,
-        "status": d.status,
-        "attempts": d.attempts,
-        "last_status_code": d.last_status_code,
-        "last_error": d.last_error,
-        "created_at": iso(d.created_at),
-        "next_attempt_at": iso(d.next_attempt_at) if d.status == "pending" else None,
-        "delivered_at": iso(d.delivered_at),
-    }
+def delivery_view(d: WebhookDelivery) -> DeliveryOut:
+    return DeliveryOut(
+        id=d.id,
+        event=d.kind,
+        order_key=d.order_key,
+        status=d.status,
+        attempts=d.attempts,
+        last_status_code=d.last_status_code,
+        last_error=d.last_error,
+        created_at=iso(d.created_at),
+        next_attempt_at=iso(d.next_attempt_at) if d.status == "pending" else None,
+        delivered_at=iso(d.delivered_at),
+    )
 
 
 def _not_found(webhook_id: str) -> NotFound:

@@ -11,7 +11,8 @@ from server.app import create_app
 from tests.conftest import make_settings
 from tests.helpers import wait_for
 
-pytestmark = pytest.mark.slow  # each run starts a runner process that imports torch
+# Each run starts a runner process that imports torch.
+pytestmark = [pytest.mark.slow, pytest.mark.training]
 
 FINAL = {"succeeded", "failed", "stopped"}
 TINY = {

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from runners.engine import scheduler as engine
-from runners.engine.decoding import Row, RunningBatch
+from runners.engine.batch import Row
+from runners.engine.dynamic_batch import DynamicCacheBatch
 from runners.engine.sampling_model import SamplingModel
 from runners.engine.slot_batch import SlotBatch
 from tests.backend.test_continuous_batching import params, prompt
@@ -36,8 +37,8 @@ def _drain(batch, rows: list[Row]) -> None:
         batch.step()
 
 
-def _running(model, trainer) -> RunningBatch:
-    return RunningBatch(
+def _running(model, trainer) -> DynamicCacheBatch:
+    return DynamicCacheBatch(
         model, pad_id=0, device=torch.device("cpu"), decode=trainer.get_tokenizer().decode
     )
 
@@ -57,6 +58,7 @@ def _slots(model, trainer, slots: int = 8) -> SlotBatch:
 SPECS = [([5, 9, 2, 7, 1], 12, 3), ([4, 8], 20, 4), ([3, 3, 6], 7, 5)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("settings", [{}, {"top_k": 5, "top_p": 0.8}, {"temperature": 0.0}])
 def test_slot_batch_matches_the_dynamic_cache_batch(trainer, settings):
     model = _model(trainer)
@@ -68,6 +70,7 @@ def test_slot_batch_matches_the_dynamic_cache_batch(trainer, settings):
         np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-4)
 
 
+@pytest.mark.slow
 def test_late_rows_join_free_slots_and_match(trainer):
     model = _model(trainer)
     alone = _rows(SPECS)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from cli.sweeps import grid_axis
 from tests.cli.conftest import Rlctl
 
@@ -14,6 +16,7 @@ def test_grid_values_parse_like_config_values() -> None:
     assert grid_axis("model_name=gpt2,tiny-random") == ("model_name", ["gpt2", "tiny-random"])
 
 
+@pytest.mark.slow
 def test_a_sweep_from_start_to_its_best_run(rlctl: Rlctl) -> None:
     start = ["sweeps", "start", "--env", "arithmetic", "--grid", "seed=0,1"]
     start += ["--grid", "total_steps=2,4", "--idempotency-key", "cli-sweep"]

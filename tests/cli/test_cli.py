@@ -20,7 +20,6 @@ import httpx
 import pytest
 
 from cli import watch as watch_mod
-from cli.client import parse_sse
 from cli.main import main
 from cli.values import parse_value
 from tests.cli.conftest import Result, Rlctl, run_cli
@@ -112,16 +111,6 @@ def test_value_parsing() -> None:
     assert parse_value("gpt2") == "gpt2"
     assert parse_value("Org/Model-135M") == "Org/Model-135M"
     assert parse_value("NaN") == "NaN"  # not JSON: sent as a string, never as a bare NaN
-
-
-def test_sse_parsing_keeps_carriage_returns_inside_a_line() -> None:
-    stream = [b"event: line\ndata: 10%\r50%\n\n: keep-alive\n\n", b"event: li", b"ne\ndata:\n\n"]
-    stream.append(b'event: end\ndata: {"status": "failed"}\r\n\r\n')
-    assert list(parse_sse(stream)) == [
-        ("line", "10%\r50%"),
-        ("line", ""),
-        ("end", '{"status": "failed"}'),
-    ]
 
 
 class _Terminal(io.StringIO):
@@ -391,6 +380,7 @@ def test_stopped_run_exits_0_and_failed_run_exits_4(
     assert follow.returncode == RUN_FAILED and f"run {to_kill} failed" in follow.stderr
 
 
+@pytest.mark.slow
 def test_infer_with_tiny_random(rlctl: Rlctl, rlctl_in: Rlctl) -> None:
     rlctl_in("envs", "select", "arithmetic")
     assert rlctl_in("config", "set", "model_name", "tiny-random").returncode == OK
@@ -408,6 +398,7 @@ def test_infer_with_tiny_random(rlctl: Rlctl, rlctl_in: Rlctl) -> None:
     assert bad.returncode == SERVER_ERROR and "run_id" in bad.stderr
 
 
+@pytest.mark.slow
 def test_runs_wait_blocks_until_the_end_or_its_timeout(rlctl: Rlctl) -> None:
     run_id = start_run(rlctl, "--env", "arithmetic", "--set", "total_steps=5")
     done = rlctl("--json", "runs", "wait", run_id, "--at-most", "60")

@@ -14,6 +14,8 @@ from tests.cli.conftest import run_cli
 from tests.helpers import TINY_RUN, finish_run, processes_with, start_run, wait_for
 from tests.live_server import LiveServer
 
+pytestmark = pytest.mark.training
+
 OK, SERVER_ERROR = 0, 1
 
 

@@ -3,6 +3,8 @@
 Behaviour comes from the environment (inherited from the test process):
 FAKE_RUNNER_MODE = steps (default) | ignore_term | crash | no_end,
 FAKE_RUNNER_STEP_S = seconds per step (default 0.05). Steps = the run's total_steps.
+FAKE_RUNNER_PROGRESS=1 adds, before each step's line, a progress bar redrawn with a bare CR
+and a line that ends in CRLF.
 It also starts a grandchild (`sleep`) that it never ends itself, so tests can check that the
 supervisor leaves no process of the run's group behind.
 """
@@ -34,6 +36,7 @@ def main() -> int:
     engine = make_engine(Settings().db_url)
     mode = os.environ.get("FAKE_RUNNER_MODE", "steps")
     step_s = float(os.environ.get("FAKE_RUNNER_STEP_S", "0.05"))
+    progress = os.environ.get("FAKE_RUNNER_PROGRESS") == "1"
     stop = {"asked": False}
 
     if mode == "ignore_term":
@@ -58,6 +61,9 @@ def main() -> int:
             return 0
         time.sleep(step_s)
         lifecycle.record_step(engine, run_id, step, {"reward/mean": step / 10, "train/loss": 1.0})
+        if progress:
+            print(f"batch {step}: 50%\rbatch {step}: 100%", flush=True)
+            print(f"windows line {step}", end="\r\n", flush=True)
         print(f"step {step}", flush=True)
     if mode == "no_end":
         return 0

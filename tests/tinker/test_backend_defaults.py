@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from fastapi.testclient import TestClient
 
 from core.model_names import LOCAL_DEFAULT_MODEL, TINKER_DEFAULT_MODEL
@@ -21,6 +22,7 @@ def tinker_client(tmp_path: Path, standin: TinkerStandin) -> TestClient:
     return TestClient(create_app(settings))
 
 
+@pytest.mark.slow
 def test_tinker_default_model_is_one_the_service_serves(
     tmp_path: Path, standin: TinkerStandin
 ) -> None:

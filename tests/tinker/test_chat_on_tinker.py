@@ -18,6 +18,8 @@ from tests.helpers import finish_run, start_run
 from tests.standins.tinker_standin import TinkerStandin, token_logprob
 from tests.tinker.conftest import TEST_KEY
 
+pytestmark = pytest.mark.training
+
 TOKENIZER = build_tiny_tokenizer()
 MARKERS = Renderer(TOKENIZER).stop_token_ids()
 ANSWER = "apple pie"

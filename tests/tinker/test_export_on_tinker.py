@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from fastapi.testclient import TestClient
 
 from server.app import create_app
@@ -12,6 +13,8 @@ from tests.conftest import make_settings
 from tests.helpers import finish_run, start_run
 from tests.standins.tinker_standin import TinkerStandin
 from tests.tinker.conftest import TEST_KEY
+
+pytestmark = pytest.mark.training
 
 
 def test_a_tinker_run_is_exported_by_downloading_its_external_weights(tmp_path: Path) -> None:

@@ -20,6 +20,8 @@ from tests.helpers import wait_for
 from tests.standins.tinker_standin import TinkerStandin, token_logprob
 from tests.tinker.conftest import TEST_KEY
 
+pytestmark = pytest.mark.training
+
 TOKENIZER = build_tiny_tokenizer()
 
 

@@ -268,6 +268,7 @@ def test_saving_a_name_twice_needs_overwrite(sdk: tinker.ServiceClient) -> None:
 # ---- faults: what the SDK retries ----------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_sdk_retries_5xx_and_429(standin: TinkerStandin, sdk: tinker.ServiceClient) -> None:
     # 429 on a JSON endpoint: the SDK's HTTP layer retries (honouring retry-after-ms).
     standin.fail_next("create_model", count=2, status=429, retry_after_s=0.05)
@@ -347,6 +348,7 @@ def test_wrapper_refuses_a_malformed_key_without_echoing_it() -> None:
     assert secret not in error_text(caught.value)
 
 
+@pytest.mark.slow
 def test_wrapper_times_out_on_an_unreachable_url(closed_port_url: str) -> None:
     tinker_service = create_tinker_service(TEST_KEY, closed_port_url, timeout_s=2)
     assert TEST_KEY not in repr(tinker_service)

@@ -20,6 +20,8 @@ from tests.helpers import wait_for
 from tests.standins.wandb_standin import WandbStandin
 from tests.wandb.conftest import KEY
 
+pytestmark = pytest.mark.training
+
 PROJECT = "rl-online"
 FINISHED = {"succeeded", "failed", "stopped"}
 RUN_BODY = {

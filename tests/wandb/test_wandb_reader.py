@@ -7,6 +7,8 @@ import sys
 import threading
 import time
 
+import pytest
+
 from server.runs.wandb_reader import WandbReader, WandbResult
 from tests.standins.wandb_standin import WandbStandin
 from tests.wandb.conftest import (
@@ -133,6 +135,7 @@ def test_warm_up_logs_in_ahead_of_the_first_read(
 # Slow W&B ----------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_slow_wandb_never_blocks_the_caller(standin: WandbStandin, make_reader: MakeReader) -> None:
     reader = make_reader(wait_s=0.5, timeout_s=8.0, cache_s=30.0)
     warm(reader, standin)
@@ -173,6 +176,7 @@ def test_slow_wandb_never_blocks_the_caller(standin: WandbStandin, make_reader: 
     assert standin.request_count == 1  # served from the cache the slow fetch filled
 
 
+@pytest.mark.slow
 def test_fetch_gives_up_after_timeout_s_and_backs_off(
     standin: WandbStandin, make_reader: MakeReader
 ) -> None:
@@ -225,6 +229,7 @@ def test_429_backs_off_every_run_and_serves_the_cache(
     assert standin.request_count == count
 
 
+@pytest.mark.slow
 def test_repeated_429_doubles_the_backoff(
     standin: WandbStandin, make_reader: MakeReader, clock: FakeClock
 ) -> None:
@@ -247,6 +252,7 @@ def test_repeated_429_doubles_the_backoff(
     assert recovered.ok and recovered.note is None and recovered.age_s == 0
 
 
+@pytest.mark.slow
 def test_retry_after_is_waited_out_inside_wandb_core(
     standin: WandbStandin, make_reader: MakeReader
 ) -> None:

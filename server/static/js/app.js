@@ -7,9 +7,13 @@ import * as compare from "/static/js/pages/compare.js";
 import * as newRun from "/static/js/pages/new_run.js";
 import * as run from "/static/js/pages/run.js";
 import * as runs from "/static/js/pages/runs.js";
+import * as sweep from "/static/js/pages/sweep.js";
+import * as sweeps from "/static/js/pages/sweeps.js";
 import * as tryModel from "/static/js/pages/try.js";
 
-const PAGES = { runs, run, compare, new: newRun, try: tryModel };
+const PAGES = { runs, run, sweeps, sweep, compare, new: newRun, try: tryModel };
+// A page's nav link: a run's page is under Runs, a sweep's under Sweeps.
+const NAV = { run: "runs", sweep: "sweeps" };
 const main = document.getElementById("page");
 let cleanup = null;
 
@@ -18,6 +22,7 @@ function route() {
   let page = "runs";
   let arg = null;
   if (parts[0] === "runs" && parts[1]) [page, arg] = ["run", parts[1]];
+  else if (parts[0] === "sweeps") [page, arg] = parts[1] ? ["sweep", parts[1]] : ["sweeps", null];
   else if (parts[0] === "compare") [page, arg] = ["compare", parts[1] || ""];
   else if (parts[0] === "new") [page, arg] = ["new", parts[1] || null];
   else if (parts[0] === "try") page = "try";
@@ -31,7 +36,7 @@ function show() {
   main.dataset.page = page;
   for (const link of document.querySelectorAll("header nav a")) {
     const target = link.getAttribute("href");
-    link.classList.toggle("active", target === `#/${page === "run" ? "runs" : page}`);
+    link.classList.toggle("active", target === `#/${NAV[page] || page}`);
   }
   cleanup = PAGES[page].mount(main, arg) || null;
 }

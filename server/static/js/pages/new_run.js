@@ -28,9 +28,14 @@ export function mount(main, envName) {
     try {
       const envs = await api("/environments");
       const name = envName || envs[0]?.name;
-      for (const env of envs) select.append(h("option", { value: env.name, selected: env.name === name }, env.name));
+      for (const env of envs) {
+        const label = env.framework === "atropos" ? `${env.name} (Atropos)` : env.name;
+        select.append(h("option", { value: env.name, selected: env.name === name }, label));
+      }
       const env = envs.find((e) => e.name === name);
-      description.textContent = env ? env.description : "";
+      // Servers that predate `framework` only list our own environments.
+      const framework = env?.framework === "atropos" ? "Atropos environment" : "";
+      description.textContent = env ? [framework, env.description].filter(Boolean).join(": ") : "";
       if (!name) return;
       const view = await api(`/environments/${encodeURIComponent(name)}/config`);
       form = new ConfigForm(view);

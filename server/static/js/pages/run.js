@@ -1,15 +1,22 @@
-// One run: its status and progress, a chart of every metric (live while it runs), the frozen
-// config, checkpoints, the W&B link, the live log with its end event, stop and resume.
+// One run: its status and progress, where it came from (source, fork parent, sweep) and its
+// forks, a chart of every metric (live while it runs), the frozen config, checkpoints, the W&B
+// link, the live log with its end event, stop and resume.
 
 import { api, history, streamEvents } from "/static/js/api.js";
 import { ChartBoard } from "/static/js/charts.js";
 import { FINISHED, duration, fmt, h } from "/static/js/dom.js";
+import { forkOf, frameworks, sourceLabel, sweepOf } from "/static/js/run_origin.js";
+
+// A parent's forks are found among the newest runs (GET /runs has each run's parent id).
+const FORK_SCAN = 1000;
 
 export function mount(main, runId) {
   const aborter = new AbortController();
   let timer = null;
   let lastStep = -1;
   let lastStatus = null;
+  let envFrameworks = new Map();
+  let forks = [];
   const title = h("h2", { style: "margin:0" }, "Run ", h("span", { "data-testid": "run-id" }, runId));
   const status = h("span", { "data-testid": "run-status", class: "status" }, "…");
   const step = h("span", { "data-testid": "run-step" }, "");
@@ -54,7 +61,12 @@ export function mount(main, runId) {
     status.textContent = run.status;
     step.textContent = `${run.step} / ${run.total_steps}`;
     const wandb = run.wandb_url ? h("a", { "data-testid": "wandb-link", href: run.wandb_url, target: "_blank", rel: "noopener" }, "W&B run") : "–";
+    const forkLinks = forks.map((child) => h("a", { "data-testid": "fork-link", href: `#/runs/${child.run_id}` }, child.run_id));
     facts.replaceChildren(
+      ...fact("source", sourceLabel(run, envFrameworks)),
+      ...(run.parent_run_id ? fact("parent", forkOf(run)) : []),
+      ...(run.sweep_id ? fact("sweep", sweepOf(run)) : []),
+      ...(forks.length ? fact("forks", h("span", { "data-testid": "forks" }, forkLinks.flatMap((a, i) => (i ? [", ", a] : [a])))) : []),
       ...fact("environment", run.environment),
       ...fact("model", run.model_name || "–"),
       ...fact("reward (latest)", fmt(run.metrics?.reward_mean)),
@@ -153,6 +165,11 @@ export function mount(main, runId) {
     }
   }
 
+  // What the facts need from elsewhere, once: environment frameworks and this run's forks.
+  Promise.all([
+    api("/environments").then((envs) => { envFrameworks = frameworks(envs); }),
+    api(`/runs?limit=${FORK_SCAN}`).then((runs) => { forks = runs.filter((r) => r.parent_run_id === runId).reverse(); }),
+  ]).catch(() => {}).then(() => { if (!aborter.signal.aborted) refresh(); });
   refresh();
   followLog();
   timer = setInterval(refresh, 2000);

@@ -1,14 +1,15 @@
-// Runs: a live table (polled every 2 s), newest first, filtered by status and environment,
-// 100 to a page; pick runs to compare them.
+// Runs: a live table (polled every 2 s), newest first, filtered by status, environment and
+// source, 100 to a page; each run's source, fork parent and sweep; pick runs to compare them.
 
 import { api } from "/static/js/api.js";
 import { duration, fmt, h, statusBadge } from "/static/js/dom.js";
+import { SOURCES, forkOf, frameworks, sourceLabel, sourceOf, sweepOf } from "/static/js/run_origin.js";
 
 const PAGE = 100;
 const STATUSES = ["queued", "starting", "running", "stopping", "succeeded", "failed", "stopped"];
 
 export function mount(main) {
-  const state = { offset: 0, status: "", environment: "", picked: new Set(), timer: null };
+  const state = { offset: 0, status: "", environment: "", source: "", picked: new Set(), timer: null, frameworks: new Map() };
   const error = h("div", { class: "error" });
   const statusFilter = h(
     "select",
@@ -20,6 +21,12 @@ export function mount(main) {
     "select",
     { "data-testid": "filter-env", onchange: () => { state.environment = envFilter.value; state.offset = 0; refresh(); } },
     h("option", { value: "" }, "any environment"),
+  );
+  const sourceFilter = h(
+    "select",
+    { "data-testid": "filter-source", onchange: () => { state.source = sourceFilter.value; state.offset = 0; refresh(); } },
+    h("option", { value: "" }, "any source"),
+    Object.entries(SOURCES).map(([value, label]) => h("option", { value }, label)),
   );
   const compareButton = h(
     "button",
@@ -37,19 +44,22 @@ export function mount(main) {
   const table = h(
     "table",
     { "data-testid": "runs-table" },
-    h("thead", {}, h("tr", {}, ["", "run", "environment", "model", "status", "step", "reward", "ETA", "stalled", "failure", "created"].map((t) => h("th", {}, t)))),
+    h("thead", {}, h("tr", {}, ["", "run", "source", "environment", "model", "status", "step", "reward", "ETA", "stalled", "failure", "created"].map((t) => h("th", {}, t)))),
     body,
   );
   main.append(
     h("section", {},
-      h("div", { class: "toolbar" }, h("h2", { style: "margin:0" }, "Runs"), statusFilter, envFilter, compareButton,
+      h("div", { class: "toolbar" }, h("h2", { style: "margin:0" }, "Runs"), statusFilter, envFilter, sourceFilter, compareButton,
         h("span", { class: "spacer" }), prev, pageInfo, next,
         h("a", { href: "#/new" }, h("button", { class: "primary", type: "button" }, "New run"))),
       error, table),
   );
 
   api("/environments").then((envs) => {
-    for (const env of envs) envFilter.append(h("option", { value: env.name }, env.name));
+    for (const env of envs) {
+      envFilter.append(h("option", { value: env.name }, env.framework === "atropos" ? `${env.name} (Atropos)` : env.name));
+    }
+    state.frameworks = frameworks(envs);
   }).catch(() => {});
 
   function row(run) {
@@ -69,6 +79,7 @@ export function mount(main) {
       { dataset: { runId: run.run_id } },
       h("td", {}, pick),
       h("td", {}, h("a", { "data-testid": "run-link", href: `#/runs/${run.run_id}` }, run.run_id)),
+      cell("source", sourceLabel(run, state.frameworks), forkOf(run), sweepOf(run)),
       cell("environment", run.environment),
       cell("model", run.model_name || "–"),
       cell("status", statusBadge(run.status)),
@@ -85,10 +96,17 @@ export function mount(main) {
     const params = new URLSearchParams({ limit: String(PAGE), offset: String(state.offset) });
     if (state.status) params.set("status", state.status);
     if (state.environment) params.set("environment", state.environment);
+    // Sent for a server that filters by source; the page filters too, for one that does not.
+    if (state.source) params.set("source", state.source);
     try {
       const runs = await api(`/runs?${params}`);
-      body.replaceChildren(...runs.map(row));
-      if (!runs.length) body.append(h("tr", {}, h("td", { colspan: 11, class: "muted" }, "No runs yet: start one with New run.")));
+      const shown = state.source ? runs.filter((run) => sourceOf(run) === state.source) : runs;
+      body.replaceChildren(...shown.map(row));
+      if (!shown.length) {
+        const filtered = state.status || state.environment || state.source || state.offset;
+        const why = filtered ? "No runs here match the filters." : "No runs yet: start one with New run.";
+        body.append(h("tr", {}, h("td", { colspan: 12, class: "muted" }, why)));
+      }
       error.textContent = "";
       prev.disabled = state.offset === 0;
       next.disabled = runs.length < PAGE;

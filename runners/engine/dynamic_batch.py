@@ -1,5 +1,6 @@
-"""Continuous batching over a KV cache: rows join a running batch (their prefill done
-alongside) and leave the step they finish; token selection is one batched pass per step.
+"""The dynamic-cache batch: rows join a running batch (their prefill done alongside) and leave
+the step they finish; the KV cache grows and shrinks with them; token selection is one batched
+pass per step.
 
 Rows are left-padded: positions count real tokens only, so each row sees the positions it
 would see alone, whatever it shares the batch with. The logprob reported for a sampled token
@@ -8,73 +9,22 @@ is under the raw model distribution (before temperature, top-k, top-p), as train
 
 from __future__ import annotations
 
-import threading
-import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import torch
 
+from runners.engine.batch import Row, finished, record
+from runners.engine.lora import LanguageModel
 from runners.engine.sampling_model import next_token_logits
 from runners.engine.selection import row_keys, select_tokens
 
 
-@dataclass
-class Row:
-    """One sequence to sample, with its own settings and random stream (its seed)."""
-
-    prompt: list[int]
-    max_tokens: int
-    temperature: float
-    top_k: int
-    top_p: float
-    stop_ids: frozenset[int]
-    stop_strings: tuple[str, ...]
-    seed: int
-    deadline: float | None = None  # time.monotonic() after which the row stops ("length")
-    cancel: threading.Event | None = None  # set: the row stops at the next step ("length")
-    # Told of each token as it is picked (on the engine thread: keep it quick), for streaming.
-    on_token: Callable[[int, float], None] | None = None
-    tokens: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    stop_reason: str | None = None
-
-    @property
-    def filtered(self) -> bool:
-        return self.temperature > 0 and (self.top_k > 0 or self.top_p < 1.0)
-
-
-def record(row: Row, token: int, logprob: float) -> None:
-    """Append a picked token to its row, telling the row's listener if it has one."""
-    row.tokens.append(token)
-    row.logprobs.append(logprob)
-    if row.on_token is not None:
-        row.on_token(token, logprob)
-
-
-def finished(row: Row, decode: Callable[[list[int]], str], max_positions: int | None) -> bool:
-    token = row.tokens[-1]
-    if token in row.stop_ids:
-        row.stop_reason = "stop"
-    elif row.stop_strings and any(s in decode(row.tokens) for s in row.stop_strings):
-        row.stop_reason = "stop"
-    elif len(row.tokens) >= row.max_tokens:
-        row.stop_reason = "length"
-    elif max_positions is not None and len(row.prompt) + len(row.tokens) >= max_positions:
-        row.stop_reason = "length"
-    elif row.deadline is not None and time.monotonic() >= row.deadline:
-        row.stop_reason = "length"
-    elif row.cancel is not None and row.cancel.is_set():
-        row.stop_reason = "length"
-    return row.stop_reason is not None
-
-
-class RunningBatch:
+class DynamicCacheBatch:
     """The rows decoding now, their KV cache, attention mask, positions and next logits."""
 
     def __init__(
         self,
-        model: torch.nn.Module,
+        model: LanguageModel,
         *,
         pad_id: int,
         device: torch.device,
@@ -141,7 +91,8 @@ class RunningBatch:
         )
         tokens_f, logprobs = picked.tolist()  # the step's one transfer to the host
         tokens = [int(t) for t in tokens_f]
-        keep, done = [], []
+        keep: list[int] = []
+        done: list[int] = []
         for slot, (row, token, logprob) in enumerate(zip(rows, tokens, logprobs, strict=True)):
             record(row, token, logprob)
             (done if finished(row, self._decode, self._max_positions) else keep).append(slot)

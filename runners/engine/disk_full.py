@@ -7,6 +7,8 @@ import errno
 import os
 from pathlib import Path
 
+from core.failures import RunFailure
+
 FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
 # How the errno reads once a library turned it into text (Rust's io::Error, strerror).
 _FULL_TEXT = (
@@ -23,8 +25,10 @@ _FULL_TEXT = (
 _NEARLY_FULL_BYTES = 1 << 20
 
 
-class DiskFull(OSError):
+class DiskFull(RunFailure, OSError):
     """Writing `filename` failed because its disk (or quota) is full."""
+
+    category = "disk_full"
 
 
 def disk_full_errno(exc: BaseException, where: Path) -> int | None:

@@ -1,0 +1,84 @@
+"""What a decoding batch is to the sampling engine: rows (one sequence each, with its own
+settings and random stream) that join a running batch and leave the step they finish. Two
+batches implement it: `DynamicCacheBatch` (a cache that grows with its rows; the CPU) and
+`SlotBatch` (a fixed KV slot per row, decode steps captured as CUDA graphs)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+StopReason = Literal["length", "stop"]  # as tinker's SampledSequence names them
+
+
+@dataclass
+class Row:
+    """One sequence to sample, with its own settings and random stream (its seed)."""
+
+    prompt: list[int]
+    max_tokens: int
+    temperature: float
+    top_k: int
+    top_p: float
+    stop_ids: frozenset[int]
+    stop_strings: tuple[str, ...]
+    seed: int
+    deadline: float | None = None  # time.monotonic() after which the row stops ("length")
+    cancel: threading.Event | None = None  # set: the row stops at the next step ("length")
+    # Told of each token as it is picked (on the engine thread: keep it quick), for streaming.
+    on_token: Callable[[int, float], None] | None = None
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    stop_reason: StopReason | None = None
+
+    @property
+    def filtered(self) -> bool:
+        return self.temperature > 0 and (self.top_k > 0 or self.top_p < 1.0)
+
+
+def record(row: Row, token: int, logprob: float) -> None:
+    """Append a picked token to its row, telling the row's listener if it has one."""
+    row.tokens.append(token)
+    row.logprobs.append(logprob)
+    if row.on_token is not None:
+        row.on_token(token, logprob)
+
+
+def finished(row: Row, decode: Callable[[list[int]], str], max_positions: int | None) -> bool:
+    token = row.tokens[-1]
+    if token in row.stop_ids:
+        row.stop_reason = "stop"
+    elif row.stop_strings and any(s in decode(row.tokens) for s in row.stop_strings):
+        row.stop_reason = "stop"
+    elif len(row.tokens) >= row.max_tokens:
+        row.stop_reason = "length"
+    elif max_positions is not None and len(row.prompt) + len(row.tokens) >= max_positions:
+        row.stop_reason = "length"
+    elif row.deadline is not None and time.monotonic() >= row.deadline:
+        row.stop_reason = "length"
+    elif row.cancel is not None and row.cancel.is_set():
+        row.stop_reason = "length"
+    return row.stop_reason is not None
+
+
+class DecodeBatch(Protocol):
+    """The rows decoding now; the engine adds rows between steps and takes finished ones."""
+
+    def __len__(self) -> int:
+        """Rows decoding now."""
+        ...
+
+    def can_take(self, rows: list[Row]) -> bool:
+        """Whether `rows` fit beside the running ones now (else they wait for rows to drain)."""
+        ...
+
+    def join(self, rows: list[Row]) -> list[Row]:
+        """Prefill `rows` and add them; returns rows that finished at once."""
+        ...
+
+    def step(self) -> list[Row]:
+        """Pick one token for every row; returns the rows that finished and left."""
+        ...

@@ -1,0 +1,39 @@
+"""An import-linter contract the built-in ones lack: no two of our modules on an import cycle.
+
+import-linter's own `acyclic_siblings` counts a subpackage as one node, and our server has
+package-level loops by design (each domain's routes import `server.deps`, whose Services
+container names each domain's service), while the layering rule has always been about modules.
+The graph is the one grimp builds for every contract: every import, those inside functions too.
+"""
+
+from __future__ import annotations
+
+from grimp import ImportGraph
+from importlinter import Contract, ContractCheck, output
+
+
+class AcyclicModulesContract(Contract):
+    """Kept when no module imports, directly or through others, a module that imports it."""
+
+    type_name = "acyclic_modules"
+
+    def check(self, graph: ImportGraph, verbose: bool) -> ContractCheck:
+        cycles: set[tuple[str, ...]] = set()
+        for importer in sorted(graph.modules):
+            for imported in sorted(graph.find_modules_directly_imported_by(importer)):
+                back = graph.find_shortest_chain(importer=imported, imported=importer)
+                if back is not None:
+                    cycles.add(_rotated((importer, *back[:-1])))
+        output.verbose_print(verbose, f"{len(cycles)} import cycles between modules.")
+        return ContractCheck(kept=not cycles, warnings=[], metadata={"cycles": sorted(cycles)})
+
+    def render_broken_contract(self, check: ContractCheck) -> None:
+        for cycle in check.metadata["cycles"]:
+            output.print_error(" -> ".join([*cycle, cycle[0]]))
+            output.new_line()
+
+
+def _rotated(cycle: tuple[str, ...]) -> tuple[str, ...]:
+    """The cycle starting at its smallest name, so each is reported once."""
+    start = cycle.index(min(cycle))
+    return cycle[start:] + cycle[:start]

