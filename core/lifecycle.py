@@ -16,7 +16,16 @@ from sqlmodel import Session, col, select
 
 from core import events
 from core.db import read_session, write_session
-from core.models import ACTIVE, FINISHED, Checkpoint, Metric, Run, RunStatus, utcnow
+from core.models import (
+    ACTIVE,
+    FINISHED,
+    TINKER_API,
+    Checkpoint,
+    Metric,
+    Run,
+    RunStatus,
+    utcnow,
+)
 from core.run_folder import clean_metrics
 
 # Which status may follow which; a finished status is final (a resume starts a new attempt).
@@ -200,7 +209,12 @@ def count_active(session: Session) -> int:
 
 
 def holds_a_slot() -> ColumnElement[bool]:
-    return or_(
-        col(Run.status).in_(list(ACTIVE)),
-        and_(col(Run.status) == RunStatus.queued, col(Run.job_id).is_not(None)),
+    """A Tinker API session holds none: it runs no runner (its models live in the server's
+    engine, admitted by the memory budget), and the server that holds it settles it."""
+    return and_(
+        or_(
+            col(Run.status).in_(list(ACTIVE)),
+            and_(col(Run.status) == RunStatus.queued, col(Run.job_id).is_not(None)),
+        ),
+        or_(col(Run.launcher).is_(None), col(Run.launcher) != TINKER_API),
     )

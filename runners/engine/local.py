@@ -104,12 +104,13 @@ class LocalServiceClient:
             raise ValueError("create_sampling_client needs model_path or base_model")
         return submit(self._loader, self._base_sampler, base_model)
 
-    def forget(self, client: LocalTrainingClient) -> None:
-        """Close a training client (after its queued requests) and free what only it used."""
+    def forget(self, client: LocalTrainingClient, cancel_pending: bool = False) -> None:
+        """Close a training client (after its queued requests, or dropping them) and free
+        what only it used."""
         with self._lock:
             if client in self._training_clients:
                 self._training_clients.remove(client)
-        client.close()
+        client.close(cancel_pending)
 
     def close(self, status: str = "success", detail: str | None = None) -> LocalFuture[None]:
         """Stop every worker and sampling engine of this service."""

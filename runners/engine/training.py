@@ -52,7 +52,8 @@ class LocalTrainingClient:
         # The service's create_sampling_client(model_path=...): saved weights get a host of
         # their own when they do not fit this one.
         self._open_sampler = open_sampler
-        self._checkpoint_dir = Path(checkpoint_dir)
+        # Where save_state and save_weights_for_sampler write `<name>/<kind>` (settable).
+        self.checkpoint_dir = Path(checkpoint_dir)
         self._tokens_per_microbatch = max(1, tokens_per_microbatch)
         self.model_id = f"local-{uuid.uuid4().hex[:12]}"
         self.steps = 0
@@ -127,7 +128,7 @@ class LocalTrainingClient:
         """Adapter + optimizer into `<checkpoint_dir>/<name>/state/`, replacing an older one
         (with `refuse_existing` and no `overwrite`, an older one is an error instead, checked
         in order with this client's other requests: Tinker's rule)."""
-        folder = ckpt.checkpoint_folder(self._checkpoint_dir, name, ckpt.STATE_KIND)
+        folder = ckpt.checkpoint_folder(self.checkpoint_dir, name, ckpt.STATE_KIND)
         exclusive = refuse_existing and not overwrite
         return submit(self._worker, self._run_save_state, folder, user_metadata or {}, exclusive)
 
@@ -138,7 +139,7 @@ class LocalTrainingClient:
         user_metadata: dict[str, str] | None = None,
     ) -> LocalFuture[types.SaveWeightsForSamplerResponse]:
         """A peft adapter folder `<checkpoint_dir>/<name>/sampler/` for sampling later."""
-        folder = ckpt.checkpoint_folder(self._checkpoint_dir, name, ckpt.SAMPLER_KIND)
+        folder = ckpt.checkpoint_folder(self.checkpoint_dir, name, ckpt.SAMPLER_KIND)
         return submit(self._worker, self._run_save_sampler, folder, user_metadata or {})
 
     def save_weights_and_get_sampling_client(
@@ -179,9 +180,11 @@ class LocalTrainingClient:
         """This client's LoRA tensors by parameter name (live: do not write to them)."""
         return dict(self._adapter.tensors)
 
-    def close(self) -> None:
-        """Finish queued requests, then give the host back (its last user frees it)."""
-        self._worker.shutdown(wait=True)
+    def close(self, cancel_pending: bool = False) -> None:
+        """Finish queued requests (or, with `cancel_pending`, only the one running: the others
+        never run and their futures stay unresolved), then give the host back (its last user
+        frees it)."""
+        self._worker.shutdown(wait=True, cancel_futures=cancel_pending)
         if not self._closed:
             self._closed = True
             self._host.release()

@@ -65,6 +65,7 @@ SUMMARY_COLUMNS = (
     "sweep_id",
     "parent_run_id",
     "parent_step",
+    "source",
 )
 
 
