@@ -205,10 +205,8 @@ class TinkerEngine:
     def _op_open_sampler(self, request_id: int, m: Message) -> None:
         """A sampler over saved sampler weights (`folder`) or the bare base model; it loads in
         the background and samples asked of it meanwhile wait."""
-        if m.get("folder"):
-            future = _guard(lambda: self._service.create_sampling_client(model_path=m["folder"]))
-        else:
-            future = _guard(lambda: self._service.create_sampling_client(base_model=m["base_model"]))
+        source = {"model_path": m["folder"]} if m.get("folder") else {"base_model": m["base_model"]}
+        future = _guard(lambda: self._service.create_sampling_client(**source))
         self._new_sampler(m["sampler_id"], future)
         self._ack(request_id)
 
@@ -363,4 +361,3 @@ def _saved(folder: str, client: LocalTrainingClient) -> Message:
 
 def _b64(data: bytes) -> str:
     return base64.b64encode(data).decode("ascii")
-

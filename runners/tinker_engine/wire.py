@@ -62,9 +62,7 @@ def decode_forward_backward(body: bytes) -> ForwardBackward:
     for key, value in msg.loss_fn_config_v2.items():  # v2 wins, as on the hosted service
         config[key] = value.text if value.WhichOneof("value") == "text" else float(value.number)
     data = [_datum(datum, f"data[{i}]") for i, datum in enumerate(msg.data)]
-    return ForwardBackward(
-        msg.model_id, msg.seq_id, msg.loss_fn, config, msg.forward_only, data
-    )
+    return ForwardBackward(msg.model_id, msg.seq_id, msg.loss_fn, config, msg.forward_only, data)
 
 
 def _datum(datum: pb.Datum, where: str) -> types.Datum:
