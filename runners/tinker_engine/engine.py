@@ -251,19 +251,33 @@ class TinkerEngine:
 
     def _op_release(self, request_id: int, m: Message) -> None:
         """Drop models and samplers (a session ended): requests still queued on them never
-        run; the memory only they used is freed."""
+        run, the one running finishes; the memory only they used is freed. The answer says
+        what the engine holds after."""
         with self._lock:
             models = [self._models.pop(i) for i in m.get("models", []) if i in self._models]
             samplers = [self._samplers.pop(i) for i in m.get("samplers", []) if i in self._samplers]
-        for future in models:
-            future.add_done_callback(lambda f: self._closer.submit(self._forget, f))
-        for sampler in samplers:
-            sampler.add_done_callback(_close_sampler)
         self._ack(request_id)
+        done = self._closer.submit(self._release, models, samplers)
 
-    def _forget(self, future: Future[LocalTrainingClient]) -> None:
-        if future.exception() is None:
-            self._service.forget(future.result(), cancel_pending=True)
+        def loaded(_: None) -> Message:
+            held = [
+                {"model": n, "bytes": b, "users": u} for n, b, u in self._service.bases.loaded()
+            ]
+            return {"json": {"loaded": held}}
+
+        self._answer(request_id, done, loaded)
+
+    def _release(
+        self,
+        models: list[LocalFuture[LocalTrainingClient]],
+        samplers: list[LocalFuture[LocalSamplingClient]],
+    ) -> None:
+        for sampler in samplers:
+            if sampler.exception() is None:  # waits for one still loading
+                sampler.result().close()
+        for model in models:
+            if model.exception() is None:
+                self._service.forget(model.result(), cancel_pending=True)
 
     # Helpers -----------------------------------------------------------------------------
 
@@ -310,11 +324,6 @@ def _guard(call: Callable[[], LocalFuture[Any]]) -> LocalFuture[Any]:
         failed: LocalFuture[Any] = LocalFuture()
         failed.set_exception(exc)
         return failed
-
-
-def _close_sampler(future: Future[LocalSamplingClient]) -> None:
-    if future.exception() is None:
-        future.result().close()
 
 
 def _relay(source: Future[Any], target: LocalFuture[Any]) -> None:

@@ -46,6 +46,7 @@ CLIENT_CONFIG = {
     "proto_compress_fwdbwd": False,
     "parallel_fwdbwd_chunks": False,
 }
+MIB = 1 << 20
 SAMPLE_CONCURRENCY = 256  # in-flight samples per sampling client (each holds a long poll)
 ENGINE_KINDS = frozenset({"create_model", "load_weights", "train", "save", "sample"})
 
@@ -450,13 +451,28 @@ class TinkerService:
             models = [m.model_id for m in session.models.values()]
             samplers = list(session.samplers)
             release_call = self._call_engine(
-                session, "release", ended_ok=True, models=models, samplers=samplers
+                session,
+                "release",
+                lambda answer: self._released(session, answer),
+                ended_ok=True,
+                models=models,
+                samplers=samplers,
             )
             asyncio.ensure_future(release_call).add_done_callback(_log_failure)
         why = details or told
         self._note(session.run_dir, f"session ended ({status.value}): {why}")
         self._db.submit(self.records.end, session.id, status, failure_kind, why)
         log.info("Tinker session %s ended (%s): %s", session.id, status.value, why)
+
+    def _released(self, session: Session, answer: Message) -> None:
+        if "error" in answer:
+            self._note(session.run_dir, f"freeing its models failed: {answer['error']}")
+            return
+        held = answer["json"]["loaded"]
+        what = ", ".join(
+            f"{m['model']} ({m['bytes'] / MIB:.0f} MiB, {m['users']} user(s))" for m in held
+        )
+        self._note(session.run_dir, f"models freed; the engine now holds {what or 'no model'}")
 
     def _stop_if_held(self, run_id: str) -> None:
         session = self._sessions.get(run_id)
