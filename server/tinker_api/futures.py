@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 JSON = "application/json"
@@ -77,15 +77,26 @@ class FutureRegistry:
                 sessions.append(pending.session_id)
         return sessions
 
-    async def wait(self, request_id: str, hold_s: float) -> Outcome | None:
-        """The outcome, waiting up to `hold_s` for it; None if it is not there yet. KeyError
-        for a request id this server does not hold (never made, or expired)."""
+    async def wait(
+        self,
+        request_id: str,
+        hold_s: float,
+        gone: Callable[[], Awaitable[bool]] | None = None,
+    ) -> Outcome | None:
+        """The outcome, waiting up to `hold_s` for it; None if it is not there yet, or the
+        client went away meanwhile (`gone`, asked every second). KeyError for a request id
+        this server does not hold (never made, or expired)."""
         pending = self._futures[request_id]
-        if pending.outcome is None:
-            try:
-                await asyncio.wait_for(asyncio.shield(pending.done.wait()), hold_s)
-            except TimeoutError:
+        deadline = self._clock() + hold_s
+        while pending.outcome is None:
+            left = deadline - self._clock()
+            if left <= 0:
                 return None
+            try:
+                await asyncio.wait_for(asyncio.shield(pending.done.wait()), min(left, 1.0))
+            except TimeoutError:
+                if gone is not None and await gone():
+                    return None
         return pending.outcome
 
     def expire(self) -> int:

@@ -143,8 +143,9 @@ async def asample(body: schemas.SampleIn, tk: Tk) -> Answer:
 
 
 @router.post("/retrieve_future", response_model=None)
-async def retrieve_future(body: schemas.RetrieveIn, tk: Tk) -> Response | Answer:
-    outcome = await tk.retrieve(body)
+async def retrieve_future(body: schemas.RetrieveIn, request: Request, tk: Tk) -> Response | Answer:
+    # A held poll ends early when its client goes away (a killed script's socket closes).
+    outcome = await tk.retrieve(body, request.is_disconnected)
     if not isinstance(outcome, Outcome):
         return outcome  # try_again
     if outcome.error is not None:

@@ -13,7 +13,7 @@ import asyncio
 import base64
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -389,7 +389,9 @@ class TinkerService:
 
     # Futures -----------------------------------------------------------------------------
 
-    async def retrieve(self, body: schemas.RetrieveIn) -> Outcome | Answer:
+    async def retrieve(
+        self, body: schemas.RetrieveIn, gone: Callable[[], Awaitable[bool]] | None = None
+    ) -> Outcome | Answer:
         pending = self.futures.get(body.request_id)
         if pending is None:
             # 410: the SDK sends a sampling request again; a training one it reports.
@@ -400,8 +402,14 @@ class TinkerService:
             )
         session = self._sessions.get(pending.session_id)
         if session is not None:
-            session.last_seen = self._clock()
-        outcome = await self.futures.wait(body.request_id, self._settings.tinker_poll_hold_s)
+            session.waiting += 1
+        try:
+            hold = self._settings.tinker_poll_hold_s
+            outcome = await self.futures.wait(body.request_id, hold, gone)
+        finally:
+            if session is not None:
+                session.waiting -= 1
+                session.last_seen = self._clock()
         if outcome is None:
             return {"type": "try_again", "request_id": body.request_id, "queue_state": "active"}
         return outcome
@@ -517,7 +525,7 @@ class TinkerService:
         timeout = self._settings.tinker_session_timeout_s
         live = [s for s in self._sessions.values() if s.ended is None]
         for session in live:
-            quiet = now - session.last_seen
+            quiet = 0.0 if session.waiting else now - session.last_seen
             if quiet > timeout:
                 self._end(
                     session,
@@ -681,7 +689,12 @@ class TinkerService:
         if session.ended is not None and not ended_ok:
             raise BadRequest(session.ended)
         session.uses_engine = True
-        refusal = await self.engine.call(op, answer, **fields)
+        session.waiting += 1
+        try:
+            refusal = await self.engine.call(op, answer, **fields)
+        finally:
+            session.waiting -= 1
+            session.last_seen = self._clock()
         if refusal is None:
             return
         if refusal.status >= 500 and refusal.status != 500:

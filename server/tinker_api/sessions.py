@@ -64,6 +64,9 @@ class Session:
     ended: str | None = None  # what a request of an ended session is told
     ended_at: float | None = None
     uses_engine: bool = False
+    # Its client's requests being answered now (a held poll, a POST waiting for the engine):
+    # a client waiting on us is not quiet.
+    waiting: int = 0
     _answers: dict[Hashable, asyncio.Future[dict[str, Any]]] = field(default_factory=dict)
 
     async def once(
