@@ -35,6 +35,7 @@ class Pending:
     done: asyncio.Event = field(default_factory=asyncio.Event)
     outcome: Outcome | None = None
     settled_at: float | None = None
+    retrieved: bool = False  # its client has had the outcome
 
 
 class FutureRegistry:
@@ -61,6 +62,12 @@ class FutureRegistry:
         pending.settled_at = self._clock()
         pending.done.set()
         return pending
+
+    def unfinished(self, session_id: str) -> int:
+        """A session's requests whose outcome its client has not had (yet)."""
+        return sum(
+            1 for p in self._futures.values() if p.session_id == session_id and not p.retrieved
+        )
 
     def fail_session(self, session_id: str, error: str, category: str) -> None:
         """Every unsettled future of a session fails with `error` (its session ended)."""
@@ -97,6 +104,7 @@ class FutureRegistry:
             except TimeoutError:
                 if gone is not None and await gone():
                     return None
+        pending.retrieved = True
         return pending.outcome
 
     def expire(self) -> int:

@@ -527,15 +527,7 @@ class TinkerService:
         for session in live:
             quiet = 0.0 if session.waiting else now - session.last_seen
             if quiet > timeout:
-                self._end(
-                    session,
-                    RunStatus.failed,
-                    "lost",
-                    f"its script sent nothing for {quiet:.0f} s",
-                    f"lost: the script sent nothing (not even a heartbeat, which the SDK sends "
-                    f"every 10 s) for {quiet:.0f} s (RLCS_TINKER_SESSION_TIMEOUT_S={timeout:g}): "
-                    "it died or lost its connection. Its models were freed.",
-                )
+                self._went_quiet(session, quiet, timeout)
         live_ids = [s.id for s in live if s.ended is None]
         if live_ids:
             for run_id in await self._in_db(self.records.stopping, live_ids):
@@ -544,6 +536,36 @@ class TinkerService:
         for session in list(self._sessions.values()):
             if session.ended_at is not None and now - session.ended_at > forget:
                 del self._sessions[session.id]
+
+    def _went_quiet(self, session: Session, quiet: float, timeout: float) -> None:
+        """Its script sent nothing for too long: the SDK heartbeats every 10 s while its
+        process lives, so the process is gone. With answers it never had, it died mid-work
+        (lost); with all it asked answered, it most likely ended without closing its session
+        (succeeded, saying so): the server cannot tell those apart any better."""
+        unfinished = self.futures.unfinished(session.id)
+        silence = (
+            f"the script sent nothing (not even a heartbeat, which the SDK sends every 10 s) "
+            f"for {quiet:.0f} s (RLCS_TINKER_SESSION_TIMEOUT_S={timeout:g})"
+        )
+        if unfinished:
+            details = (
+                f"lost: {silence} with {unfinished} request(s) unanswered: it died or lost its "
+                "connection. Its models were freed."
+            )
+            self._end(
+                session,
+                RunStatus.failed,
+                "lost",
+                f"its script sent nothing for {quiet:.0f} s",
+                details,
+            )
+        else:
+            details = (
+                f"{silence}, every request answered: the script most likely ended without "
+                "closing its session (ServiceClient.close(), or `with ServiceClient()`, ends a "
+                "run at once). Its models were freed."
+            )
+            self._end(session, RunStatus.succeeded, None, "its script went quiet", details)
 
     # Answers from the engine -------------------------------------------------------------
 

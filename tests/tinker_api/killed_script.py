@@ -1,5 +1,6 @@
-"""A script for the kill test: it starts training, says so, and waits on its step's result
-until it is killed (SIGKILL: no close, no finish, no more heartbeats)."""
+"""A script for the kill test: it queues four forward_backward calls, says so once the first
+is done (the others were sent before it finished: the server holds them), and waits on the
+rest until it is killed (SIGKILL: no close, no finish, no more heartbeats)."""
 
 import sys
 
@@ -17,8 +18,9 @@ data = [
     for _ in range(64)
 ]
 futures = [training.forward_backward(data, "cross_entropy") for _ in range(4)]
+futures[0].result(600)
 print(f"training {training.model_id}", flush=True)
-for future in futures:
+for future in futures[1:]:
     future.result(600)
 print("finished, which the test did not want", flush=True)
 sys.exit(3)

@@ -83,7 +83,8 @@ def test_a_script_killed_mid_step_is_settled_and_freed(fragile: LiveServer) -> N
         _, errors = script.communicate(timeout=30)
     assert line.startswith("training "), errors[-3000:]
     run_id = line.split()[1].split(":")[0]
-    run = wait_for(lambda: (r := run_of(fragile, run_id))["status"] == "failed" and r, timeout=30)
+    run = wait_for(lambda: (r := run_of(fragile, run_id))["status"] != "running" and r, timeout=30)
+    assert run["status"] == "failed", run
     assert run["failure_kind"] == "lost"
     assert "sent nothing" in run["details"]
     # Its queued steps never run; the model is freed once the running one ends.
@@ -111,7 +112,8 @@ def test_sessions_of_a_dead_engine_are_settled(fragile: LiveServer) -> None:
 
 
 def test_a_quiet_session_is_settled_when_its_time_is_up(tmp_path: Path) -> None:
-    """The rule alone, with an injected clock: heartbeats keep a session; silence ends it."""
+    """The rule alone, with an injected clock: heartbeats keep a session; silence ends it, as
+    lost with requests unanswered, else as a script that ended without closing."""
     settings = make_settings(tmp_path, tinker_session_timeout_s=60.0)
     from core.db import make_engine
     from core.schema import upgrade
@@ -121,24 +123,29 @@ def test_a_quiet_session_is_settled_when_its_time_is_up(tmp_path: Path) -> None:
     now = [1000.0]
     service = TinkerService(settings, engine, clock=lambda: now[0])
 
-    async def scenario() -> str:
+    async def scenario() -> tuple[str, str]:
         await service.start()
-        created = await service.create_session(schemas.CreateSessionIn(sdk_version="0.38.0"))
-        session_id = created["session_id"]
+        new = schemas.CreateSessionIn(sdk_version="0.38.0")
+        dying = (await service.create_session(new))["session_id"]
+        ending = (await service.create_session(new))["session_id"]
+        service.futures.new(dying, "train")  # a request it never had the answer of
         now[0] += 50
-        service.heartbeat(session_id)
-        now[0] += 50  # 100 s since it started, 50 since its heartbeat
+        service.heartbeat(dying)
+        service.heartbeat(ending)
+        now[0] += 50  # 100 s since they started, 50 since their heartbeats
         await service.sweep()
-        assert service.holds(session_id)
+        assert service.holds(dying) and service.holds(ending)
         now[0] += 11
         await service.sweep()
-        assert not service.holds(session_id)
+        assert not service.holds(dying) and not service.holds(ending)
         await service.stop()
-        return session_id
+        return dying, ending
 
-    session_id = asyncio.run(scenario())
-    run = service.records.run(session_id)
-    assert run is not None
-    assert (run.status, run.failure_kind) == (RunStatus.failed, "lost")
-    assert "sent nothing" in (run.details or "") and "61 s" in (run.details or "")
+    dying, ending = asyncio.run(scenario())
+    lost, ended = service.records.run(dying), service.records.run(ending)
+    assert lost is not None and ended is not None
+    assert (lost.status, lost.failure_kind) == (RunStatus.failed, "lost")
+    assert "61 s" in (lost.details or "") and "1 request(s) unanswered" in (lost.details or "")
+    assert ended.status == RunStatus.succeeded
+    assert "ended without closing its session" in (ended.details or "")
     engine.dispose()
