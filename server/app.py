@@ -73,7 +73,7 @@ from server.webhooks.service import WebhookService
 from server.webhooks.signing import signing_key
 
 log = logging.getLogger("server")
-ERROR_CODES = ("400", "401", "403", "404", "409", "413", "415", "422", "429", "503")
+ERROR_CODES = ("400", "401", "403", "404", "409", "410", "413", "415", "422", "429", "503")
 
 
 def build_services(settings: Settings) -> Services:
