@@ -127,6 +127,15 @@ def test_the_session_is_a_run_with_steps_and_checkpoints(server: LiveServer) -> 
         timeout=120,
     )
     assert chat.status_code == 200, chat.text
+    # Test inference scores it on an environment (the session trained none of its own).
+    assert server.api.post("/environments/arithmetic/select").status_code == 200
+    tried = server.api.post(
+        "/test/inference",
+        json={"run_id": run_id, "checkpoint_step": 2, "num_items": 1, "max_tokens": 4},
+        timeout=120,
+    )
+    assert tried.status_code == 200, tried.text
+    assert tried.json()["model"] == "tiny-random" and tried.json()["adapter"].endswith("sampler")
 
     rest.delete_checkpoint_from_tinker_path(state).result(WAIT_S)
     remaining = server.api.get(f"/runs/{run_id}/checkpoints").json()
