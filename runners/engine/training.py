@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -74,7 +74,7 @@ class LocalTrainingClient:
         self,
         data: list[types.Datum],
         loss_fn: str,
-        loss_fn_config: dict[str, float] | None = None,
+        loss_fn_config: Mapping[str, float | str] | None = None,
     ) -> LocalFuture[types.ForwardBackwardOutput]:
         """Loss and gradients (accumulated until optim_step) for `data`."""
         return self._submit_forward(data, loss_fn, loss_fn_config, backward=True)
@@ -83,7 +83,7 @@ class LocalTrainingClient:
         self,
         data: list[types.Datum],
         loss_fn: str,
-        loss_fn_config: dict[str, float] | None = None,
+        loss_fn_config: Mapping[str, float | str] | None = None,
     ) -> LocalFuture[types.ForwardBackwardOutput]:
         """Like forward_backward, without gradients."""
         return self._submit_forward(data, loss_fn, loss_fn_config, backward=False)
@@ -92,7 +92,7 @@ class LocalTrainingClient:
         self,
         data: list[types.Datum],
         loss_fn: str,
-        loss_fn_config: dict[str, float] | None,
+        loss_fn_config: Mapping[str, float | str] | None,
         backward: bool,
     ) -> LocalFuture[types.ForwardBackwardOutput]:
         # Bad input fails here, at the call, as the hosted service refuses it at submission.

@@ -12,7 +12,9 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from google.protobuf.message import DecodeError
+
+# google.protobuf ships no type stubs; the generated tinker_public_pb2 has its own .pyi.
+from google.protobuf.message import DecodeError  # type: ignore[import-untyped]
 from tinker import types
 from tinker.proto import tinker_public_pb2 as pb
 

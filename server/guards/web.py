@@ -101,7 +101,9 @@ def has_body(headers: Headers) -> bool:
 
 
 def is_protobuf(content_type: str | None) -> bool:
-    return bool(content_type) and content_type.split(";")[0].strip() == "application/x-protobuf"
+    if not content_type:
+        return False
+    return content_type.split(";")[0].strip() == "application/x-protobuf"
 
 
 def is_json(content_type: str | None) -> bool:

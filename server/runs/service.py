@@ -200,11 +200,14 @@ class RunService:
         environment: str | None = None,
         limit: int = 100,
         offset: int = 0,
+        source: str | None = None,
     ) -> list[RunSummaryOut]:
         # Only the summary's columns: building whole rows (frozen config JSON) costs more.
         query = select(*(getattr(Run, name) for name in SUMMARY_COLUMNS))
         if status is not None:
             query = query.where(Run.status == status)
+        if source is not None:
+            query = query.where(Run.source == source)
         if environment is not None:
             query = query.where(Run.environment == environment)
         query = query.order_by(col(Run.created_at).desc(), col(Run.id).desc())

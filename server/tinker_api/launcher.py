@@ -7,6 +7,7 @@ itself settles the sessions that finish, go quiet or lose their engine (service.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 from sqlalchemy.engine import Engine
 
@@ -64,5 +65,14 @@ class TinkerLauncher:
                     summary="lost: the server holding this Tinker session stopped (a session "
                     "lives in its server, and its engine ends with it)",
                 ),
-                same_attempt=lambda row, pid=run.pid: row.pid == pid,
+                same_attempt=_held_by(run.pid),
             )
+
+
+def _held_by(pid: int | None) -> Callable[[Run], bool]:
+    """The row is still the one that process held (not a later session reusing nothing)."""
+
+    def same(row: Run) -> bool:
+        return row.pid == pid
+
+    return same

@@ -142,7 +142,7 @@ def _views(run_id: str, rows: list[Checkpoint]) -> list[Answer]:
 
 
 def _of(view: Answer, model: dict[str, Any]) -> bool:
-    return view["model_id"] == model.get("model_id")
+    return bool(view["model_id"] == model.get("model_id"))
 
 
 def _ref(path: str, field: str) -> paths.CheckpointRef:

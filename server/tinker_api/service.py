@@ -116,9 +116,10 @@ class TinkerService:
 
     def heartbeat(self, session_id: str) -> Answer:
         session = self._sessions.get(session_id)
-        if session is None or session.ended is not None:
-            # 410 stops the SDK's heartbeat loop.
-            raise Gone(session.ended if session is not None else _no_session(session_id))
+        if session is None:
+            raise Gone(_no_session(session_id))  # 410 stops the SDK's heartbeat loop
+        if session.ended is not None:
+            raise Gone(session.ended)
         session.last_seen = self._clock()
         return {"type": "session_heartbeat"}
 
@@ -232,14 +233,15 @@ class TinkerService:
     async def save_weights_for_sampler(self, body: schemas.SaveSamplerIn) -> Answer:
         session, model = self._model(body.model_id)
         if body.path:
+            name = body.path
             return await self._model_op(
                 session,
                 model,
                 body.seq_id,
                 "save",
                 "save_sampler",
-                lambda message: self._saved(session, model, SAMPLER_KIND, body.path, message),
-                name=body.path,
+                lambda message: self._saved(session, model, SAMPLER_KIND, name, message),
+                name=name,
                 user_metadata=body.user_metadata,
             )
         # No name: a sampler over the weights as they are (save_weights_and_get_sampling_

@@ -91,6 +91,11 @@ def test_the_session_is_a_run_with_steps_and_checkpoints(server: LiveServer) -> 
     assert listed[run_id]["source"] == "tinker-api"
     assert listed[run_id]["status"] == "running"
     assert listed[run_id]["model_name"] == "tiny-random"
+    sessions = server.api.get("/runs", params={"source": "tinker-api"}).json()
+    assert run_id in {r["run_id"] for r in sessions} and {r["source"] for r in sessions} == {
+        "tinker-api"
+    }
+    assert run_id not in {r["run_id"] for r in server.api.get("/runs?source=api").json()}
     history = server.api.get(f"/runs/{run_id}/history").json()["rows"]
     assert [row["step"] for row in history] == [1, 2]
     tokens = sum(d.model_input.length for d in datums("importance_sampling", 1))
