@@ -170,7 +170,11 @@ def main() -> None:
         f"{args.tokens} tokens sampled per step, {args.steps} steps x {args.rounds} rounds"
     )
     api, local = Timings(), Timings()
-    env = {"RLCS_MODELS_DIR": str(args.models_dir.resolve()), "RLCS_DEVICE": "cpu"}
+    env = {
+        "RLCS_MODELS_DIR": str(args.models_dir.resolve()),
+        "RLCS_DEVICE": "cpu",
+        "RLCS_SUPERVISOR_INTERVAL_S": "0.5",  # the default (tests' servers tick faster)
+    }
     with tempfile.TemporaryDirectory() as tmp:
         for round_ in range(args.rounds):
             with LiveServer(Path(tmp) / f"var-{round_}", **env) as server:

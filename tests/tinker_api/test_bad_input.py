@@ -36,22 +36,26 @@ def test_keys(server: LiveServer) -> None:
 
 
 @pytest.fixture(scope="module")
-def token_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
-    with tinker_server(tmp_path_factory.mktemp("tinker-token"), RLCS_API_TOKEN=TOKEN) as live:
+def small_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    """A server that takes a token, and whose engine has room for no model at all."""
+    var = tmp_path_factory.mktemp("tinker-token")
+    budget = {"RLCS_TINKER_MEMORY_BUDGET_GB": "0.00001"}  # 10 KiB
+    with tinker_server(var, RLCS_API_TOKEN=TOKEN, **budget) as live:
         yield live
 
 
-def test_with_a_token_the_key_is_tml_and_the_token(token_server: LiveServer) -> None:
-    wrong = tinker.ServiceClient(base_url=token_server.url, api_key="tml-guess")
+def test_with_a_token_the_key_is_tml_and_the_token(small_server: LiveServer) -> None:
+    wrong = tinker.ServiceClient(base_url=small_server.url, api_key="tml-guess")
     with pytest.raises(tinker.AuthenticationError, match="tml-<the server's RLCS_API_TOKEN>"):
-        wrong.create_sampling_client(base_model="tiny-random").result(WAIT_S)
-    right = tinker.ServiceClient(base_url=token_server.url, api_key=f"tml-{TOKEN}")
-    sampler = right.create_sampling_client(base_model="tiny-random").result(WAIT_S)
-    assert sampler.get_base_model() == "tiny-random"
+        wrong.create_lora_training_client("tiny-random").result(WAIT_S)
+    right = tinker.ServiceClient(base_url=small_server.url, api_key=f"tml-{TOKEN}")
+    # Through: refused by the memory budget instead, saying what is loaded.
+    with pytest.raises(tinker.RequestFailedError, match="memory budget.*loaded now: nothing"):
+        right.create_lora_training_client("tiny-random").result(WAIT_S)
     right.close("success").result(WAIT_S)
     # Our own routes still take the bearer token, not the SDK's key.
     assert (
-        httpx.get(f"{token_server.url}/runs", headers={"X-API-Key": f"tml-{TOKEN}"}).status_code
+        httpx.get(f"{small_server.url}/runs", headers={"X-API-Key": f"tml-{TOKEN}"}).status_code
         == 401
     )
 
