@@ -19,7 +19,7 @@ from sqlmodel import SQLModel, col, select
 from core import lifecycle
 from core.checkpoint_check import STATE_KIND, check, first_usable
 from core.db import read_session, write_session
-from core.models import FINISHED, RUN_ID, Checkpoint, Metric, Run, RunStatus
+from core.models import FINISHED, RUN_ID, TINKER_API, Checkpoint, Metric, Run, RunStatus
 from core.run_folder import RunFolder, hash_config
 from core.settings import Settings
 from core.spec import ResumePoint, RunSpec
@@ -327,6 +327,7 @@ class RunService:
         which is refused unless `force`, since the checkpoint was trained under the old one.
         """
         run = self.row(run_id)
+        refuse_session(run, "resumed")
         status = RunStatus(run.status)
         if status not in FINISHED:
             raise Conflict(
@@ -457,6 +458,17 @@ class RunService:
         """The attempt's whole log where its launcher keeps it (a Ray job's); None: the run
         folder's train.log is the log."""
         return self._launchers.of(run).log_text(run)
+
+
+def refuse_session(run: Run, verb: str) -> None:
+    """A Tinker SDK session's training is its script's: the server has no loop to run it."""
+    if run.source == TINKER_API:
+        raise Conflict(
+            f"Run {run.id} is a Tinker SDK session: it cannot be {verb} by the server, which "
+            "has no training loop of its own for it. Continue from a script instead: "
+            "ServiceClient().create_training_client_from_state_with_optimizer(<a tinker:// "
+            f"state path of it, GET /runs/{run.id}/checkpoints>)."
+        )
 
 
 def no_such_run(run_id: str) -> NotFound:

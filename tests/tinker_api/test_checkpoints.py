@@ -151,6 +151,9 @@ def test_the_session_is_a_run_with_steps_and_checkpoints(server: LiveServer) -> 
     service.close("success").result(WAIT_S)
     ended = server.api.get(f"/runs/{run_id}").json()
     assert ended["status"] == "succeeded"
+    for verb in ("resume", "fork"):  # its training loop is its script's, not the server's
+        refused = server.api.post(f"/runs/{run_id}/{verb}", json={})
+        assert refused.status_code == 409 and "Tinker SDK session" in refused.json()["detail"]
     logs = server.api.get(f"/runs/{run_id}/logs", params={"tail": 50}).json()["lines"]
     assert any("step 2: loss" in line for line in logs)
     assert any("models freed" in line for line in logs) or _freed_soon(server, run_id)
