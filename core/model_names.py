@@ -9,6 +9,7 @@ hub id that is cached locally or reachable.
 from __future__ import annotations
 
 import importlib.metadata
+import json
 import re
 from pathlib import Path
 from typing import Literal
@@ -78,6 +79,24 @@ def known_models() -> list[str]:
     if find_smollm2_gguf() is not None:
         names.append(SMOLLM2)
     return names
+
+
+# tiny-random's context (runners/models/tiny.py builds it with this many positions).
+TINY_RANDOM_CONTEXT = 2048
+
+
+def context_length(name: str, models_dir: Path) -> int | None:
+    """A model's context length read from its config.json (no weights, no torch); None when
+    its folder is not on disk yet."""
+    if name == TINY_RANDOM:
+        return TINY_RANDOM_CONTEXT
+    folder = smollm2_converted_dir(models_dir) if name == SMOLLM2 else local_folder(name)
+    try:
+        config = json.loads((folder / "config.json").read_text()) if folder else {}
+    except (OSError, ValueError):
+        return None
+    value = config.get("max_position_embeddings") if isinstance(config, dict) else None
+    return value if isinstance(value, int) else None
 
 
 def not_available_message(name: str, why: str) -> str:

@@ -103,6 +103,15 @@ def load_model_and_tokenizer(
     return model, tokenizer
 
 
+def weights_folder(name: str, models_dir: Path) -> Path | None:
+    """The folder `name`'s weights load from, when it is on disk already (nothing converted
+    or downloaded): for sizing a model before loading it."""
+    if name == SMOLLM2:
+        converted = smollm2_converted_dir(models_dir)
+        return converted if smollm2_is_converted(models_dir) else None
+    return local_folder(name)
+
+
 def _from_folder_or_hub(name: str, loader: Any, shown: str | None = None) -> Any:
     """Load from a folder or the HF cache first; the network only after a quick probe.
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from core.model_names import TINY_RANDOM_CONTEXT
+
 if TYPE_CHECKING:
     from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
 
@@ -54,7 +56,7 @@ def build_tiny_model(vocab_size: int, eos_token_id: int, pad_token_id: int) -> L
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=2,
-        max_position_embeddings=2048,
+        max_position_embeddings=TINY_RANDOM_CONTEXT,
         tie_word_embeddings=True,
         bos_token_id=None,
         eos_token_id=eos_token_id,
