@@ -16,7 +16,16 @@ from sqlmodel import Session, col, select
 
 from core import events
 from core.db import read_session, write_session
-from core.models import ACTIVE, FINISHED, Checkpoint, Metric, Run, RunStatus, utcnow
+from core.models import (
+    ACTIVE,
+    FINISHED,
+    TINKER_API,
+    Checkpoint,
+    Metric,
+    Run,
+    RunStatus,
+    utcnow,
+)
 from core.run_folder import clean_metrics
 
 # Which status may follow which; a finished status is final (a resume starts a new attempt).
@@ -195,11 +204,15 @@ def record_end(
 
 def count_active(session: Session) -> int:
     """Runs holding a slot (starting, running or stopping, or a Ray job waiting for the
-    cluster): what the concurrency limit counts."""
-    return session.exec(select(func.count()).select_from(Run).where(holds_a_slot())).one()
+    cluster): what the concurrency limit counts. A Tinker API session holds none: it runs no
+    runner (its models live in the server's engine, admitted by the memory budget)."""
+    not_a_session = or_(col(Run.launcher).is_(None), col(Run.launcher) != TINKER_API)
+    query = select(func.count()).select_from(Run).where(holds_a_slot(), not_a_session)
+    return session.exec(query).one()
 
 
 def holds_a_slot() -> ColumnElement[bool]:
+    """Unfinished runs a launcher watches."""
     return or_(
         col(Run.status).in_(list(ACTIVE)),
         and_(col(Run.status) == RunStatus.queued, col(Run.job_id).is_not(None)),

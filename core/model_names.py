@@ -9,6 +9,7 @@ hub id that is cached locally or reachable.
 from __future__ import annotations
 
 import importlib.metadata
+import json
 import re
 from pathlib import Path
 from typing import Literal
@@ -78,6 +79,30 @@ def known_models() -> list[str]:
     if find_smollm2_gguf() is not None:
         names.append(SMOLLM2)
     return names
+
+
+# Where a model's config.json says its context, by architecture family.
+CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length")
+
+# tiny-random's context (runners/models/tiny.py builds it with this many positions).
+TINY_RANDOM_CONTEXT = 2048
+
+
+def context_length(name: str, models_dir: Path) -> int | None:
+    """A model's context length read from its config.json (no weights, no torch); None when
+    its folder is not on disk yet."""
+    if name == TINY_RANDOM:
+        return TINY_RANDOM_CONTEXT
+    folder = smollm2_converted_dir(models_dir) if name == SMOLLM2 else local_folder(name)
+    try:
+        config = json.loads((folder / "config.json").read_text()) if folder else {}
+    except (OSError, ValueError):
+        return None
+    for key in CONTEXT_KEYS if isinstance(config, dict) else ():
+        value = config.get(key)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
 
 
 def not_available_message(name: str, why: str) -> str:

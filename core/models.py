@@ -40,6 +40,10 @@ class RunStatus(StrEnum):
 
 # Run.launcher of a run whose attempt is a Ray job (RLCS_LAUNCHER=ray).
 RAY_LAUNCHER = "ray"
+# Run.source of the runs started through our API, and Run.source and Run.launcher of a session
+# of a Tinker SDK script served by the server's Tinker API (never queued, never a runner).
+API_SOURCE = "api"
+TINKER_API = "tinker-api"
 
 FINISHED = frozenset({RunStatus.succeeded, RunStatus.failed, RunStatus.stopped})
 ACTIVE = frozenset({RunStatus.starting, RunStatus.running, RunStatus.stopping})
@@ -67,6 +71,8 @@ class Run(SQLModel, table=True):
     # started, or started before launchers were recorded, i.e. local) and its Ray job id.
     launcher: str | None = None
     job_id: str | None = Field(default=None, max_length=64)
+    # Who started it: our API ("api") or a Tinker SDK script's session ("tinker-api").
+    source: str = Field(default=API_SOURCE, max_length=16)
     # A sweep's member, and a fork's origin: the run and step whose checkpoint it starts from.
     sweep_id: str | None = Field(default=None, index=True, max_length=32)
     parent_run_id: str | None = Field(default=None, max_length=32)

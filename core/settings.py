@@ -136,6 +136,39 @@ class Settings(BaseSettings):
         "and trainer logprobs agree to float32 rounding",
     )
 
+    # The Tinker API (server.tinker_api): Tinker SDK scripts trained by the local engine.
+    tinker_memory_budget_gb: float = Field(
+        8.0,
+        gt=0,
+        description="Weights of the base models the Tinker engine may hold at once (GiB); a "
+        "session asking for one more model past it is refused, saying what is loaded",
+    )
+    tinker_session_timeout_s: float = Field(
+        60.0,
+        gt=0,
+        description="A Tinker session that sends nothing for this long (the SDK heartbeats "
+        "every 10 s) is settled as lost: its script died; its models are freed",
+    )
+    tinker_poll_hold_s: float = Field(
+        25.0,
+        gt=0,
+        le=40,
+        description="How long retrieve_future holds a poll for a result before answering "
+        "try_again (the SDK gives up on a poll after 45 s)",
+    )
+    tinker_future_ttl_s: float = Field(
+        900.0, gt=0, description="How long a finished request's result waits for its client"
+    )
+    tinker_max_body_bytes: int = Field(
+        32 << 20,
+        ge=1 << 20,
+        description="Larger /api/v1 bodies get 413; the SDK is told to cut forward_backward "
+        "requests to a quarter of it",
+    )
+    tinker_engine_module: str = Field(
+        "runners.tinker_engine", description="python -m <this>: the Tinker API's engine"
+    )
+
     # Inference worker.
     inference_timeout_s: float = Field(
         120.0, gt=0, description="Hard deadline of one test-inference request (worker restarted)"

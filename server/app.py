@@ -63,6 +63,10 @@ from server.runs.wandb_reader import WandbReader
 from server.schemas import ErrorOut
 from server.sweeps import routes as sweep_routes
 from server.sweeps.service import SweepService
+from server.tinker_api import routes as tinker_routes
+from server.tinker_api.launcher import TinkerLauncher
+from server.tinker_api.rest import TinkerRest
+from server.tinker_api.service import TinkerService
 from server.webhooks import routes as webhook_routes
 from server.webhooks.dispatch import WebhookDispatcher
 from server.webhooks.fanout import FanOut
@@ -70,7 +74,7 @@ from server.webhooks.service import WebhookService
 from server.webhooks.signing import signing_key
 
 log = logging.getLogger("server")
-ERROR_CODES = ("400", "401", "403", "404", "409", "413", "415", "422", "429", "503")
+ERROR_CODES = ("400", "401", "403", "404", "409", "410", "413", "415", "422", "429", "503")
 
 
 def build_services(settings: Settings) -> Services:
@@ -95,6 +99,8 @@ def build_services(settings: Settings) -> Services:
     hooks = WebhookService(settings, engine, signing_key(settings))
     fanout = FanOut(engine, RunViews(settings, metrics), utcnow, sweep_view=sweeps.get)
     dispatch = WebhookDispatcher(settings, engine, supervisor.leadership, fanout, hooks.secret)
+    tinker = TinkerService(settings, engine)
+    supervisor.launchers.register(TinkerLauncher(engine, tinker))
     return Services(
         settings=settings,
         engine=engine,
@@ -111,6 +117,8 @@ def build_services(settings: Settings) -> Services:
         chat=ChatService(settings, ChatModels(engine, configs, inference, models), worker),
         webhooks=hooks,
         webhook_dispatch=dispatch,
+        tinker=tinker,
+        tinker_rest=TinkerRest(tinker.records),
     )
 
 
@@ -124,6 +132,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         bind_sse_to_this_loop()
         svc = build_services(settings)
         app.state.services = svc
+        await svc.tinker.start()
         await svc.supervisor.start()
         await svc.webhook_dispatch.start()
         svc.metrics.start()
@@ -132,6 +141,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             async with serve_mcp(app, svc):
                 yield
         finally:
+            await svc.tinker.stop()
             await svc.webhook_dispatch.stop()
             await svc.supervisor.stop()
             svc.inference.worker.stop()
@@ -176,6 +186,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         inference_routes.router_for(settings.inference_max_prompts), dependencies=protected
     )
     app.include_router(openai_routes.router, dependencies=protected)
+    # The Tinker SDK's API: it checks the SDK's key (X-API-Key) instead of our bearer token.
+    app.include_router(tinker_routes.router)
     # MCP (streamable HTTP); the endpoint checks the token itself, before any MCP handling.
     # A Route, not app.add_route: that one is typed for request handlers, and this is an ASGI app.
     app.router.routes.append(Route("/mcp", McpEndpoint(), include_in_schema=False))

@@ -23,6 +23,8 @@ from server.runs.logs import StreamSlots
 from server.runs.metrics import MetricsService
 from server.runs.service import RunService
 from server.sweeps.service import SweepService
+from server.tinker_api.rest import TinkerRest
+from server.tinker_api.service import TinkerService
 from server.webhooks.dispatch import WebhookDispatcher
 from server.webhooks.service import WebhookService
 
@@ -44,6 +46,8 @@ class Services:
     forks: ForkService
     export: ExportService
     chat: ChatService
+    tinker: TinkerService
+    tinker_rest: TinkerRest
 
 
 def services(request: Request) -> Services:

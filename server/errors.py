@@ -38,6 +38,11 @@ class Forbidden(DomainError):
     """A valid token whose scope does not cover this request (a read-only token writing)."""
 
 
+class Gone(DomainError):
+    """Something that existed and ended (a finished Tinker session, an expired future): the
+    Tinker SDK stops heartbeating on it, or sends the request again."""
+
+
 class TooMany(DomainError):
     """A per-client limit is reached (open log streams); closing one frees a place."""
 
@@ -57,6 +62,7 @@ STATUS_FOR: dict[type[DomainError], int] = {
     Forbidden: 403,
     NotFound: 404,
     Conflict: 409,
+    Gone: 410,
     InvalidValue: 422,
     TooMany: 429,
     Unavailable: 503,

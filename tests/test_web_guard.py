@@ -232,6 +232,8 @@ def test_read_tokens_may_watch_but_not_change(tmp_path: Path) -> None:
             for path in ("/runs", "/config", "/environments"):
                 assert client.get(path, headers=headers).status_code == 200, path
         for method, path in WRITES:
+            if path.startswith("/api/v1/"):
+                continue  # the Tinker SDK's API takes its own key (tests/tinker_api), no token
             resp = client.request(method, path, headers=reader, json={})
             assert resp.status_code == 403, (method, path, resp.text)
             body = resp.json()

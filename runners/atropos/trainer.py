@@ -81,7 +81,8 @@ class AtroposTrainer(RunnerBase):
     # Set-up --------------------------------------------------------------------------------
 
     async def set_up(self) -> TrainingClient:
-        from runners.models.loading import context_length, load_tokenizer, tokenizer_folder
+        from core.model_names import context_length
+        from runners.models.loading import load_tokenizer, tokenizer_folder
 
         cfg = self.config
         service = self.open_service()

@@ -1,7 +1,10 @@
-"""One loaded model shared by a training client and its samplers, with a lock and adapter swaps.
+"""One loaded model shared by training clients and their samplers, with a lock and adapter swaps.
 
-Sampling clients hold frozen copies of the LoRA tensors only (never of the base model); a
-forward pass under `use(adapter)` points the LoRA parameters at that copy for its duration.
+Each training client owns its LoRA tensors (a LiveAdapter); the host's LoRA parameters point
+at the tensors of the client that last worked (`training`), so clients of one LoRA shape share
+one model. Sampling clients hold frozen copies of the LoRA tensors only (never of the base
+model); a forward pass under `use(adapter)` points the LoRA parameters at that copy for its
+duration.
 """
 
 from __future__ import annotations
@@ -28,6 +31,16 @@ class AdapterWeights:
         self.id = next(_adapter_ids)
 
 
+class LiveAdapter:
+    """One training client's LoRA tensors and gradients, by parameter name. While its client
+    works (ModelHost.training) the host's parameters hold these very tensors, so in-place
+    updates (the optimizer's) land here."""
+
+    def __init__(self, tensors: dict[str, torch.Tensor]) -> None:
+        self.tensors = tensors
+        self.grads: dict[str, torch.Tensor | None] = dict.fromkeys(tensors)
+
+
 class ModelHost:
     """A model (plain or peft-wrapped), its tokenizer, and the lock every forward pass takes."""
 
@@ -40,13 +53,20 @@ class ModelHost:
         max_batch_sequences: int = 64,
         batch_window_s: float = 0.005,
         sampling_dtype: str = "auto",
+        lock: threading.RLock | None = None,
+        on_unused: Callable[[ModelHost], None] | None = None,
     ) -> None:
         self.base_model = base_model
         self.model = model
         self.tokenizer = tokenizer
         self.device = next(model.parameters()).device
-        # One forward or backward at a time: training and sampling share the weights.
-        self.lock = threading.RLock()
+        # One forward or backward at a time: training and sampling share the weights (hosts
+        # built on one base model share its lock, so their clients' steps never interleave).
+        self.lock = lock or threading.RLock()
+        self.active: LiveAdapter | None = None  # whose tensors the LoRA parameters hold
+        # Clients and samplers using this host; the last one's release calls `on_unused`.
+        self.users = 0
+        self._on_unused = on_unused
         self.is_lora = hasattr(model, "peft_config")
         self.file_keys: dict[str, str] = lora.file_key_map(model) if self.is_lora else {}
         # The adapter's parameters, in model order (the optimizer and its saved state rely on it).
@@ -73,6 +93,34 @@ class ModelHost:
     def snapshot(self) -> AdapterWeights:
         with self.lock, torch.no_grad():
             return AdapterWeights({n: p.detach().clone() for n, p in self.params.items()})
+
+    @contextmanager
+    def training(self, adapter: LiveAdapter) -> Iterator[nn.Module]:
+        """The model with `adapter`'s tensors and gradients in its LoRA parameters, lock held.
+        They stay there after (the next client to work swaps them out), so a host with one
+        client never swaps."""
+        with self.lock:
+            if self.active is not adapter:
+                previous = self.active
+                for name, param in self.params.items():
+                    if previous is not None:
+                        previous.grads[name] = param.grad
+                    param.data = adapter.tensors[name]
+                    param.grad = adapter.grads[name]
+                self.active = adapter
+            yield self.model
+
+    def acquire(self) -> None:
+        with self.lock:
+            self.users += 1
+
+    def release(self) -> None:
+        """One user fewer; the last one's release closes the host (through its owner)."""
+        with self.lock:
+            self.users -= 1
+            unused = self.users <= 0
+        if unused and self._on_unused is not None:
+            self._on_unused(self)
 
     def adapter_from_file(self, tensors: dict[str, torch.Tensor]) -> AdapterWeights:
         """Adapter tensors as saved by peft, placed on this host's parameters."""

@@ -1,7 +1,8 @@
 """The embedded local backend's entry point: a ServiceClient shaped like tinker's (SDK 0.38).
 
 Everything it needs is passed in (paths, device, dtype); it reads no environment variables.
-Training and sampling clients live in training.py and sampler.py.
+Training and sampling clients live in training.py and sampler.py; each base model is loaded
+once and shared by every client on it (bases.py).
 """
 
 from __future__ import annotations
@@ -14,8 +15,8 @@ from typing import Any
 from core.model_names import validate_device_dtype
 from runners.engine import checkpoints as ckpt
 from runners.engine import lora
+from runners.engine.bases import BaseModels, weight_files_bytes
 from runners.engine.futures import LocalFuture, resolved, submit
-from runners.engine.host import ModelHost
 from runners.engine.sampler import LocalSamplingClient
 from runners.engine.training import LocalTrainingClient
 from runners.models import loading
@@ -37,6 +38,7 @@ class LocalServiceClient:
         batch_window_s: float = 0.005,
         sampling_dtype: str = "auto",
         tokens_per_microbatch: int = 4096,
+        memory_budget_bytes: int | None = None,
     ) -> None:
         validate_device_dtype(device, dtype)
         validate_device_dtype(device, sampling_dtype)
@@ -45,12 +47,14 @@ class LocalServiceClient:
         self.dtype = str(loading.resolve_dtype(dtype, torch_device)).removeprefix("torch.")
         self.checkpoint_dir = Path(checkpoint_dir)
         self.models_dir = Path(models_dir)
-        self._max_batch_sequences = max_batch_sequences
-        self._batch_window_s = batch_window_s
-        self._sampling_dtype = sampling_dtype
+        host_options = {
+            "max_batch_sequences": max_batch_sequences,
+            "batch_window_s": batch_window_s,
+            "sampling_dtype": sampling_dtype,
+        }
+        self.bases = BaseModels(self._load, host_options, memory_budget_bytes, self._estimate)
         self._tokens_per_microbatch = tokens_per_microbatch
         self._lock = threading.Lock()
-        self._hosts: list[ModelHost] = []
         self._training_clients: list[LocalTrainingClient] = []
         # Model loading is slow (seconds); it runs here so the caller gets a future at once.
         self._loader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="local-service")
@@ -100,15 +104,22 @@ class LocalServiceClient:
             raise ValueError("create_sampling_client needs model_path or base_model")
         return submit(self._loader, self._base_sampler, base_model)
 
+    def forget(self, client: LocalTrainingClient, cancel_pending: bool = False) -> None:
+        """Close a training client (after its queued requests, or dropping them) and free
+        what only it used."""
+        with self._lock:
+            if client in self._training_clients:
+                self._training_clients.remove(client)
+        client.close(cancel_pending)
+
     def close(self, status: str = "success", detail: str | None = None) -> LocalFuture[None]:
         """Stop every worker and sampling engine of this service."""
         with self._lock:
             self._closed = True
-            clients, hosts = list(self._training_clients), list(self._hosts)
+            clients = list(self._training_clients)
         for client in clients:
             client.close()
-        for host in hosts:
-            host.close()
+        self.bases.close()
         self._loader.shutdown(wait=False)
         return resolved(None)
 
@@ -134,34 +145,27 @@ class LocalServiceClient:
             base_model, self.models_dir, device=self.device, dtype=self.dtype
         )
 
-    def _add_host(self, base_model: str, model: Any, tokenizer: Any) -> ModelHost:
-        host = ModelHost(
-            base_model,
-            model,
-            tokenizer,
-            max_batch_sequences=self._max_batch_sequences,
-            batch_window_s=self._batch_window_s,
-            sampling_dtype=self._sampling_dtype,
-        )
-        with self._lock:
-            self._hosts.append(host)
-        return host
+    def _estimate(self, base_model: str) -> int | None:
+        folder = loading.weights_folder(base_model, self.models_dir)
+        return weight_files_bytes(folder) if folder is not None else None
 
     def _new_training_client(
         self, base_model: str, spec: lora.LoraSpec, seed: int | None
     ) -> LocalTrainingClient:
         self._check_open()
-        model, tokenizer = self._load(base_model)
-        model = lora.apply_lora(model, spec, seed, base_model)
-        host = self._add_host(base_model, model, tokenizer)
-        client = LocalTrainingClient(
-            host=host,
-            spec=spec,
-            seed=seed,
-            open_sampler=lambda path: self.create_sampling_client(model_path=path),
-            checkpoint_dir=self.checkpoint_dir,
-            tokens_per_microbatch=self._tokens_per_microbatch,
-        )
+        host = self.bases.lora_host(base_model, spec)
+        try:
+            client = LocalTrainingClient(
+                host=host,
+                spec=spec,
+                seed=seed,
+                open_sampler=lambda path: self.create_sampling_client(model_path=path),
+                checkpoint_dir=self.checkpoint_dir,
+                tokens_per_microbatch=self._tokens_per_microbatch,
+            )
+        except Exception:
+            host.release()
+            raise
         with self._lock:
             self._training_clients.append(client)
         return client
@@ -182,36 +186,27 @@ class LocalServiceClient:
         def create() -> LocalTrainingClient:
             ckpt.find_state(folder)
             client = self._new_training_client(record["base_model"], spec, record.get("seed"))
-            client.restore(str(folder), with_optimizer, verify=False)
+            try:
+                client.restore(str(folder), with_optimizer, verify=False)
+            except Exception:
+                self.forget(client)
+                raise
             return client
 
         return submit(self._loader, create)
 
-    def _find_host(self, base_model: str, signature: str | None) -> ModelHost | None:
-        with self._lock:
-            for host in self._hosts:
-                if host.base_model == base_model and (
-                    signature is None or host.signature == signature
-                ):
-                    return host
-        return None
-
     def _sampler_from_folder(self, folder: Path, record: dict[str, Any]) -> LocalSamplingClient:
         self._check_open()
         tensors, config = lora.load_adapter(folder)
-        base_model = record["base_model"]
-        signature = lora.adapter_signature(config)
-        host = self._find_host(base_model, signature)
-        if host is None:
-            model, tokenizer = self._load(base_model)
-            model = lora.wrap_with_config(model, config, seed=0)
-            host = self._add_host(base_model, model, tokenizer)
-        return LocalSamplingClient(host, host.adapter_from_file(tensors), model_path=str(folder))
+        host = self.bases.host_for_config(record["base_model"], config)
+        try:
+            adapter = host.adapter_from_file(tensors)
+        except Exception:
+            host.release()
+            raise
+        return LocalSamplingClient(host, adapter, model_path=str(folder), release=host.release)
 
     def _base_sampler(self, base_model: str) -> LocalSamplingClient:
         self._check_open()
-        host = self._find_host(base_model, None)
-        if host is None:
-            model, tokenizer = self._load(base_model)
-            host = self._add_host(base_model, model, tokenizer)
-        return LocalSamplingClient(host, None)
+        host = self.bases.bare_host(base_model)
+        return LocalSamplingClient(host, None, release=host.release)

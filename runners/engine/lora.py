@@ -6,7 +6,9 @@ so `peft.PeftModel.from_pretrained(base, folder)` loads what this backend saves.
 
 from __future__ import annotations
 
+import copy
 import json
+import math
 import random
 import warnings
 from dataclasses import dataclass
@@ -80,13 +82,11 @@ def target_modules(model: LanguageModel, spec: LoraSpec) -> list[str]:
     return sorted(chosen)
 
 
-def apply_lora(
-    model: LanguageModel, spec: LoraSpec, seed: int | None, base_model: str
-) -> LanguageModel:
-    """Wrap `model` in a peft LoRA model; the same seed gives the same adapter init."""
+def lora_config(model: LanguageModel, spec: LoraSpec, base_model: str) -> Any:
+    """The peft LoraConfig `spec` asks for on `model` (which layers, rank, alpha)."""
     from peft import LoraConfig
 
-    config = LoraConfig(
+    return LoraConfig(
         r=spec.rank,
         lora_alpha=spec.alpha,
         lora_dropout=0.0,
@@ -94,7 +94,39 @@ def apply_lora(
         target_modules=target_modules(model, spec),
         base_model_name_or_path=base_model,
     )
-    return wrap_with_config(model, config, seed)
+
+
+def apply_lora(
+    model: LanguageModel, spec: LoraSpec, seed: int | None, base_model: str
+) -> LanguageModel:
+    """Wrap `model` in a peft LoRA model; the same seed gives the same adapter init."""
+    return wrap_with_config(model, lora_config(model, spec, base_model), seed)
+
+
+def shared_copy(model: LanguageModel) -> LanguageModel:
+    """A copy of the module tree that shares every parameter and buffer with `model`: wrapping
+    it in LoRA layers leaves `model` as it was, and the weights exist once."""
+    memo = {id(t): t for t in [*model.parameters(), *model.buffers()]}
+    with torch.no_grad():
+        return copy.deepcopy(model, memo)
+
+
+def init_tensors(params: dict[str, nn.Parameter], seed: int | None) -> dict[str, torch.Tensor]:
+    """A fresh adapter for the LoRA parameters `params` (peft's init: A kaiming-uniform, B zero,
+    so the adapter starts as the base model), drawn from `seed` alone: the same seed gives the
+    same adapter whichever host, or how many clients, it lives on."""
+    if seed is None:
+        seed = random.SystemRandom().randrange(2**63)
+    generator = torch.Generator().manual_seed(seed)
+    tensors = {}
+    for name, param in params.items():
+        tensor = torch.zeros(param.shape, dtype=param.dtype)
+        if ".lora_A." in name:
+            torch.nn.init.kaiming_uniform_(tensor, a=math.sqrt(5), generator=generator)
+        elif ".lora_B." not in name:
+            raise ValueError(f"{name} is not a LoRA A or B parameter")
+        tensors[name] = tensor.to(param.device)
+    return tensors
 
 
 def wrap_with_config(model: LanguageModel, config: Any, seed: int | None) -> LanguageModel:

@@ -83,11 +83,17 @@ class LocalSamplingClient:
     """Samples from a frozen snapshot of the weights (or from the base model alone)."""
 
     def __init__(
-        self, host: ModelHost, adapter: AdapterWeights | None, *, model_path: str | None = None
+        self,
+        host: ModelHost,
+        adapter: AdapterWeights | None,
+        *,
+        model_path: str | None = None,
+        release: Callable[[], None] | None = None,
     ) -> None:
         self._host = host
         self._adapter = adapter
         self.model_path = model_path
+        self._release = release  # gives back the host this sampler holds (close)
         self._tag = f"local{next(_client_ids)}"
         self._vocab = int(host.model.get_output_embeddings().weight.shape[0])
         self._eos = eos_ids(host)
@@ -208,6 +214,13 @@ class LocalSamplingClient:
 
     def get_base_model(self) -> str:
         return self._host.base_model
+
+    def close(self) -> None:
+        """Stop using the host (requests already submitted still finish): its last user's
+        close frees it. A sampler is never used after its close."""
+        release, self._release = self._release, None
+        if release is not None:
+            release()
 
     def sampling_stats(self) -> dict[str, int]:
         """Batches decoded and sequences sampled by this model's engine so far."""

@@ -1,7 +1,9 @@
 """The local training client: tinker's losses with real LoRA gradients, AdamW, checkpoints.
 
 Requests run one at a time on the client's own worker thread, in submission order, so a loop
-can submit forward_backward and optim_step back to back before waiting on either.
+can submit forward_backward and optim_step back to back before waiting on either. Clients on
+one base model share its host; each holds its own adapter, gradients and optimizer state, and
+each request runs whole under the base's lock (two clients' steps never interleave).
 """
 
 from __future__ import annotations
@@ -9,7 +11,7 @@ from __future__ import annotations
 import math
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -21,7 +23,7 @@ from runners.engine import checkpoints as ckpt
 from runners.engine import lora
 from runners.engine.forward import DatumBatch, run_loss, validate_data
 from runners.engine.futures import LocalFuture, submit
-from runners.engine.host import ModelHost
+from runners.engine.host import AdapterWeights, LiveAdapter, ModelHost
 from runners.engine.losses import resolve_config
 from runners.engine.sampler import LocalSamplingClient
 
@@ -41,23 +43,30 @@ class LocalTrainingClient:
         checkpoint_dir: Path,
         tokens_per_microbatch: int = 4096,
     ) -> None:
-        self._host = host
+        self._host = host  # acquired for this client; released by close()
         self._spec = spec
         self._seed = seed
+        self._adapter = LiveAdapter(lora.init_tensors(host.params, seed))
+        with host.training(self._adapter):
+            pass  # in place from the start: the host's parameters are this client's tensors
         # The service's create_sampling_client(model_path=...): saved weights get a host of
         # their own when they do not fit this one.
         self._open_sampler = open_sampler
-        self._checkpoint_dir = Path(checkpoint_dir)
+        # Where save_state and save_weights_for_sampler write `<name>/<kind>` (settable).
+        self.checkpoint_dir = Path(checkpoint_dir)
         self._tokens_per_microbatch = max(1, tokens_per_microbatch)
         self.model_id = f"local-{uuid.uuid4().hex[:12]}"
         self.steps = 0
         self.forward_backward_calls = 0
         self._vocab = int(host.model.get_output_embeddings().weight.shape[0])
         # The hyperparameters are set from AdamParams on every step; these are placeholders.
+        # Its parameters are the host's, shared with other clients: it only steps while this
+        # client's tensors are in them (ModelHost.training), so its state is this client's.
         self._optimizer = torch.optim.AdamW(
             list(host.params.values()), lr=1e-4, betas=(0.9, 0.95), eps=1e-12, weight_decay=0.0
         )
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="local-train")
+        self._closed = False
 
     # ----- training -----------------------------------------------------------------------
 
@@ -65,7 +74,7 @@ class LocalTrainingClient:
         self,
         data: list[types.Datum],
         loss_fn: str,
-        loss_fn_config: dict[str, float] | None = None,
+        loss_fn_config: Mapping[str, float | str] | None = None,
     ) -> LocalFuture[types.ForwardBackwardOutput]:
         """Loss and gradients (accumulated until optim_step) for `data`."""
         return self._submit_forward(data, loss_fn, loss_fn_config, backward=True)
@@ -74,7 +83,7 @@ class LocalTrainingClient:
         self,
         data: list[types.Datum],
         loss_fn: str,
-        loss_fn_config: dict[str, float] | None = None,
+        loss_fn_config: Mapping[str, float | str] | None = None,
     ) -> LocalFuture[types.ForwardBackwardOutput]:
         """Like forward_backward, without gradients."""
         return self._submit_forward(data, loss_fn, loss_fn_config, backward=False)
@@ -83,7 +92,7 @@ class LocalTrainingClient:
         self,
         data: list[types.Datum],
         loss_fn: str,
-        loss_fn_config: dict[str, float] | None,
+        loss_fn_config: Mapping[str, float | str] | None,
         backward: bool,
     ) -> LocalFuture[types.ForwardBackwardOutput]:
         # Bad input fails here, at the call, as the hosted service refuses it at submission.
@@ -113,10 +122,15 @@ class LocalTrainingClient:
         ttl_seconds: int | None = None,
         overwrite: bool = False,
         user_metadata: dict[str, str] | None = None,
+        *,
+        refuse_existing: bool = False,
     ) -> LocalFuture[types.SaveWeightsResponse]:
-        """Adapter + optimizer into `<checkpoint_dir>/<name>/state/`, replacing an older one."""
-        folder = ckpt.checkpoint_folder(self._checkpoint_dir, name, ckpt.STATE_KIND)
-        return submit(self._worker, self._run_save_state, folder, user_metadata or {})
+        """Adapter + optimizer into `<checkpoint_dir>/<name>/state/`, replacing an older one
+        (with `refuse_existing` and no `overwrite`, an older one is an error instead, checked
+        in order with this client's other requests: Tinker's rule)."""
+        folder = ckpt.checkpoint_folder(self.checkpoint_dir, name, ckpt.STATE_KIND)
+        exclusive = refuse_existing and not overwrite
+        return submit(self._worker, self._run_save_state, folder, user_metadata or {}, exclusive)
 
     def save_weights_for_sampler(
         self,
@@ -125,14 +139,14 @@ class LocalTrainingClient:
         user_metadata: dict[str, str] | None = None,
     ) -> LocalFuture[types.SaveWeightsForSamplerResponse]:
         """A peft adapter folder `<checkpoint_dir>/<name>/sampler/` for sampling later."""
-        folder = ckpt.checkpoint_folder(self._checkpoint_dir, name, ckpt.SAMPLER_KIND)
+        folder = ckpt.checkpoint_folder(self.checkpoint_dir, name, ckpt.SAMPLER_KIND)
         return submit(self._worker, self._run_save_sampler, folder, user_metadata or {})
 
     def save_weights_and_get_sampling_client(
         self, name: str | None = None, retry_config: Any = None, **_: Any
     ) -> LocalFuture[LocalSamplingClient]:
         """A sampler over a snapshot of the current adapter (nothing is written to disk)."""
-        return submit(self._worker, lambda: LocalSamplingClient(self._host, self._host.snapshot()))
+        return submit(self._worker, self._snapshot_sampler)
 
     def create_sampling_client(
         self, model_path: str, retry_config: Any = None, **_: Any
@@ -162,17 +176,27 @@ class LocalTrainingClient:
             model_name=name,
         )
 
-    def close(self) -> None:
-        self._worker.shutdown(wait=True)
+    def adapter_tensors(self) -> dict[str, torch.Tensor]:
+        """This client's LoRA tensors by parameter name (live: do not write to them)."""
+        return dict(self._adapter.tensors)
+
+    def close(self, cancel_pending: bool = False) -> None:
+        """Finish queued requests (or, with `cancel_pending`, only the one running: the others
+        never run and their futures stay unresolved), then give the host back (its last user
+        frees it)."""
+        self._worker.shutdown(wait=True, cancel_futures=cancel_pending)
+        if not self._closed:
+            self._closed = True
+            self._host.release()
 
     # ----- work done on the worker thread ----------------------------------------------------
 
     def _run_forward(
         self, batch: DatumBatch, loss_fn: str, config: dict[str, float], backward: bool
     ) -> types.ForwardBackwardOutput:
-        with self._host.lock:
+        with self._host.training(self._adapter) as model:
             out = run_loss(
-                self._host.model,
+                model,
                 batch,
                 loss_fn,
                 config,
@@ -186,7 +210,7 @@ class LocalTrainingClient:
 
     def _run_optim_step(self, params: types.AdamParams) -> types.OptimStepResponse:
         host = self._host
-        with host.lock:
+        with host.training(self._adapter):
             grads = [p for p in host.params.values() if p.grad is not None]
             if not grads:
                 norm = 0.0
@@ -231,9 +255,23 @@ class LocalTrainingClient:
         }
 
     def _live_tensors(self) -> dict[str, torch.Tensor]:
-        return {name: p.detach() for name, p in self._host.params.items()}
+        return {name: t.detach() for name, t in self._adapter.tensors.items()}
 
-    def _run_save_state(self, folder: Path, user_metadata: dict[str, str]) -> Any:
+    def _snapshot_sampler(self) -> LocalSamplingClient:
+        with self._host.lock, torch.no_grad():
+            frozen = AdapterWeights({n: t.clone() for n, t in self._adapter.tensors.items()})
+        self._host.acquire()  # the sampler's own hold: it may outlive this client
+        return LocalSamplingClient(self._host, frozen, release=self._host.release)
+
+    def _run_save_state(
+        self, folder: Path, user_metadata: dict[str, str], exclusive: bool = False
+    ) -> Any:
+        if exclusive and folder.exists():
+            raise FileExistsError(
+                f"a state checkpoint named {folder.parent.name!r} exists; save under another "
+                "name, or pass overwrite=True to replace it"
+            )
+
         def build(tmp: Path) -> None:
             lora.save_adapter(self._host.model, tmp, self._live_tensors())
             torch.save(
@@ -271,9 +309,9 @@ class LocalTrainingClient:
             )
         tensors, _ = lora.load_adapter(folder)
         adapter = self._host.adapter_from_file(tensors)
-        with self._host.lock, torch.no_grad():
+        with self._host.training(self._adapter), torch.no_grad():
             for name, tensor in adapter.tensors.items():
-                self._host.params[name].copy_(tensor)
+                self._adapter.tensors[name].copy_(tensor)
             if with_optimizer:
                 saved = torch.load(folder / OPTIMIZER_FILE, map_location=self._host.device)
                 if saved["param_names"] != list(self._host.params):

@@ -102,8 +102,9 @@ class Worker:
     async def atropos(self, job: InferenceJob, started: float) -> dict[str, Any]:
         """An Atropos environment's items (or free prompts), scored in its own interpreter."""
         from core.atropos import AtroposRunConfig
+        from core.model_names import context_length
         from runners.atropos.inference import AtroposInference
-        from runners.models.loading import context_length, tokenizer_folder
+        from runners.models.loading import tokenizer_folder
 
         config = AtroposRunConfig.model_validate(job.source.config)
         backend = resolve_backend(config.backend, self.settings)

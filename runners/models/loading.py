@@ -5,7 +5,6 @@ Which names resolve, and the defaults, are torch-free facts in `core.model_names
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 from pathlib import Path
@@ -105,6 +104,15 @@ def load_model_and_tokenizer(
     return model, tokenizer
 
 
+def weights_folder(name: str, models_dir: Path) -> Path | None:
+    """The folder `name`'s weights load from, when it is on disk already (nothing converted
+    or downloaded): for sizing a model before loading it."""
+    if name == SMOLLM2:
+        converted = smollm2_converted_dir(models_dir)
+        return converted if smollm2_is_converted(models_dir) else None
+    return local_folder(name)
+
+
 def _from_folder_or_hub(name: str, loader: Any, shown: str | None = None) -> Any:
     """Load from a folder or the HF cache first; the network only after a quick probe.
 
@@ -158,25 +166,3 @@ def tokenizer_folder(name: str, models_dir: Path) -> str:
         return str(folder)
     found = local_folder(name)
     return str(found) if found is not None else name
-
-
-CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length")
-
-
-def context_length(name: str, models_dir: Path) -> int | None:
-    """The model's context in tokens, from its config where a local folder has one (None when
-    it cannot be told here, say a model only the hosted backend knows)."""
-    if name == TINY_RANDOM:
-        from runners.models.tiny import MAX_POSITIONS
-
-        return MAX_POSITIONS
-    folder = Path(tokenizer_folder(name, models_dir))
-    try:
-        config = json.loads((folder / "config.json").read_text())
-    except (OSError, ValueError):
-        return None
-    for key in CONTEXT_KEYS:
-        value = config.get(key)
-        if isinstance(value, int) and value > 0:
-            return value
-    return None

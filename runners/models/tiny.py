@@ -7,12 +7,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from core.model_names import TINY_RANDOM_CONTEXT
+
 if TYPE_CHECKING:
     from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
 
 TINY_SEED = 20240607
 IM_START, IM_END, END_OF_TEXT = "<|im_start|>", "<|im_end|>", "<|endoftext|>"
-MAX_POSITIONS = 2048  # the model's context, in tokens
 
 CHATML_TEMPLATE = (
     "{% for message in messages %}"
@@ -37,7 +38,7 @@ def build_tiny_tokenizer() -> PreTrainedTokenizerFast:
         eos_token=IM_END,
         pad_token=END_OF_TEXT,
         additional_special_tokens=[IM_START],
-        model_max_length=MAX_POSITIONS,
+        model_max_length=TINY_RANDOM_CONTEXT,
     )
     tokenizer.chat_template = CHATML_TEMPLATE
     return tokenizer
@@ -55,7 +56,7 @@ def build_tiny_model(vocab_size: int, eos_token_id: int, pad_token_id: int) -> L
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=2,
-        max_position_embeddings=MAX_POSITIONS,
+        max_position_embeddings=TINY_RANDOM_CONTEXT,
         tie_word_embeddings=True,
         bos_token_id=None,
         eos_token_id=eos_token_id,

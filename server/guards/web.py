@@ -14,6 +14,9 @@ from starlette.types import Message as AsgiMessage
 from core.settings import Settings
 
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+# The Tinker SDK's API (server.tinker_api): larger bodies, and one that is protobuf.
+TINKER_PREFIX = "/api/v1/"
+PROTOBUF_PATHS = frozenset({"/api/v1/forward_backward"})
 
 
 async def send_error(scope: Scope, receive: Receive, send: Send, status: int, detail: str) -> None:
@@ -67,7 +70,10 @@ class WebGuard:
                 "this server. Use the server's own dashboard, a client that sends no Origin "
                 "(curl, scripts, SDKs), or allow that origin with RLCS_CORS_ORIGINS."
             )
-        if has_body(headers) and not is_json(headers.get("content-type")):
+        content_type = headers.get("content-type")
+        if scope["path"] in PROTOBUF_PATHS and is_protobuf(content_type):
+            return None
+        if has_body(headers) and not is_json(content_type):
             return 415, (
                 "Request bodies must be JSON: send 'Content-Type: application/json' "
                 f"(got {headers.get('content-type', 'none')})."
@@ -94,6 +100,12 @@ def has_body(headers: Headers) -> bool:
     return "transfer-encoding" in headers
 
 
+def is_protobuf(content_type: str | None) -> bool:
+    if not content_type:
+        return False
+    return content_type.split(";")[0].strip() == "application/x-protobuf"
+
+
 def is_json(content_type: str | None) -> bool:
     if not content_type:
         return False
@@ -107,10 +119,11 @@ class BodyTooLarge(HTTPException):
     """Raised from `receive`: an HTTPException, so FastAPI passes it on as our 413 answer
     instead of turning it into "error parsing the body"."""
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, tinker: bool = False) -> None:
+        setting = "RLCS_TINKER_MAX_BODY_BYTES" if tinker else "RLCS_MAX_BODY_BYTES"
         super().__init__(
             413,
-            f"Request body too large: the limit is {limit} bytes (RLCS_MAX_BODY_BYTES). Send "
+            f"Request body too large: the limit is {limit} bytes ({setting}). Send "
             "fewer or shorter prompts, or raise the limit where the server runs.",
         )
 
@@ -120,15 +133,18 @@ class BodyLimit:
 
     def __init__(self, app: ASGIApp, settings: Settings) -> None:
         self.app = app
-        self.limit = settings.max_body_bytes
+        self.default_limit = settings.max_body_bytes
+        self.tinker_limit = settings.tinker_max_body_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        tinker = scope["path"].startswith(TINKER_PREFIX)
+        limit = self.tinker_limit if tinker else self.default_limit
         length = Headers(scope=scope).get("content-length", "")
-        if length.strip().isdigit() and int(length) > self.limit:
-            await send_error(scope, receive, send, 413, BodyTooLarge(self.limit).detail)
+        if length.strip().isdigit() and int(length) > limit:
+            await send_error(scope, receive, send, 413, BodyTooLarge(limit, tinker).detail)
             return
         seen = 0
         started = False
@@ -138,8 +154,8 @@ class BodyLimit:
             message = await receive()
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
-                if seen > self.limit:
-                    raise BodyTooLarge(self.limit)
+                if seen > limit:
+                    raise BodyTooLarge(limit, tinker)
             return message
 
         async def tracked_send(message: AsgiMessage) -> None:

@@ -7,6 +7,7 @@ finished by then is returned cut short, marked so. The default model is loaded a
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import threading
 import time
@@ -17,6 +18,7 @@ from sqlalchemy.engine import Engine
 
 from core.checkpoint_check import SAMPLER_KIND
 from core.model_names import LOCAL_DEFAULT_MODEL
+from core.models import TINKER_API
 from core.settings import Settings
 from core.spec import InferenceJob, WarmJob
 from server.environments.configs import ConfigService
@@ -72,10 +74,17 @@ class InferenceService:
         adapter = None
         if body.run_id is not None:
             run = self._runs.row(body.run_id)
-            spec = self._runs.spec(run)
-            name = body.environment or run.environment
-            base = spec.config if name == run.environment else {}
-            entry, config = self._configs.revalidate(name, base, {})
+            if run.source == TINKER_API:
+                # A Tinker session trained no environment: score with the one asked for (or
+                # the selected one), sampling the session's model.
+                trained = json.loads(run.config_json).get("model_name")
+                name = body.environment or self._configs.selected()
+                entry, config = self._configs.resolve(name, {"model_name": trained})
+            else:
+                spec = self._runs.spec(run)
+                name = body.environment or run.environment
+                base = spec.config if name == run.environment else {}
+                entry, config = self._configs.revalidate(name, base, {})
             adapter = self.adapter(body.run_id, body.checkpoint_step)
             model = config.model_name
         else:

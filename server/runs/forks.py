@@ -9,7 +9,7 @@ from core.models import RunStatus
 from server.environments.configs import ConfigService
 from server.errors import InvalidValue
 from server.runs.schemas import RunForkedOut
-from server.runs.service import RunService
+from server.runs.service import RunService, refuse_session
 
 # Fields that fix the shape of the checkpoint's weights: a fork cannot change them.
 FIXED_BY_CHECKPOINT = ("model_name", "lora_rank", "backend")
@@ -26,6 +26,7 @@ class ForkService:
         """Queue a new run from `run_id`'s state checkpoint at `checkpoint_step` (its newest
         loadable one by default) with the parent's frozen config plus `overrides`."""
         parent = self._runs.row(run_id)
+        refuse_session(parent, "forked")
         for name in FIXED_BY_CHECKPOINT:
             if name in overrides:
                 raise InvalidValue(

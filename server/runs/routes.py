@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Header, Path, Query, Request
 
@@ -50,8 +50,15 @@ def list_runs(
     environment: Annotated[str | None, Query(max_length=128)] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     offset: Annotated[int, Query(ge=0, le=1_000_000)] = 0,
+    source: Annotated[
+        Literal["api", "tinker-api"] | None,
+        Query(
+            description='"api" (runs started through this API) or "tinker-api" (Tinker SDK '
+            "sessions)"
+        ),
+    ] = None,
 ) -> list[RunSummaryOut]:
-    return svc.runs.list(status, environment, limit, offset)
+    return svc.runs.list(status, environment, limit, offset, source)
 
 
 @router.get("/runs/{run_id}")

@@ -52,6 +52,11 @@ class RunSummaryOut(BaseModel):
     sweep_id: str | None = Field(None, description="The sweep this run belongs to")
     parent_run_id: str | None = Field(None, description="A fork's parent run")
     parent_step: int | None = Field(None, description="The parent's step the fork started at")
+    source: str = Field(
+        "api",
+        description='Who started the run: "api" (POST /runs, a sweep, a fork) or "tinker-api" '
+        "(the session of a Tinker SDK script served at /api/v1)",
+    )
 
 
 class RunProgressOut(BaseModel):

@@ -19,7 +19,7 @@ from sqlmodel import SQLModel, col, select
 from core import lifecycle
 from core.checkpoint_check import STATE_KIND, check, first_usable
 from core.db import read_session, write_session
-from core.models import FINISHED, RUN_ID, Checkpoint, Metric, Run, RunStatus
+from core.models import FINISHED, RUN_ID, TINKER_API, Checkpoint, Metric, Run, RunStatus
 from core.run_folder import RunFolder, hash_config, log_lines
 from core.settings import Settings
 from core.spec import ResumePoint, RunSpec
@@ -65,6 +65,7 @@ SUMMARY_COLUMNS = (
     "sweep_id",
     "parent_run_id",
     "parent_step",
+    "source",
 )
 
 
@@ -200,11 +201,14 @@ class RunService:
         environment: str | None = None,
         limit: int = 100,
         offset: int = 0,
+        source: str | None = None,
     ) -> list[RunSummaryOut]:
         # Only the summary's columns: building whole rows (frozen config JSON) costs more.
         query = select(*(getattr(Run, name) for name in SUMMARY_COLUMNS))
         if status is not None:
             query = query.where(Run.status == status)
+        if source is not None:
+            query = query.where(Run.source == source)
         if environment is not None:
             query = query.where(Run.environment == environment)
         query = query.order_by(col(Run.created_at).desc(), col(Run.id).desc())
@@ -324,6 +328,7 @@ class RunService:
         which is refused unless `force`, since the checkpoint was trained under the old one.
         """
         run = self.row(run_id)
+        refuse_session(run, "resumed")
         status = RunStatus(run.status)
         if status not in FINISHED:
             raise Conflict(
@@ -454,6 +459,17 @@ class RunService:
         """The attempt's whole log where its launcher keeps it (a Ray job's); None: the run
         folder's train.log is the log."""
         return self._launchers.of(run).log_text(run)
+
+
+def refuse_session(run: Run, verb: str) -> None:
+    """A Tinker SDK session's training is its script's: the server has no loop to run it."""
+    if run.source == TINKER_API:
+        raise Conflict(
+            f"Run {run.id} is a Tinker SDK session: it cannot be {verb} by the server, which "
+            "has no training loop of its own for it. Continue from a script instead: "
+            "ServiceClient().create_training_client_from_state_with_optimizer(<a tinker:// "
+            f"state path of it, GET /runs/{run.id}/checkpoints>)."
+        )
 
 
 def no_such_run(run_id: str) -> NotFound:

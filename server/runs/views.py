@@ -115,6 +115,7 @@ def _summary(
         sweep_id=run.sweep_id,
         parent_run_id=run.parent_run_id,
         parent_step=run.parent_step,
+        source=run.source,
     )
 
 

@@ -173,9 +173,13 @@ def test_same_seed_gives_same_adapter(service):
     a = service.create_lora_training_client("tiny-random", rank=4, seed=11).result()
     b = service.create_lora_training_client("tiny-random", rank=4, seed=11).result()
     c = service.create_lora_training_client("tiny-random", rank=4, seed=12).result()
-    for name, param in a._host.params.items():
-        assert torch.equal(param, b._host.params[name])
-    assert any(not torch.equal(p, c._host.params[n]) for n, p in a._host.params.items())
+    ta, tb, tc = a.adapter_tensors(), b.adapter_tensors(), c.adapter_tensors()
+    for name, tensor in ta.items():
+        assert torch.equal(tensor, tb[name])
+    assert any(not torch.equal(t, tc[n]) for n, t in ta.items())
+    # One base model, one host for the three (same LoRA shape), three adapters.
+    assert a._host is b._host is c._host
+    assert [(name, users) for name, _, users in service.bases.loaded()] == [("tiny-random", 3)]
 
 
 # ----- sampling ---------------------------------------------------------------------------

@@ -1,0 +1,123 @@
+"""Tinker's futures as the server keeps them: each request's result (JSON or protobuf bytes, or
+an error with its category) by request id, a long poll that holds a client until the result
+is there or a while has passed, and a time to live once settled.
+
+Everything here runs on the server's event loop (the engine's answers are handed over with
+call_soon_threadsafe), so it needs no lock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+JSON = "application/json"
+PROTO = "application/x-protobuf"
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """A settled future: a payload (`content_type`, `body`) or an error (`error`, `category`)."""
+
+    content_type: str = JSON
+    body: bytes = b""
+    error: str | None = None
+    category: str = "user"
+
+
+@dataclass
+class Pending:
+    request_id: str
+    session_id: str
+    kind: str
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+    outcome: Outcome | None = None
+    settled_at: float | None = None
+    retrieved: bool = False  # its client has had the outcome
+
+
+class FutureRegistry:
+    def __init__(self, clock: Callable[[], float], ttl_s: float) -> None:
+        self._clock = clock
+        self._ttl_s = ttl_s
+        self._futures: dict[str, Pending] = {}
+
+    def new(self, session_id: str, kind: str) -> Pending:
+        request_id = f"{session_id}:{kind}:{secrets.token_hex(8)}"
+        pending = Pending(request_id, session_id, kind)
+        self._futures[request_id] = pending
+        return pending
+
+    def get(self, request_id: str) -> Pending | None:
+        return self._futures.get(request_id)
+
+    def settle(self, request_id: str, outcome: Outcome) -> Pending | None:
+        """Record a result once; a second one (a late answer of a failed request) is ignored."""
+        pending = self._futures.get(request_id)
+        if pending is None or pending.outcome is not None:
+            return None
+        pending.outcome = outcome
+        pending.settled_at = self._clock()
+        pending.done.set()
+        return pending
+
+    def unfinished(self, session_id: str) -> int:
+        """A session's requests whose outcome its client has not had (yet)."""
+        return sum(
+            1 for p in self._futures.values() if p.session_id == session_id and not p.retrieved
+        )
+
+    def fail_session(self, session_id: str, error: str, category: str) -> None:
+        """Every unsettled future of a session fails with `error` (its session ended)."""
+        for pending in list(self._futures.values()):
+            if pending.session_id == session_id and pending.outcome is None:
+                self.settle(pending.request_id, Outcome(error=error, category=category))
+
+    def fail_all(self, error: str, category: str, kinds: frozenset[str]) -> list[str]:
+        """Unsettled futures of these kinds fail; the sessions they belonged to."""
+        sessions = []
+        for pending in list(self._futures.values()):
+            if pending.outcome is None and pending.kind in kinds:
+                self.settle(pending.request_id, Outcome(error=error, category=category))
+                sessions.append(pending.session_id)
+        return sessions
+
+    async def wait(
+        self,
+        request_id: str,
+        hold_s: float,
+        gone: Callable[[], Awaitable[bool]] | None = None,
+    ) -> Outcome | None:
+        """The outcome, waiting up to `hold_s` for it; None if it is not there yet, or the
+        client went away meanwhile (`gone`, asked every second). KeyError for a request id
+        this server does not hold (never made, or expired)."""
+        pending = self._futures[request_id]
+        deadline = self._clock() + hold_s
+        while pending.outcome is None:
+            left = deadline - self._clock()
+            if left <= 0:
+                return None
+            try:
+                await asyncio.wait_for(asyncio.shield(pending.done.wait()), min(left, 1.0))
+            except TimeoutError:
+                if gone is not None and await gone():
+                    return None
+        pending.retrieved = True
+        return pending.outcome
+
+    def expire(self) -> int:
+        """Forget results settled longer ago than the time to live; how many."""
+        limit = self._clock() - self._ttl_s
+        old = [
+            request_id
+            for request_id, pending in self._futures.items()
+            if pending.settled_at is not None and pending.settled_at < limit
+        ]
+        for request_id in old:
+            del self._futures[request_id]
+        return len(old)
+
+    def __len__(self) -> int:
+        return len(self._futures)

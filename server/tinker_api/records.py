@@ -1,0 +1,170 @@
+"""A Tinker session as a run in the database: created running (its source and launcher say
+"tinker-api", its pid is the server holding it), its models in its config, its optimizer
+steps with their metrics, its checkpoints, its log lines and its end.
+
+Blocking database work: the service calls these from one writer thread, in order.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import func
+from sqlalchemy.engine import Engine
+from sqlmodel import col, delete, select
+
+from core import lifecycle, procs
+from core.db import read_session, write_session
+from core.models import FINISHED, TINKER_API, Checkpoint, Run, RunStatus, iso, utcnow
+from core.run_folder import RunFolder, hash_config
+from core.spec import RunSpec
+
+
+class SessionRecords:
+    def __init__(self, engine: Engine, runs_dir: Path) -> None:
+        self._engine = engine
+        self._runs_dir = runs_dir
+        self._pid = os.getpid()
+        self._start = procs.process_start_time(self._pid)
+
+    def create(self, session: dict[str, Any]) -> tuple[str, Path]:
+        """A new run for a new session (`session`: what create_session sent); its id (which
+        is the session's id too) and folder."""
+        while True:
+            run_id = f"r-{secrets.token_hex(4)}"
+            run_dir = self._runs_dir / run_id
+            if not run_dir.exists():
+                break
+        config = {"source": TINKER_API, "backend": "local", "session": session, "models": {}}
+        config_hash = hash_config(config)
+        spec = RunSpec(
+            run_id=run_id,
+            environment=TINKER_API,
+            env_file="",
+            env_class="",
+            config_hash=config_hash,
+            config=config,
+        )
+        RunFolder(run_dir).create(spec)
+        with write_session(self._engine) as db:
+            run = Run(
+                id=run_id,
+                environment=TINKER_API,
+                status=RunStatus.starting,
+                config_json=json.dumps(config, sort_keys=True),
+                config_hash=config_hash,
+                run_dir=str(run_dir),
+                source=TINKER_API,
+                launcher=TINKER_API,
+                # The process holding the session: the server (its engine dies with it).
+                pid=self._pid,
+                process_start=self._start,
+            )
+            db.add(run)
+            lifecycle.transition(db, run, RunStatus.running)
+        return run_id, run_dir
+
+    def add_model(self, run_id: str, seq: int, model: dict[str, Any]) -> None:
+        """A training client of the session: in its config (the first one names the run's
+        model, as `model_name` does for our runs)."""
+        with write_session(self._engine) as db:
+            run = db.get(Run, run_id)
+            if run is None:
+                return
+            config = json.loads(run.config_json)
+            config["models"][str(seq)] = model
+            config.setdefault("model_name", model["base_model"])
+            config.setdefault("lora_rank", model.get("lora_rank"))
+            run.config_json = json.dumps(config, sort_keys=True)
+            run.config_hash = hash_config(config)
+            db.add(run)
+
+    def step(self, run_id: str, step: int, metrics: dict[str, float]) -> None:
+        lifecycle.record_step(self._engine, run_id, step, metrics)
+
+    def checkpoint(self, run_id: str, step: int, kind: str, name: str, folder: str) -> None:
+        """A saved checkpoint; saving a name again (overwrite) replaces its row."""
+        with write_session(self._engine) as db:
+            db.exec(
+                delete(Checkpoint).where(
+                    col(Checkpoint.run_id) == run_id, col(Checkpoint.path) == folder
+                )
+            )
+            db.add(Checkpoint(run_id=run_id, step=step, kind=kind, name=name, path=folder))
+            if kind == "sampler":
+                run = db.get(Run, run_id)
+                if run is not None:
+                    run.weights_path = folder
+                    db.add(run)
+
+    def forget_checkpoint(self, run_id: str, folder: str) -> None:
+        with write_session(self._engine) as db:
+            db.exec(
+                delete(Checkpoint).where(
+                    col(Checkpoint.run_id) == run_id, col(Checkpoint.path) == folder
+                )
+            )
+
+    def end(self, run_id: str, status: RunStatus, kind: str | None, details: str) -> None:
+        """The session's end; a run stopped meanwhile (POST /runs/{id}/stop) ends stopped."""
+        with write_session(self._engine) as db:
+            run = db.get(Run, run_id)
+            if run is None or RunStatus(run.status) in FINISHED:
+                return
+            if run.status == RunStatus.stopping and status != RunStatus.stopped:
+                status, kind = RunStatus.stopped, None
+            lifecycle.transition(db, run, status, failure_kind=kind, details=details)
+
+    def log(self, run_dir: Path, line: str) -> None:
+        """A line of the session's story in its run's log (GET /runs/{id}/logs)."""
+        stamp = iso(utcnow())
+        with (run_dir / "train.log").open("a") as log_file:
+            log_file.write(f"{stamp} {line}\n")
+
+    # Reading -----------------------------------------------------------------------------
+
+    def stopping(self, run_ids: list[str]) -> list[str]:
+        """Those of `run_ids` someone asked to stop (on any server sharing the database)."""
+        if not run_ids:
+            return []
+        with read_session(self._engine) as db:
+            rows = db.exec(
+                select(Run.id).where(
+                    col(Run.id).in_(run_ids), col(Run.status) == RunStatus.stopping
+                )
+            ).all()
+        return list(rows)
+
+    def run(self, run_id: str) -> Run | None:
+        with read_session(self._engine) as db:
+            run = db.get(Run, run_id)
+        return run if run is not None and run.source == TINKER_API else None
+
+    def runs(self, limit: int, offset: int) -> tuple[list[Run], int]:
+        with read_session(self._engine) as db:
+            ours = col(Run.source) == TINKER_API
+            total = db.exec(select(func.count()).select_from(Run).where(ours)).one()
+            rows = db.exec(
+                select(Run)
+                .where(ours)
+                .order_by(col(Run.created_at).desc(), col(Run.id).desc())
+                .offset(offset)
+                .limit(limit)
+            ).all()
+        return list(rows), total
+
+    def checkpoints(self, run_ids: list[str] | None = None) -> list[Checkpoint]:
+        with read_session(self._engine) as db:
+            query = (
+                select(Checkpoint)
+                .join(Run, col(Run.id) == col(Checkpoint.run_id))
+                .where(col(Run.source) == TINKER_API)
+            )
+            if run_ids is not None:
+                query = query.where(col(Checkpoint.run_id).in_(run_ids))
+            rows = db.exec(query.order_by(col(Checkpoint.created_at).desc())).all()
+        return list(rows)

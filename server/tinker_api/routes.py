@@ -1,0 +1,200 @@
+"""The Tinker SDK 0.38's HTTP API under /api/v1 (thin: TinkerService and TinkerRest answer).
+
+Every route checks the SDK's key (X-API-Key) instead of our bearer token. Errors keep our
+shape ({"detail": ...}); a failed request whose cause is the caller's input is a failed
+future with category "user", not an HTTP error (a 4xx on a POST poisons the SDK's client).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Query, Request, Response
+
+from server.deps import Services, services
+from server.errors import BadRequest
+from server.tinker_api import schemas
+from server.tinker_api.auth import check_key
+from server.tinker_api.futures import Outcome
+from server.tinker_api.service import TinkerService
+
+PROTOBUF = "application/x-protobuf"
+Answer = dict[str, Any]
+
+
+def tinker_key(request: Request) -> None:
+    check_key(request.app.state.settings, request.headers.get("x-api-key"))
+
+
+router = APIRouter(prefix="/api/v1", tags=["tinker"], dependencies=[Depends(tinker_key)])
+
+
+def tinker(svc: Annotated[Services, Depends(services)]) -> TinkerService:
+    return svc.tinker
+
+
+Tk = Annotated[TinkerService, Depends(tinker)]
+Svc = Annotated[Services, Depends(services)]
+
+
+# Handshake and housekeeping ----------------------------------------------------------------
+
+
+@router.post("/client/config")
+async def client_config(tk: Tk) -> Answer:
+    return tk.client_config()
+
+
+@router.post("/client/dynamic_config")
+async def dynamic_config() -> Answer:
+    return {}
+
+
+@router.get("/healthz")
+async def healthz() -> Answer:
+    return {"status": "ok"}
+
+
+@router.post("/create_session")
+async def create_session(body: schemas.CreateSessionIn, tk: Tk) -> Answer:
+    return await tk.create_session(body)
+
+
+@router.post("/session_heartbeat")
+async def session_heartbeat(body: schemas.SessionIn, tk: Tk) -> Answer:
+    return tk.heartbeat(body.session_id)
+
+
+@router.post("/telemetry")
+async def telemetry() -> Answer:
+    return {"status": "accepted"}  # not kept: the SDK's telemetry is for its own service
+
+
+@router.post("/sessions/{session_id}/finish")
+async def finish_session(session_id: str, body: schemas.FinishIn, tk: Tk) -> Answer:
+    return tk.finish(session_id, body)
+
+
+# Training ----------------------------------------------------------------------------------
+
+
+@router.post("/create_model")
+async def create_model(body: schemas.CreateModelIn, tk: Tk) -> Answer:
+    return await tk.create_model(body)
+
+
+@router.post("/get_info")
+async def get_info(body: schemas.ModelIn, tk: Tk) -> Answer:
+    return tk.get_info(body.model_id)
+
+
+@router.post("/forward_backward")
+async def forward_backward(request: Request, tk: Tk) -> Answer:
+    kind = request.headers.get("content-type", "")
+    if PROTOBUF not in kind:
+        raise BadRequest(
+            f"body: forward_backward takes a protobuf ForwardBackwardRequest ({PROTOBUF}), as "
+            f"the tinker SDK 0.38 sends it; got {kind or 'no content type'}"
+        )
+    if request.headers.get("content-encoding", "identity").lower() not in ("", "identity"):
+        raise BadRequest("body: send it uncompressed (this server's client/config asks for that)")
+    return await tk.forward_backward(await request.body())
+
+
+@router.post("/optim_step")
+async def optim_step(body: schemas.OptimStepIn, tk: Tk) -> Answer:
+    return await tk.optim_step(body)
+
+
+@router.post("/save_weights")
+async def save_weights(body: schemas.SaveWeightsIn, tk: Tk) -> Answer:
+    return await tk.save_weights(body)
+
+
+@router.post("/save_weights_for_sampler")
+async def save_weights_for_sampler(body: schemas.SaveSamplerIn, tk: Tk) -> Answer:
+    return await tk.save_weights_for_sampler(body)
+
+
+@router.post("/load_weights")
+async def load_weights(body: schemas.LoadWeightsIn, tk: Tk) -> Answer:
+    return await tk.load_weights(body)
+
+
+# Sampling ----------------------------------------------------------------------------------
+
+
+@router.post("/create_sampling_session")
+async def create_sampling_session(body: schemas.CreateSamplerIn, tk: Tk) -> Answer:
+    return await tk.create_sampling_session(body)
+
+
+@router.get("/samplers/{sampler_id}")
+async def get_sampler(sampler_id: str, tk: Tk) -> Answer:
+    return tk.sampler(sampler_id)
+
+
+@router.post("/asample")
+async def asample(body: schemas.SampleIn, tk: Tk) -> Answer:
+    return await tk.asample(body)
+
+
+# Futures -----------------------------------------------------------------------------------
+
+
+@router.post("/retrieve_future", response_model=None)
+async def retrieve_future(body: schemas.RetrieveIn, request: Request, tk: Tk) -> Response | Answer:
+    # A held poll ends early when its client goes away (a killed script's socket closes).
+    outcome = await tk.retrieve(body, request.is_disconnected)
+    if not isinstance(outcome, Outcome):
+        return outcome  # try_again
+    if outcome.error is not None:
+        return {"error": outcome.error, "category": outcome.category}
+    return Response(outcome.body, media_type=outcome.content_type)
+
+
+# The RestClient ----------------------------------------------------------------------------
+
+
+@router.get("/get_server_capabilities")
+def get_server_capabilities(tk: Tk) -> Answer:
+    return tk.capabilities()
+
+
+@router.get("/training_runs")
+def list_training_runs(
+    svc: Svc,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 20,
+    offset: Annotated[int, Query(ge=0)] = 0,
+) -> Answer:
+    return svc.tinker_rest.training_runs(limit, offset)
+
+
+@router.get("/training_runs/{model_id}")
+def get_training_run(model_id: str, svc: Svc) -> Answer:
+    return svc.tinker_rest.training_run(model_id)
+
+
+@router.get("/training_runs/{model_id}/checkpoints")
+def list_checkpoints(model_id: str, svc: Svc) -> Answer:
+    return svc.tinker_rest.checkpoints(model_id)
+
+
+@router.delete("/training_runs/{model_id}/checkpoints/{checkpoint_id:path}")
+def delete_checkpoint(model_id: str, checkpoint_id: str, svc: Svc) -> Answer:
+    svc.tinker_rest.delete_checkpoint(model_id, checkpoint_id)
+    return {}
+
+
+@router.get("/checkpoints")
+def list_user_checkpoints(
+    svc: Svc,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    offset: Annotated[int, Query(ge=0)] = 0,
+) -> Answer:
+    return svc.tinker_rest.user_checkpoints(limit, offset)
+
+
+@router.post("/weights_info")
+def weights_info(body: schemas.WeightsInfoIn, svc: Svc) -> Answer:
+    return svc.tinker_rest.weights_info(body.tinker_path)

@@ -1,0 +1,454 @@
+"""The Tinker SDK 0.38's operations, as the routes call them: the handshake, training clients
+(create, forward_backward, optim_step, save, load), samplers and sampling, futures and the
+server's capabilities. Requests go to the engine through the hub; a retried POST (same model
+and sequence id) gets the first one's answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy.engine import Engine
+
+from core.checkpoint_check import RECORDS, SAMPLER_KIND, STATE_KIND
+from core.model_names import context_length, known_models
+from core.models import RunStatus
+from core.settings import Settings
+from server.errors import BadRequest, Gone, NotFound
+from server.tinker_api import answers, paths, schemas
+from server.tinker_api.engine_client import Message
+from server.tinker_api.futures import Outcome
+from server.tinker_api.hub import SessionHub, no_session
+from server.tinker_api.proto_header import ProtoHeaderError, model_and_seq
+from server.tinker_api.records import SessionRecords
+from server.tinker_api.sessions import Model, Sampler, Session
+from server.tinker_api.sweeper import SessionSweeper
+
+log = logging.getLogger(__name__)
+Answer = dict[str, Any]
+# The flags that keep the SDK on the paths served here (the rest keep its defaults): plain
+# httpx, no JWT exchange, per-request future polling, client-side custom losses, plain
+# protobuf bodies sent one chunk after another.
+CLIENT_CONFIG = {
+    "pjwt_auth_enabled": False,
+    "use_pyqwest_transport": False,
+    "sample_use_retrieve_futures": False,
+    "sample_join_sampling_session": False,
+    "custom_loss_server_side": False,
+    "proto_compress_fwdbwd": False,
+    "parallel_fwdbwd_chunks": False,
+}
+SAMPLE_CONCURRENCY = 256  # in-flight samples per sampling client (each holds a long poll)
+
+
+class TinkerService:
+    def __init__(
+        self, settings: Settings, engine: Engine, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self._settings = settings
+        self._hub = SessionHub(settings, engine, clock)
+        self._sweeper = SessionSweeper(self._hub)
+        self.records: SessionRecords = self._hub.records
+        self.futures = self._hub.futures
+        self.engine = self._hub.engine
+
+    # Running in the lifespan -------------------------------------------------------------
+
+    async def start(self) -> None:
+        await self._sweeper.start()
+
+    async def stop(self) -> None:
+        self._sweeper.stop()
+        self._hub.close()
+
+    def holds(self, run_id: str) -> bool:
+        return self._hub.holds(run_id)
+
+    def request_stop(self, run_id: str) -> None:
+        self._sweeper.request_stop(run_id)
+
+    async def sweep(self) -> None:
+        await self._sweeper.sweep()
+
+    # Handshake ----------------------------------------------------------------------------
+
+    def client_config(self) -> Answer:
+        chunk = self._settings.tinker_max_body_bytes // 4  # the SDK's size is an estimate
+        return {
+            **CLIENT_CONFIG,
+            "fwdbwd_max_chunk_bytes_count": min(5_000_000, chunk),
+            "sample_max_concurrent_requests": SAMPLE_CONCURRENCY,
+        }
+
+    async def create_session(self, body: schemas.CreateSessionIn) -> Answer:
+        info = body.model_dump(mode="json")
+        run_id, run_dir = await self._hub.in_db(self._hub.records.create, info)
+        self._hub.sessions[run_id] = Session(run_id, run_dir, last_seen=self._hub.clock())
+        self._hub.note(run_dir, f"session started: tinker SDK {body.sdk_version or '?'}")
+        log.info("Tinker session %s started", run_id)
+        return {"type": "create_session", "session_id": run_id}
+
+    def heartbeat(self, session_id: str) -> Answer:
+        session = self._hub.sessions.get(session_id)
+        if session is None:
+            raise Gone(no_session(session_id))  # 410 stops the SDK's heartbeat loop
+        if session.ended is not None:
+            raise Gone(session.ended)
+        session.last_seen = self._hub.clock()
+        return {"type": "session_heartbeat"}
+
+    def finish(self, session_id: str, body: schemas.FinishIn) -> Answer:
+        session = self._hub.sessions.get(session_id)
+        if session is None:
+            raise NotFound(no_session(session_id))
+        if session.ended is None:
+            kind = body.reason.type
+            detail = f"the script closed its session ({kind})"
+            if body.detail:
+                detail += f": {body.detail[:2000]}"
+            status, failure = {
+                "success": (RunStatus.succeeded, None),
+                "interrupted": (RunStatus.stopped, None),
+            }.get(kind, (RunStatus.failed, "script"))
+            self._hub.end(session, status, failure, f"this session was closed ({kind})", detail)
+        return {}
+
+    # Models -------------------------------------------------------------------------------
+
+    async def create_model(self, body: schemas.CreateModelIn) -> Answer:
+        session = self._hub.session(body.session_id)
+        return await session.once(
+            ("model", body.model_seq_id), lambda: self._create_model(session, body)
+        )
+
+    async def _create_model(self, session: Session, body: schemas.CreateModelIn) -> Answer:
+        await self._hub.check_base_model(body.base_model, "base_model")
+        model_id = paths.model_id(session.id, body.model_seq_id)
+        lora = body.lora_config
+        model = Model(model_id, body.model_seq_id, body.base_model, lora.rank, body.user_metadata)
+        session.models[model.seq] = model
+        pending = await self._hub.to_engine(
+            session,
+            "create_model",
+            "create_model",
+            lambda message: answers.model_ready(
+                self._hub, session, model, message, {"model_id": model_id, "type": "create_model"}
+            ),
+            model_id=model_id,
+            base_model=body.base_model,
+            lora=lora.model_dump(),
+            checkpoint_dir=str(paths.model_folder(session.run_dir, model.seq)),
+        )
+        return {"request_id": pending.request_id, "model_id": model_id}
+
+    def get_info(self, model_id: str) -> Answer:
+        _, model = self._hub.model(model_id)
+        return {
+            "type": "get_info",
+            "model_id": model.model_id,
+            "model_data": {
+                "arch": model.info.get("arch"),
+                "model_name": model.base_model,
+                "tokenizer_id": model.info.get("tokenizer_id") or model.base_model,
+            },
+            "is_lora": True,
+            "lora_rank": model.lora_rank,
+            "model_name": model.base_model,
+        }
+
+    async def forward_backward(self, body: bytes) -> Answer:
+        try:
+            model_id, seq_id = model_and_seq(body)
+        except ProtoHeaderError as exc:
+            raise BadRequest(str(exc)) from None
+        session, model = self._hub.model(model_id)
+        encoded = base64.b64encode(body).decode("ascii")
+
+        async def submit() -> Answer:
+            pending = await self._hub.to_engine(
+                session,
+                "train",
+                "forward_backward",
+                lambda message: answers.trained(session, message),
+                model_id=model_id,
+                body=encoded,
+            )
+            return {"request_id": pending.request_id, "model_id": model_id}
+
+        return await session.once((model_id, seq_id), submit)
+
+    async def optim_step(self, body: schemas.OptimStepIn) -> Answer:
+        session, model = self._hub.model(body.model_id)
+        return await self._model_op(
+            session,
+            model,
+            body.seq_id,
+            "train",
+            "optim_step",
+            lambda message: answers.stepped(self._hub, session, message),
+            params=body.params(),
+        )
+
+    async def save_weights(self, body: schemas.SaveWeightsIn) -> Answer:
+        session, model = self._hub.model(body.model_id)
+        name = body.path or f"state-{session.step:06d}"
+        return await self._model_op(
+            session,
+            model,
+            body.seq_id,
+            "save",
+            "save_state",
+            lambda message: answers.saved(self._hub, session, model, STATE_KIND, name, message),
+            name=name,
+            overwrite=body.overwrite,
+            user_metadata=body.user_metadata,
+        )
+
+    async def save_weights_for_sampler(self, body: schemas.SaveSamplerIn) -> Answer:
+        session, model = self._hub.model(body.model_id)
+        if body.path:
+            name = body.path
+            return await self._model_op(
+                session,
+                model,
+                body.seq_id,
+                "save",
+                "save_sampler",
+                lambda message: answers.saved(
+                    self._hub, session, model, SAMPLER_KIND, name, message
+                ),
+                name=name,
+                user_metadata=body.user_metadata,
+            )
+        # No name: a sampler over the weights as they are (save_weights_and_get_sampling_
+        # client); "inflight" is served as a snapshot.
+        if body.sampling_session_seq_id is None:
+            raise BadRequest(
+                "sampling_session_seq_id: a save_weights_for_sampler without a name (path) "
+                "makes a sampler and needs its sequence id"
+            )
+        sampler_id = _sampler_id(session.id, body.sampling_session_seq_id)
+        session.samplers.setdefault(sampler_id, Sampler(sampler_id, model.base_model, None))
+        answer = {"sampling_session_id": sampler_id, "type": "save_weights_for_sampler"}
+        return await self._model_op(
+            session,
+            model,
+            body.seq_id,
+            "save",
+            "snapshot",
+            lambda message: answers.json_outcome(answer),
+            sampler_id=sampler_id,
+        )
+
+    async def load_weights(self, body: schemas.LoadWeightsIn) -> Answer:
+        if body.model_id:  # the deprecated form: into an existing model
+            session, model = self._hub.model(body.model_id)
+            return await session.once(
+                (model.model_id, body.seq_id), lambda: self._load_into(session, model, body)
+            )
+        if body.session_id is None or body.model_seq_id is None:
+            raise BadRequest(
+                "load_weights: name the model (model_id and seq_id), or the new model's "
+                "session_id and model_seq_id"
+            )
+        session = self._hub.session(body.session_id)
+        return await session.once(
+            ("model", body.model_seq_id), lambda: self._load_new(session, body)
+        )
+
+    async def _load_into(
+        self, session: Session, model: Model, body: schemas.LoadWeightsIn
+    ) -> Answer:
+        answer = {"path": body.path, "model_id": model.model_id, "type": "load_weights"}
+        folder = await self._hub.state_folder(body.path)
+        if isinstance(folder, Outcome):
+            return self._hub.failed_now(session, folder)
+        pending = await self._hub.to_engine(
+            session,
+            "load_weights",
+            "load_state",
+            lambda message: answers.json_outcome(answer),
+            model_id=model.model_id,
+            folder=str(folder),
+            optimizer=body.optimizer,
+        )
+        return {"request_id": pending.request_id, "model_id": model.model_id}
+
+    async def _load_new(self, session: Session, body: schemas.LoadWeightsIn) -> Answer:
+        assert body.model_seq_id is not None
+        model_id = paths.model_id(session.id, body.model_seq_id)
+        folder = await self._hub.state_folder(body.path)
+        if isinstance(folder, Outcome):
+            return self._hub.failed_now(session, folder, model_id)
+        record = await asyncio.to_thread(_read_record, folder, STATE_KIND)
+        base = body.base_model or str(record.get("base_model", ""))
+        rank = (record.get("lora") or {}).get("rank")
+        model = Model(model_id, body.model_seq_id, base, rank, body.user_metadata)
+        session.models[model.seq] = model
+        answer = {"path": body.path, "model_id": model_id, "type": "load_weights"}
+        pending = await self._hub.to_engine(
+            session,
+            "load_weights",
+            "load_model",
+            lambda message: answers.model_ready(self._hub, session, model, message, answer),
+            model_id=model_id,
+            folder=str(folder),
+            optimizer=body.optimizer,
+            base_model=body.base_model,
+            checkpoint_dir=str(paths.model_folder(session.run_dir, model.seq)),
+        )
+        return {"request_id": pending.request_id, "model_id": model_id}
+
+    async def _model_op(
+        self,
+        session: Session,
+        model: Model,
+        seq_id: int | None,
+        kind: str,
+        op: str,
+        encode: Callable[[Message], Outcome],
+        **fields: Any,
+    ) -> Answer:
+        async def submit() -> Answer:
+            pending = await self._hub.to_engine(
+                session, kind, op, encode, model_id=model.model_id, **fields
+            )
+            return {"request_id": pending.request_id, "model_id": model.model_id}
+
+        if seq_id is None:
+            return await submit()
+        return await session.once((model.model_id, seq_id), submit)
+
+    # Sampling -----------------------------------------------------------------------------
+
+    async def create_sampling_session(self, body: schemas.CreateSamplerIn) -> Answer:
+        session = self._hub.session(body.session_id)
+        sampler_id = _sampler_id(session.id, body.sampling_session_seq_id)
+        if sampler_id in session.samplers:  # a retried request
+            return {"type": "create_sampling_session", "sampling_session_id": sampler_id}
+        if body.model_path:
+            folder = await self._hub.checkpoint_folder(body.model_path, "model_path")
+            record = await asyncio.to_thread(_read_record, folder, None)
+            base = str(record.get("base_model", ""))
+            opened: dict[str, Any] = {"folder": str(folder)}
+        elif body.base_model:
+            await self._hub.check_base_model(body.base_model, "base_model")
+            base, opened = body.base_model, {"base_model": body.base_model}
+        else:
+            raise BadRequest(
+                "create_sampling_session: give model_path (a tinker:// path that "
+                "save_weights_for_sampler returned) or base_model"
+            )
+        await self._hub.call_engine(session, "open_sampler", sampler_id=sampler_id, **opened)
+        session.samplers[sampler_id] = Sampler(sampler_id, base, body.model_path)
+        return {"type": "create_sampling_session", "sampling_session_id": sampler_id}
+
+    def sampler(self, sampler_id: str) -> Answer:
+        session = self._hub.session(sampler_id.partition(":sample:")[0])
+        sampler = session.samplers.get(sampler_id)
+        if sampler is None:
+            raise NotFound(f"sampler_id: no sampler {sampler_id[:100]} in this session")
+        return {
+            "sampler_id": sampler.sampler_id,
+            "base_model": sampler.base_model,
+            "model_path": sampler.model_path,
+        }
+
+    async def asample(self, body: schemas.SampleIn) -> Answer:
+        if not body.sampling_session_id:
+            raise BadRequest(
+                "sampling_session_id: missing; sample through a sampling client (from "
+                "create_sampling_client or save_weights_and_get_sampling_client)"
+            )
+        session = self._hub.session(body.sampling_session_id.partition(":sample:")[0])
+        if body.sampling_session_id not in session.samplers:
+            raise NotFound(
+                f"sampling_session_id: no sampler {body.sampling_session_id[:100]} in this session"
+            )
+        request = body.model_dump(
+            mode="json", exclude={"sampling_session_id", "seq_id", "base_model", "model_path"}
+        )
+
+        async def submit() -> Answer:
+            pending = await self._hub.to_engine(
+                session,
+                "sample",
+                "sample",
+                lambda message: answers.sampled(session, message),
+                sampler_id=body.sampling_session_id,
+                request=request,
+            )
+            ids = [f"{pending.request_id}:{i}" for i in range(body.num_samples)]
+            return {"request_id": pending.request_id, "sample_sequence_ids": ids}
+
+        if body.seq_id is None:
+            return await submit()
+        return await session.once(("sample", body.sampling_session_id, body.seq_id), submit)
+
+    # Futures ------------------------------------------------------------------------------
+
+    async def retrieve(
+        self, body: schemas.RetrieveIn, gone: Callable[[], Awaitable[bool]] | None = None
+    ) -> Outcome | Answer:
+        pending = self._hub.futures.get(body.request_id)
+        if pending is None:
+            # 410: the SDK sends a sampling request again; a training one it reports.
+            raise Gone(
+                f"request_id: {body.request_id[:120]} is unknown or its result expired (results "
+                f"are kept {self._settings.tinker_future_ttl_s:.0f} s, and not across a server "
+                "restart)"
+            )
+        session = self._hub.sessions.get(pending.session_id)
+        if session is not None:
+            session.waiting += 1
+        try:
+            hold = self._settings.tinker_poll_hold_s
+            outcome = await self._hub.futures.wait(body.request_id, hold, gone)
+        finally:
+            if session is not None:
+                session.waiting -= 1
+                session.last_seen = self._hub.clock()
+        if outcome is None:
+            return {"type": "try_again", "request_id": body.request_id, "queue_state": "active"}
+        return outcome
+
+    # Capabilities -------------------------------------------------------------------------
+
+    def capabilities(self) -> Answer:
+        names = list(known_models())
+        for session in self._hub.sessions.values():
+            for model in session.models.values():
+                if model.base_model not in names:
+                    names.append(model.base_model)
+        models_dir = self._settings.models_dir
+        return {
+            "supported_models": [
+                {
+                    "model_name": name,
+                    "max_context_length": context_length(name, models_dir),
+                    "trainable": True,
+                    "sampleable": True,
+                }
+                for name in names
+            ]
+        }
+
+
+def _sampler_id(session_id: str, seq: int) -> str:
+    return f"{session_id}:sample:{seq}"
+
+
+def _read_record(folder: Path, kind: str | None) -> dict[str, Any]:
+    for name in [RECORDS[kind]] if kind else list(RECORDS.values()):
+        try:
+            return dict(json.loads((folder / name).read_text()))
+        except (OSError, ValueError):
+            continue
+    return {}

@@ -1,0 +1,97 @@
+"""Several LoRA clients on one base model: loaded once, each client's adapter, gradients and
+optimizer its own, steps that never interleave, memory freed with the last user, a budget."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from tinker import types
+
+from runners.engine.bases import ModelRefused, model_bytes
+from runners.engine.local import LocalTrainingClient
+from tests.backend.conftest import local_service
+from tests.backend.test_local_backend import ADAM, ce_batch
+
+
+def steps(trainer: LocalTrainingClient, count: int) -> list[float]:
+    data = ce_batch(trainer)
+    futures = []
+    for _ in range(count):
+        futures.append(trainer.forward_backward(data, "cross_entropy"))
+        trainer.optim_step(ADAM)
+    losses = [f.result(timeout=60).metrics["loss:sum"] for f in futures]
+    return [*losses, trainer.forward(data, "cross_entropy").result().metrics["loss:sum"]]
+
+
+def test_two_clients_at_once_train_as_each_would_alone(tmp_path: Path) -> None:
+    alone = local_service(tmp_path / "alone")
+    try:
+        a = alone.create_lora_training_client("tiny-random", rank=4, seed=1).result()
+        want_a = steps(a, 3)
+        b = alone.create_lora_training_client("tiny-random", rank=4, seed=2).result()
+        want_b = steps(b, 3)
+    finally:
+        alone.close()
+
+    shared = local_service(tmp_path / "shared")
+    try:
+        a = shared.create_lora_training_client("tiny-random", rank=4, seed=1).result()
+        b = shared.create_lora_training_client("tiny-random", rank=4, seed=2).result()
+        assert a._host is b._host  # one model: the adapters take turns in its LoRA parameters
+        with ThreadPoolExecutor(2) as pool:
+            got_a, got_b = pool.map(lambda t: steps(t, 3), [a, b])
+        assert got_a == pytest.approx(want_a, rel=1e-5)
+        assert got_b == pytest.approx(want_b, rel=1e-5)
+        assert got_a != pytest.approx(got_b, rel=1e-3)
+    finally:
+        shared.close()
+
+
+def test_other_lora_shapes_share_the_base_weights(service) -> None:
+    a = service.create_lora_training_client("tiny-random", rank=4, seed=1).result()
+    b = service.create_lora_training_client("tiny-random", rank=2, train_mlp=False).result()
+    assert a._host is not b._host and a._host.lock is b._host.lock
+
+    def base_storages(trainer: LocalTrainingClient) -> set[int]:
+        lora = {id(p) for p in trainer._host.params.values()}
+        model = trainer._host.model
+        return {p.data_ptr() for p in model.parameters() if id(p) not in lora}
+
+    assert base_storages(a) == base_storages(b)
+    ((name, nbytes, users),) = service.bases.loaded()
+    assert (name, users) == ("tiny-random", 2)
+    assert nbytes == model_bytes(a._host.model.get_base_model()) - sum(
+        t.nbytes for t in a.adapter_tensors().values()
+    )
+
+
+def test_the_last_user_frees_the_base(service) -> None:
+    trainer = service.create_lora_training_client("tiny-random", rank=4, seed=1).result()
+    sampler = trainer.save_weights_and_get_sampling_client().result()
+    service.forget(trainer)
+    assert [users for *_, users in service.bases.loaded()] == [1]  # the sampler holds it
+    tokens = [1, 2, 3]
+    params = types.SamplingParams(max_tokens=3, seed=1, stop=[])
+    assert len(sampler.sample(types.ModelInput.from_ints(tokens), 1, params).result().sequences)
+    sampler.close()
+    assert service.bases.loaded() == []
+
+
+def test_a_new_base_past_the_budget_is_refused(tmp_path: Path) -> None:
+    from runners.models.tiny import build_tiny
+
+    model, tokenizer = build_tiny()
+    folder = tmp_path / "another-model"  # a second base model, as a local folder
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    room = int(model_bytes(model) * 1.5)  # one of them fits, two do not
+    service = local_service(tmp_path / "budget", memory_budget_bytes=room)
+    try:
+        service.create_lora_training_client("tiny-random", rank=2).result()
+        service.create_lora_training_client("tiny-random", rank=4).result()  # same base: fine
+        with pytest.raises(ModelRefused, match=r"loaded now: tiny-random \(0 MiB, 2 client"):
+            service.create_lora_training_client(str(folder), rank=2).result()
+    finally:
+        service.close()
