@@ -5,9 +5,14 @@ from __future__ import annotations
 
 import json
 import queue
+import signal
 import subprocess
 import threading
+from pathlib import Path
 from typing import Any
+
+from core import procs
+from core.run_folder import tail_lines
 
 
 def read_lines(proc: subprocess.Popen[str], name: str) -> queue.Queue[str | None]:
@@ -34,3 +39,22 @@ def send_line(proc: subprocess.Popen[str], message: dict[str, Any]) -> bool:
     except (BrokenPipeError, OSError, ValueError):
         return False
     return True
+
+
+def end_child(proc: subprocess.Popen[str]) -> None:
+    """Close the child's input (it exits on end of input); kill its group if it lingers."""
+    try:
+        assert proc.stdin is not None
+        proc.stdin.close()
+        proc.wait(timeout=5)
+    except (OSError, ValueError, subprocess.TimeoutExpired):
+        procs.signal_group(proc.pid, signal.SIGKILL)  # the child and anything it started
+        proc.wait(timeout=5)
+
+
+def died_message(what: str, when: str, log_path: Path, closed: bool) -> str:
+    """Why a request to the child failed: the server closing it, or its death and log's tail."""
+    if closed:
+        return f"the server is shutting down; {what} was stopped"
+    tail = "\n".join(tail_lines(log_path, 10))
+    return f"{what} failed: {when}. Last lines of its log:\n{tail}"

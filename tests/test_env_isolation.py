@@ -152,3 +152,12 @@ def test_an_inspector_stuck_in_an_import_ends_with_its_server(tmp_path: Path, fo
     # it is a zombie, so wait on the processes themselves.
     wait_for(lambda: not any(pid_alive(pid) for pid in stuck), 5)
     assert not inspectors_of(folder)
+
+
+def test_the_inspectors_watch_the_parent_the_server_names() -> None:
+    """runners/inspector/protocol.py cannot import core (the Atropos inspector loads it by
+    path), so it spells the variable itself: the two must agree."""
+    from core.procs import PARENT_PID_VARIABLE
+    from runners.inspector import protocol
+
+    assert protocol.PARENT_PID_VARIABLE == PARENT_PID_VARIABLE

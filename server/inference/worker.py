@@ -8,7 +8,6 @@ import itertools
 import json
 import logging
 import queue
-import signal
 import subprocess
 import threading
 import time
@@ -16,12 +15,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from core import procs
-from core.run_folder import tail_lines
 from core.settings import PROJECT_ROOT, Settings
 from core.spec import WorkerJob
 from server.errors import Unavailable
-from server.line_pipe import read_lines, send_line
+from server.line_pipe import died_message, end_child, read_lines, send_line
 
 log = logging.getLogger(__name__)
 WORKER_MODULE = "runners.infer"
@@ -122,7 +119,7 @@ class InferenceWorker:
         self._closed = True
         proc = self._proc
         if proc is not None:
-            _end(proc)
+            end_child(proc)
 
     def _ensure_started(self) -> subprocess.Popen[str]:
         if self._closed:
@@ -131,7 +128,7 @@ class InferenceWorker:
             return self._proc
         if self._proc is not None:
             log.warning("inference worker exited (%s); starting a new one", self._proc.returncode)
-            _end(self._proc)  # closes its pipes
+            end_child(self._proc)  # closes its pipes
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("a") as log_file:
             self._proc = subprocess.Popen(
@@ -151,21 +148,7 @@ class InferenceWorker:
     def _stop_locked(self) -> None:
         proc, self._proc = self._proc, None
         if proc is not None:
-            _end(proc)
+            end_child(proc)
 
     def _died(self, when: str) -> str:
-        if self._closed:
-            return "the server is shutting down; the inference worker was stopped"
-        tail = "\n".join(tail_lines(self.log_path, 10))
-        return f"the inference worker failed: {when}. Last lines of its log:\n{tail}"
-
-
-def _end(proc: subprocess.Popen[str]) -> None:
-    """Close the worker's input (it exits on end of input); kill its group if it lingers."""
-    try:
-        assert proc.stdin is not None
-        proc.stdin.close()
-        proc.wait(timeout=5)
-    except (OSError, ValueError, subprocess.TimeoutExpired):
-        procs.signal_group(proc.pid, signal.SIGKILL)  # the worker and anything it started
-        proc.wait(timeout=5)
+        return died_message("the inference worker", when, self.log_path, self._closed)

@@ -15,7 +15,6 @@ import asyncio
 import itertools
 import json
 import logging
-import signal
 import subprocess
 import threading
 from collections.abc import Callable
@@ -24,9 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from core import procs
-from core.run_folder import tail_lines
 from core.settings import PROJECT_ROOT, Settings
 from server.errors import Unavailable
+from server.line_pipe import died_message, end_child
 
 log = logging.getLogger(__name__)
 Message = dict[str, Any]
@@ -105,7 +104,7 @@ class EngineProcess:
         self._closed = True
         child, self._child = self._child, None
         if child is not None:
-            _end(child.proc)
+            end_child(child.proc)
 
     # The process -------------------------------------------------------------------------
 
@@ -201,18 +200,4 @@ class EngineProcess:
         self._on_exit(why)
 
     def _died(self, when: str) -> str:
-        if self._closed:
-            return "the server is shutting down; the Tinker engine was stopped"
-        tail = "\n".join(tail_lines(self.log_path, 10))
-        return f"the Tinker engine failed: {when}. Last lines of its log:\n{tail}"
-
-
-def _end(proc: subprocess.Popen[str]) -> None:
-    """Close the engine's input (it exits on end of input); kill its group if it lingers."""
-    try:
-        assert proc.stdin is not None
-        proc.stdin.close()
-        proc.wait(timeout=5)
-    except (OSError, ValueError, subprocess.TimeoutExpired):
-        procs.signal_group(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=5)
+        return died_message("the Tinker engine", when, self.log_path, self._closed)

@@ -10,18 +10,11 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import shutil
 import sys
 import tempfile
-import threading
-import time
-import traceback
 from pathlib import Path
-from typing import Any, TextIO
-
-PARENT_PID_VARIABLE = "RLCS_PARENT_PID"  # as core.procs names it
-
+from typing import Any
 
 # What a run's YAML says of the servers, for config_init()s that read the --config file
 # themselves (letter_counting builds its servers from it, and needs their server_type).
@@ -87,7 +80,7 @@ def validate(config: Any, values: dict[str, Any]) -> dict[str, Any]:
         config_cls.model_validate_json(json.dumps({**defaults, **values}), strict=True)
     except ValidationError as exc:
         errors = [
-            _plain(e)
+            protocol.plain_error(e)
             for e in exc.errors(include_url=False)
             if not e.get("loc") or e["loc"][0] in values
         ]
@@ -96,76 +89,44 @@ def validate(config: Any, values: dict[str, Any]) -> dict[str, Any]:
     try:
         merged = config_cls.model_validate({**config.model_dump(), **values})
     except ValidationError as exc:
-        return {"ok": False, "errors": [_plain(e) for e in exc.errors(include_url=False)]}
+        errors = [protocol.plain_error(e) for e in exc.errors(include_url=False)]
+        return {"ok": False, "errors": errors}
     return {"ok": True, "values": merged.model_dump(mode="json")}
 
 
-def _plain(err: Any) -> dict[str, Any]:
-    out = {"loc": list(err.get("loc", ())), "msg": str(err.get("msg", "invalid"))}
-    if "input" in err:
-        try:
-            json.dumps(err["input"])
-            out["input"] = err["input"]
-        except (TypeError, ValueError):
-            out["input"] = repr(err["input"])[:200]
-    return out
+def load_protocol() -> Any:
+    """runners/inspector/protocol.py (stdlib only), loaded by path: nothing of the project is
+    importable in this interpreter, and the project's root on sys.path could shadow the
+    environment's own modules (Atropos has an `environments` package too)."""
+    path = Path(__file__).resolve().parents[2] / "inspector" / "protocol.py"
+    spec = importlib.util.spec_from_file_location("rlcs_inspector_protocol", path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot import {path}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
-def describe_failure(exc: BaseException) -> str:
-    frames = traceback.extract_tb(exc.__traceback__)
-    where = f" ({Path(frames[-1].filename).name}:{frames[-1].lineno})" if frames else ""
-    return f"{type(exc).__name__}: {exc}{where}"
-
-
-def private_stdout() -> TextIO:
-    channel = os.fdopen(os.dup(1), "w", encoding="utf-8")
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, 1)
-    os.close(devnull)
-    return channel
-
-
-def send(channel: TextIO, answer: dict[str, Any]) -> None:
-    channel.write(json.dumps(answer) + "\n")
-    channel.flush()
-
-
-def exit_with_parent(every_s: float = 0.5) -> None:
-    parent = int(os.environ.get(PARENT_PID_VARIABLE) or os.getppid())
-
-    def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(every_s)
-        os._exit(0)
-
-    threading.Thread(target=watch, daemon=True, name="parent-watch").start()
+protocol = load_protocol()
 
 
 def main(argv: list[str]) -> int:
     path, class_name = Path(argv[0]).resolve(), argv[1]
-    exit_with_parent()
-    channel = private_stdout()
-    folder = tempfile.mkdtemp(prefix="rlcs-inspect-")
-    yaml_path = Path(folder) / "config.yaml"
-    yaml_path.write_text(json.dumps(INSPECTION_YAML))  # JSON is YAML too
-    sys.argv = [str(path), "serve", "--config", str(yaml_path)]
-    try:
-        config, servers = load_class(path, class_name).config_init()
-        first = describe(config, servers)
-    except BaseException as exc:  # SystemExit and all: user code runs at import
-        send(channel, {"ok": False, "error": describe_failure(exc)})
-        return 0
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
-    send(channel, first)
-    for line in sys.stdin:
+
+    def describe_file() -> tuple[dict[str, Any], Any]:
+        folder = tempfile.mkdtemp(prefix="rlcs-inspect-")
+        yaml_path = Path(folder) / "config.yaml"
+        yaml_path.write_text(json.dumps(INSPECTION_YAML))  # JSON is YAML too
+        sys.argv = [str(path), "serve", "--config", str(yaml_path)]
         try:
-            request = json.loads(line)
-            answer = validate(config, dict(request.get("values") or {}))
-        except BaseException as exc:
-            answer = {"ok": False, "error": describe_failure(exc)}
-        send(channel, answer)
-    return 0
+            config, servers = load_class(path, class_name).config_init()
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+        return describe(config, servers), lambda request: validate(
+            config, dict(request.get("values") or {})
+        )
+
+    return int(protocol.serve(describe_file))
 
 
 if __name__ == "__main__":
