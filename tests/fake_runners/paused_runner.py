@@ -23,6 +23,7 @@ from typing import Any
 from runners.engine import checkpoints
 from runners.episodes.collection import Collector
 from runners.train import loop as train
+from runners.train import run_base
 
 PAUSED = "paused"
 _DEADLINE_S = 120.0  # never outlive a test that forgot us
@@ -82,14 +83,14 @@ def main() -> int:
 
         return publish(target, hooked_build)
 
-    loadable_state = train.loadable_state
+    loadable_state = run_base.loadable_state
 
     def resume_point(path: str, step: int) -> tuple[str, int]:
         if reached("resume"):
             wait_sync()
         return loadable_state(path, step)
 
-    train.loadable_state = resume_point
+    run_base.loadable_state = resume_point
     Collector.train_batch = sampled  # type: ignore[method-assign]
     train.Trainer.train = train_step  # type: ignore[method-assign]
     checkpoints.publish = hooked_publish
