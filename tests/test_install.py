@@ -136,12 +136,13 @@ def test_dockerfile_steps_install_a_working_server(tmp_path: Path) -> None:
     env.pop("PYTHONPATH", None)
     try:
         _copy_like_docker(app)
-        for argv in dockerfile_install_steps():
-            subprocess.run(argv, cwd=app, env=env, check=True, timeout=3000)
+        for argv, step_env in dockerfile_install_steps(app):
+            subprocess.run(argv, cwd=app, env={**env, **step_env}, check=True, timeout=3000)
         assert not list((app / "wheels").glob("*.whl"))  # torch's wheel is not left in the image
         python = str(app / ".venv" / "bin" / "python")
         subprocess.run([python, "-c", "import server.app"], cwd=app, env=env, check=True)
-        health = _serve_and_ask_health(python, app, env, tmp_path)
+        models = {"RLCS_MODELS_DIR": str(app / "models")}  # the image's ENV
+        health = _serve_and_ask_health(python, app, {**env, **models}, tmp_path)
         assert health["status"] == "ok" and health["environments"] >= 1
         atropos = str(app / ".venv-atropos" / "bin" / "python")
         subprocess.run([atropos, "-c", "import atroposlib.envs.base"], env=env, check=True)
@@ -150,18 +151,28 @@ def test_dockerfile_steps_install_a_working_server(tmp_path: Path) -> None:
         shutil.rmtree(app / ".venv-atropos", ignore_errors=True)
 
 
-def dockerfile_install_steps() -> list[list[str]]:
-    """The Dockerfile's RUN commands up to the user's creation, as they run here: `python` is
-    this interpreter's base (its pip reads this machine's config, which finds the CPU build of
-    torch: PyTorch's CPU index is not reachable from here, nor from CI), `uv` the one beside
-    this interpreter, installed by the same pin as the image's."""
+def dockerfile_install_steps(app: Path) -> list[tuple[list[str], dict[str, str]]]:
+    """The Dockerfile's RUN commands up to the user's creation, as they run here, each with the
+    variables its ENV lines set before it (paths under /app moved to `app`): `python` is this
+    interpreter's base (its pip reads this machine's config, which finds the CPU build of
+    torch: PyTorch's CPU index is not reachable from here, nor from CI) until an ENV puts the
+    image's venv first on PATH, then that venv's; `uv` the one beside this interpreter,
+    installed by the same pin as the image's."""
     python = str(Path(sys.base_prefix) / "bin" / "python3")
     uv = str(Path(sys.executable).with_name("uv"))
-    steps = []
+    steps: list[tuple[list[str], dict[str, str]]] = []
+    step_env: dict[str, str] = {}
     text = re.sub(r"\\\n", " ", DOCKERFILE.read_text())
     for line in text.splitlines():
         if line.startswith("RUN useradd"):
             break
+        if line.startswith("ENV "):
+            for name, value in (pair.split("=", 1) for pair in shlex.split(line[4:])):
+                if name == "PATH" and value.startswith("/app/.venv/bin:"):
+                    python = str(app / ".venv" / "bin" / "python")
+                elif name.startswith("RLCS_"):
+                    step_env[name] = value.replace("/app", str(app), 1)
+            continue
         if not line.startswith("RUN "):
             continue
         for command in line[4:].split("&&"):
@@ -172,7 +183,7 @@ def dockerfile_install_steps() -> list[list[str]]:
                 at = argv.index("--index-url")
                 del argv[at : at + 2]
             replaced = {"python": python, "uv": uv}
-            steps.append([replaced.get(argv[0], argv[0]), *argv[1:]])
+            steps.append(([replaced.get(argv[0], argv[0]), *argv[1:]], dict(step_env)))
     return steps
 
 

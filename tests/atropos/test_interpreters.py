@@ -178,6 +178,7 @@ def test_an_atropos_process_ends_its_group_when_its_parent_goes(
     finally:
         if runner.poll() is None:
             runner.kill()
+            runner.wait(timeout=10)
 
 
 def test_atropos_processes_get_no_secret_and_none_of_our_settings(

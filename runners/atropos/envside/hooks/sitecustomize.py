@@ -105,7 +105,9 @@ class _AfterImport(importlib.abc.MetaPathFinder):
 
 
 def _install() -> None:
-    parent = os.environ.get(PARENT_VARIABLE)
+    # Popped: a process this one starts (same interpreter, same hook) has another parent, and
+    # watching for ours would make it kill the group at once. Our group's end takes it along.
+    parent = os.environ.pop(PARENT_VARIABLE, None)
     if parent and parent.isdigit():
         _watch_parent(int(parent))
     metrics = os.environ.get(METRICS_VARIABLE)
