@@ -1,6 +1,7 @@
-"""A script for the kill test: it queues four forward_backward calls, says so once the first
-is done (the others were sent before it finished: the server holds them), and waits on the
-rest until it is killed (SIGKILL: no close, no finish, no more heartbeats)."""
+"""A script for the kill test: it queues 24 forward_backward calls, says so once the first is
+done (the others were sent before it finished: the server holds them), and waits on the rest
+until it is killed (SIGKILL: no close, no finish, no more heartbeats). Enough are queued that
+a loaded machine cannot answer them all between the line and the kill (with four, it did)."""
 
 import sys
 
@@ -17,7 +18,7 @@ data = [
     )
     for _ in range(64)
 ]
-futures = [training.forward_backward(data, "cross_entropy") for _ in range(4)]
+futures = [training.forward_backward(data, "cross_entropy") for _ in range(24)]
 futures[0].result(600)
 print(f"training {training.model_id}", flush=True)
 for future in futures[1:]:
