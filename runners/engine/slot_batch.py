@@ -260,7 +260,10 @@ class SlotBatch:
         graph = torch.cuda.CUDAGraph()
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
-        with torch.cuda.graph(graph, pool=self._pool), torch.no_grad():
+        # Thread-local: the trainer may run on another thread meanwhile (sampling takes no
+        # host lock), and its allocations and copies must neither fail nor join the capture.
+        capture = torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local")
+        with capture, torch.no_grad():
             self._step(rows, filtered)
         self._captured[key] = graph
         self.captures += 1
