@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 import torch
 
+from runners.engine import decode_attention
 from runners.engine.batch import Row, finished, record
 from runners.engine.dynamic_batch import right_pad
 from runners.engine.lora import LanguageModel
@@ -77,7 +78,8 @@ def supports(model: LanguageModel) -> bool:
     return (
         all(t == "full_attention" for t in layer_types)
         and plain_head(config)
-        and getattr(config, "_attn_implementation", "sdpa") in ("sdpa", "eager")
+        and getattr(config, "_attn_implementation", "sdpa")
+        in ("sdpa", "eager", decode_attention.NAME)
     )
 
 
