@@ -392,7 +392,11 @@ def measure_backend(
         if randomised
         else (chat_prompts(tokenizer, args.train_sequences))
     )
-    fb, step, train_tokens = time_training(trainer, train_prompts, new, args.repeats)
+    trained, default_budget = {}, trainer._tokens_per_microbatch
+    for budget in (int(b) for b in args.tokens_per_microbatch.split(",")):
+        trainer._tokens_per_microbatch = budget
+        trained[budget] = time_training(trainer, train_prompts, new, args.repeats)
+    trainer._tokens_per_microbatch = default_budget  # the profile and the RL step use it
     if args.profile and ceilings is not None:
         data = training_data(trainer, train_prompts, new)
         gpu.profile(
@@ -416,11 +420,15 @@ def measure_backend(
             f"RL step, {args.episodes} x {args.episode_tokens}",
             None,
         )
-    print(f"training: {args.train_sequences} sequences, {train_tokens} tokens per call")
-    print(f"  forward_backward               {fb:8.2f} s  {train_tokens / fb:9.1f} tok/s")
-    print(f"  forward_backward + optim_step  {step:8.2f} s  {train_tokens / step:9.1f} tok/s")
-    if ceilings is not None:
-        print_training_share(trainer, train_tokens / fb, ceilings)
+    for budget, (fb, step, train_tokens) in trained.items():
+        print(
+            f"training: {args.train_sequences} sequences, {train_tokens} tokens per call, "
+            f"micro-batches of up to {budget} tokens"
+        )
+        print(f"  forward_backward               {fb:8.2f} s  {train_tokens / fb:9.1f} tok/s")
+        print(f"  forward_backward + optim_step  {step:8.2f} s  {train_tokens / step:9.1f} tok/s")
+        if ceilings is not None:
+            print_training_share(trainer, train_tokens / fb, ceilings)
     print(
         f"sampler vs trainer logprobs (8 x {args.new_tokens} tokens, after training): "
         f"max |diff| {agree[0]:.2e}, mean |diff| {agree[1]:.2e}, mean diff {agree[2]:+.2e}"
@@ -489,6 +497,11 @@ def main() -> None:
     parser.add_argument("--episodes", type=int, default=64)
     parser.add_argument("--episode-tokens", type=int, default=64)
     parser.add_argument("--train-sequences", type=int, default=16)
+    parser.add_argument(
+        "--tokens-per-microbatch",
+        default="4096",
+        help="comma-separated training micro-batch budgets (the service's default: 4096)",
+    )
     parser.add_argument(
         "--static",
         action=argparse.BooleanOptionalAction,
