@@ -137,20 +137,28 @@ def measure(args: argparse.Namespace) -> list[Curve]:
     return curves
 
 
-def end_to_end(steps: int) -> None:
-    """Seconds per step of a real run and POST /runs -> step 1, through the real server."""
+def end_to_end(steps: int, model_name: str | None = None) -> Curve:
+    """Seconds per step of a real run and POST /runs -> step 1, through the real server
+    (`model_name`: a model folder or name instead of the config's default)."""
+    body: dict[str, Any] = {**E2E, "total_steps": steps}
+    if model_name is not None:
+        body["model_name"] = model_name
     with serving() as http:
         select(http, "repeat_word")
         curve = Curve("repeat_word", "importance_sampling", "grpo")
-        train(http, curve, {**E2E, "total_steps": steps}, 0.05)
+        train(http, curve, body, 0.05)
+    if curve.status != "succeeded":
+        print(f"run {curve.status}: {curve.error}")
+        return curve
     print(
         f"run {curve.status}: POST /runs -> step 1 {curve.first_step_s:.1f} s "
         "(start-up, model load, first step)"
     )
     for step, took, reward in zip(curve.steps, curve.step_s, curve.reward, strict=True):
-        print(f"  step {step}: {took:.1f} s (reward {reward:.3f})")
+        print(f"  step {step}: {took:.2f} s (reward {reward:.3f})")
     later = curve.step_s[1:] or curve.step_s
-    print(f"median step after the first: {statistics.median(later):.1f} s; {machine()}")
+    print(f"median step after the first: {statistics.median(later):.2f} s; {machine()}")
+    return curve
 
 
 @contextlib.contextmanager

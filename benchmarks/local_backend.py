@@ -1,10 +1,13 @@
 """Local backend throughput: our sampling engine against transformers' `generate` (one at a
 time, batched, and with a static cache compiled), per decode step and overall; training tokens
-per second; and one RL step of the backend (sample, train, refresh the sampler).
+per second; and one RL step of the backend (sample, train, refresh the sampler). On a GPU also
+the ceilings measured in the same run (copy bandwidth, bf16 matrix rate), each decode step's
+memory floor and the training's share of the matrix rate; `--e2e-steps` adds a real run
+through the server on the same model.
 
 Run from the repo root:
     .venv/bin/python -m benchmarks.local_backend --models tiny-random,smollm2
-On a GPU, random-initialised shapes need no download: --models random-135m,random-1.5b
+On a GPU, random-initialised shapes need no download: --models random-135m (one per run)
 """
 
 from __future__ import annotations
@@ -21,9 +24,12 @@ import numpy as np
 import torch
 from tinker import types
 
+from benchmarks import gpu
 from core.model_names import SMOLLM2, TINY_RANDOM
+from runners.engine import scheduler
 from runners.engine.dynamic_batch import left_pad
 from runners.engine.local import LocalSamplingClient, LocalServiceClient, LocalTrainingClient
+from runners.models import loading
 
 ALIASES = {"tiny-random": TINY_RANDOM, "tiny": TINY_RANDOM, "smollm2": SMOLLM2}
 # Shapes of real models, built with random weights (speed does not depend on the values).
@@ -51,7 +57,6 @@ RANDOM_SHAPES = {
         max_position_embeddings=32768,
     ),
 }
-BF16_PEAK_FLOPS = {"H100": 989e12, "H200": 989e12}  # dense, SXM
 
 
 def build_random(alias: str, folder: Path) -> str:
@@ -187,10 +192,8 @@ def time_generate(model, prompts: list[list[int]], new_tokens: int, pad_id: int)
     return time.perf_counter() - started
 
 
-def time_training(
-    trainer: LocalTrainingClient, prompts: list[list[int]], new_tokens: int, repeats: int
-) -> tuple[float, float, int]:
-    """Seconds per forward_backward and per forward_backward + optim_step, and tokens per call."""
+def training_data(trainer: LocalTrainingClient, prompts: list[list[int]], new_tokens: int):
+    """Cross-entropy datums: each prompt followed by `new_tokens` filler tokens."""
     tokenizer = trainer.get_tokenizer()
     filler = tokenizer.encode(" the quick brown fox jumps over the lazy dog" * 20)
     data = []
@@ -202,6 +205,14 @@ def time_training(
                 loss_fn_inputs={"target_tokens": seq[1:], "weights": [1.0] * (len(seq) - 1)},
             )
         )
+    return data
+
+
+def time_training(
+    trainer: LocalTrainingClient, prompts: list[list[int]], new_tokens: int, repeats: int
+) -> tuple[float, float, int]:
+    """Seconds per forward_backward and per forward_backward + optim_step, and tokens per call."""
+    data = training_data(trainer, prompts, new_tokens)
     tokens = sum(d.model_input.length for d in data)
     adam = types.AdamParams(learning_rate=1e-4)
     trainer.forward_backward(data, "cross_entropy").result()  # warm-up
@@ -276,7 +287,14 @@ def exactness(trainer, sampler, prompts: list[list[int]], new_tokens: int) -> tu
     return float(np.abs(diffs).max()), float(np.abs(diffs).mean()), float(diffs.mean())
 
 
-def bench_model(alias: str, args: argparse.Namespace) -> None:
+def plain_model(name: str, args: argparse.Namespace, device: str, dtype: str):
+    """The base model alone (no adapter, no peft), for the compiled `generate` baseline: the
+    strongest plain route, since it does less work than sampling with an adapter."""
+    model, _ = loading.load_model_and_tokenizer(name, Path(args.models_dir), device, dtype)
+    return model
+
+
+def bench_model(alias: str, args: argparse.Namespace, ceilings: gpu.Ceilings | None) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         randomised = alias in RANDOM_SHAPES
         name = build_random(alias, Path(tmp)) if randomised else ALIASES.get(alias, alias)
@@ -287,67 +305,130 @@ def bench_model(alias: str, args: argparse.Namespace) -> None:
             sampling_dtype=args.sampling_dtype,
         )
         try:
-            started = time.perf_counter()
-            trainer = service.create_lora_training_client(name, rank=args.rank, seed=0).result()
-            load_s = time.perf_counter() - started
-            sampler = trainer.save_weights_and_get_sampling_client().result()
-            model = trainer._host.model  # the peft model the trainer uses
-            tokenizer = trainer.get_tokenizer()
-            pad = int(tokenizer.pad_token_id or 0)
-            vocab = int(model.get_output_embeddings().weight.shape[0])
-            params = sum(p.numel() for p in model.parameters())
-            print(
-                f"\n## {alias}  ({params / 1e6:.0f}M parameters, load {load_s:.1f} s, "
-                f"LoRA rank {args.rank}, device {service.device}, "
-                f"sampling dtype {args.sampling_dtype})"
-            )
-            new = args.new_tokens
-            for count in (int(c) for c in args.prompts.split(",")):
-                prompts = (
-                    random_prompts(count, vocab) if randomised else chat_prompts(tokenizer, count)
-                )
-                routes = {
-                    "ours (continuous batching)": lambda k, p=prompts: time_batched(sampler, p, k),
-                    "generate, batched": lambda k, p=prompts: time_generate_batched(
-                        model, p, k, pad
-                    ),
-                }
-                if args.static:
-                    routes["generate, static cache compiled"] = lambda k, p=prompts: (
-                        time_generate_batched(model, p, k, pad, static=True)
-                    )
-                figures = {}
-                for label, timer in routes.items():
-                    timer(new)  # warm-up (compiles, for the static route)
-                    figures[label] = per_step(timer, new)
-                if args.one_at_a_time:
-                    figures["generate, one at a time"] = (
-                        time_generate(model, prompts, new, pad),
-                        float("nan"),
-                        float("nan"),
-                    )
-                print_sampling(count, new, prompts, figures)
-            prompts = random_prompts(16, vocab) if randomised else chat_prompts(tokenizer, 16)
-            fb, step, train_tokens = time_training(trainer, prompts, new, args.repeats)
-            agree = exactness(
-                trainer, trainer.save_weights_and_get_sampling_client().result(), prompts[:8], new
-            )
-            time_rl_step(trainer, prompts, args.episodes, args.episode_tokens)  # warm-up
-            rl = sorted(
-                time_rl_step(trainer, prompts, args.episodes, args.episode_tokens)
-                for _ in range(args.repeats)
-            )[args.repeats // 2]
+            measure_backend(alias, name, service, args, ceilings)
         finally:
             service.close()
-    print(f"training: 16 sequences, {train_tokens} tokens per call")
-    print(f"  forward_backward               {fb:8.2f} s  {train_tokens / fb:9.1f} tok/s")
-    print(f"  forward_backward + optim_step  {step:8.2f} s  {train_tokens / step:9.1f} tok/s")
+        if args.e2e_steps:
+            free_gpu()
+            from benchmarks.learning import end_to_end
+
+            print(f"\nend to end through the server ({alias}, {args.e2e_steps} steps):")
+            end_to_end(args.e2e_steps, model_name=name)
+
+
+def free_gpu() -> None:
+    import gc
+
+    gc.collect()
     if torch.cuda.is_available():
-        gpu = torch.cuda.get_device_name()
-        peak = next((v for k, v in BF16_PEAK_FLOPS.items() if k in gpu), None)
-        if peak:
-            share = 6 * params * train_tokens / fb / peak
-            print(f"  share of the bf16 peak (6 x params x tokens/s): {share:.1%}")
+        torch.cuda.empty_cache()
+
+
+def measure_backend(
+    alias: str,
+    name: str,
+    service: LocalServiceClient,
+    args: argparse.Namespace,
+    ceilings: gpu.Ceilings | None,
+) -> None:
+    randomised = alias in RANDOM_SHAPES
+    started = time.perf_counter()
+    trainer = service.create_lora_training_client(name, rank=args.rank, seed=0).result()
+    load_s = time.perf_counter() - started
+    sampler = trainer.save_weights_and_get_sampling_client().result()
+    model = trainer._host.model  # the peft model the trainer uses
+    tokenizer = trainer.get_tokenizer()
+    pad = int(tokenizer.pad_token_id or 0)
+    vocab = int(model.get_output_embeddings().weight.shape[0])
+    params = sum(p.numel() for p in model.parameters())
+    print(
+        f"\n## {alias}  ({params / 1e6:.0f}M parameters, load {load_s:.1f} s, "
+        f"LoRA rank {args.rank}, device {service.device}, sampling dtype {args.sampling_dtype})"
+    )
+    plain = plain_model(name, args, service.device, service.dtype) if args.static else None
+    new = args.new_tokens
+    counts = [int(c) for c in args.prompts.split(",")]
+    static_counts = {int(c) for c in (args.static_prompts or args.prompts).split(",")}
+    for count in counts:
+        prompts = random_prompts(count, vocab) if randomised else chat_prompts(tokenizer, count)
+        routes = {"ours (continuous batching)": lambda k, p=prompts: time_batched(sampler, p, k)}
+        if args.dynamic:
+            routes["generate, batched"] = lambda k, p=prompts: time_generate_batched(
+                model, p, k, pad
+            )
+        if plain is not None and count in static_counts:
+            routes["generate, static cache compiled"] = lambda k, p=prompts: time_generate_batched(
+                plain, p, k, pad, static=True
+            )
+        figures = {}
+        for label, timer in routes.items():
+            started = time.perf_counter()
+            timer(new)  # warm-up (captures graphs; compiles, for the static route)
+            warm_s = time.perf_counter() - started
+            if "static" in label and getattr(plain, "_compiled_call", None) is None:
+                label += " (NOT compiled)"  # generate compiles on CUDA only
+            figures[label] = (*per_step(timer, new), warm_s)
+        if args.one_at_a_time:
+            nan = float("nan")
+            figures["generate, one at a time"] = (
+                time_generate(model, prompts, new, pad),
+                nan,
+                nan,
+                nan,
+            )
+        print_sampling(count, new, prompts, figures)
+        if ceilings is not None:
+            print_floor(trainer, count, prompts, new, figures, ceilings)
+        if args.profile and ceilings is not None and count == max(counts):
+            gpu.profile(
+                lambda p=prompts: time_batched(sampler, p, 16),
+                f"ours, {count} rows x 16 tokens",
+                None,
+            )
+    plain = None  # its memory goes back before training
+    free_gpu()
+    train_prompts = (
+        random_prompts(args.train_sequences, vocab)
+        if randomised
+        else (chat_prompts(tokenizer, args.train_sequences))
+    )
+    trained, default_budget = {}, trainer._tokens_per_microbatch
+    for budget in (int(b) for b in args.tokens_per_microbatch.split(",")):
+        trainer._tokens_per_microbatch = budget
+        trained[budget] = time_training(trainer, train_prompts, new, args.repeats)
+    trainer._tokens_per_microbatch = default_budget  # the profile and the RL step use it
+    if args.profile and ceilings is not None:
+        data = training_data(trainer, train_prompts, new)
+        gpu.profile(
+            lambda: trainer.forward_backward(data, "cross_entropy").result(),
+            f"forward_backward, {len(data)} sequences",
+            None,
+        )
+        trainer.optim_step(types.AdamParams(learning_rate=1e-4)).result()
+    prompts = random_prompts(16, vocab) if randomised else chat_prompts(tokenizer, 16)
+    agree = exactness(
+        trainer, trainer.save_weights_and_get_sampling_client().result(), prompts[:8], new
+    )
+    time_rl_step(trainer, prompts, args.episodes, args.episode_tokens)  # warm-up
+    rl = sorted(
+        time_rl_step(trainer, prompts, args.episodes, args.episode_tokens)
+        for _ in range(args.repeats)
+    )[args.repeats // 2]
+    if args.profile and ceilings is not None:
+        gpu.profile(
+            lambda: time_rl_step(trainer, prompts, args.episodes, args.episode_tokens),
+            f"RL step, {args.episodes} x {args.episode_tokens}",
+            None,
+        )
+    for budget, (fb, step, train_tokens) in trained.items():
+        print(
+            f"training: {args.train_sequences} sequences, {train_tokens} tokens per call, "
+            f"micro-batches of up to {budget} tokens"
+        )
+        print(f"  forward_backward               {fb:8.2f} s  {train_tokens / fb:9.1f} tok/s")
+        print(f"  forward_backward + optim_step  {step:8.2f} s  {train_tokens / step:9.1f} tok/s")
+        if ceilings is not None:
+            print_training_share(trainer, train_tokens / fb, ceilings)
     print(
         f"sampler vs trainer logprobs (8 x {args.new_tokens} tokens, after training): "
         f"max |diff| {agree[0]:.2e}, mean |diff| {agree[1]:.2e}, mean diff {agree[2]:+.2e}"
@@ -358,23 +439,52 @@ def bench_model(alias: str, args: argparse.Namespace) -> None:
     )
 
 
+def print_floor(trainer, count, prompts, new, figures, ceilings: gpu.Ceilings) -> None:
+    """Each route's ms per step against the memory floor: the sampler's weights (base and
+    adapter) and the mean cached context read once per step at the measured bandwidth."""
+    sampling = scheduler.engine_for(trainer._host)._sampling_model()
+    weights = gpu.module_bytes(sampling.module)
+    context = sum(len(p) for p in prompts) / count + new / 2
+    kv = int(count * context * gpu.kv_bytes_per_token(trainer._host.model.config))
+    floor = gpu.decode_floor_ms(weights, kv, ceilings.copy_bytes_per_s)
+    print(
+        f"  memory floor {floor:.3f} ms/step (weights {weights / 2**20:.0f} MiB + KV "
+        f"{kv / 2**20:.0f} MiB at {ceilings.copy_bytes_per_s / 1e12:.2f} TB/s): "
+        + ", ".join(f"{label} {ms / floor:.0f}x" for label, (_, ms, *_rest) in figures.items())
+    )
+
+
+def print_training_share(trainer, tokens_per_s: float, ceilings: gpu.Ceilings) -> None:
+    """The training's arithmetic against the measured bf16 matrix rate. A LoRA step needs
+    about 4 x params FLOPs per token (forward, and backward through the activations: the
+    frozen base gets no weight gradients); 6 x params is the usual full-training count."""
+    params = sum(p.numel() for p in trainer._host.model.parameters())
+    for factor, what in ((4, "needed by a LoRA step"), (6, "full-training convention")):
+        share = factor * params * tokens_per_s / ceilings.bf16_flops
+        print(
+            f"  share of the measured bf16 rate ({ceilings.bf16_flops / 1e12:.0f} TFLOP/s), "
+            f"{factor} x params x tok/s ({what}): {share:.1%}"
+        )
+
+
 def print_sampling(count: int, new: int, prompts: list[list[int]], figures: dict) -> None:
     plen = sum(len(p) for p in prompts) / count
     total = count * new
-    ours_s, ours_ms, _ = figures["ours (continuous batching)"]
+    ours_s, ours_ms, *_ = figures["ours (continuous batching)"]
     print(f"sampling: {count} prompts (mean {plen:.0f} tokens) x {new} new tokens")
     print(
         f"  {'route':34} {'total s':>8} {'tok/s':>9} {'ms/step':>8} {'peak GiB':>8} "
-        f"{'ours x faster':>15} {'per step':>10}"
+        f"{'ours x faster':>15} {'per step':>10} {'first call s':>12}"
     )
-    for label, (seconds, ms, peak) in figures.items():
+    for label, (seconds, ms, peak, warm) in figures.items():
         print(
             f"  {label:34} {seconds:8.2f} {total / seconds:9.1f} {ms:8.2f} {peak:8.2f} "
-            f"{seconds / ours_s:14.2f}x {ms / ours_ms:9.2f}x"
+            f"{seconds / ours_s:14.2f}x {ms / ours_ms:9.2f}x {warm:12.1f}"
         )
 
 
 def main() -> None:
+    cuda = torch.cuda.is_available()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="tiny-random,smollm2")
     parser.add_argument("--prompts", default="16", help="comma-separated batch sizes")
@@ -386,23 +496,54 @@ def main() -> None:
     parser.add_argument("--models-dir", default="var/models")
     parser.add_argument("--episodes", type=int, default=64)
     parser.add_argument("--episode-tokens", type=int, default=64)
+    parser.add_argument("--train-sequences", type=int, default=16)
+    parser.add_argument(
+        "--tokens-per-microbatch",
+        default="4096",
+        help="comma-separated training micro-batch budgets (the service's default: 4096)",
+    )
     parser.add_argument(
         "--static",
         action=argparse.BooleanOptionalAction,
-        default=torch.cuda.is_available(),
-        help="also time generate with a static cache, compiled (default on CUDA)",
+        default=cuda,
+        help="also time generate with a static cache, compiled, on the plain model "
+        "(default on CUDA)",
+    )
+    parser.add_argument(
+        "--static-prompts", default=None, help="batch sizes for the static route (default: all)"
+    )
+    parser.add_argument(
+        "--dynamic",
+        action=argparse.BooleanOptionalAction,
+        default=not cuda,
+        help="also time generate with a dynamic cache on the trainer's peft model "
+        "(default off CUDA)",
     )
     parser.add_argument(
         "--one-at-a-time", action="store_true", help="also time generate one prompt at a time"
+    )
+    parser.add_argument("--profile", action="store_true", help="print torch profiles (CUDA)")
+    parser.add_argument(
+        "--e2e-steps", type=int, default=0, help="then time a real run through the server"
     )
     args = parser.parse_args()
     print(
         f"# local backend benchmark: {os.cpu_count()} CPU cores, torch {torch.__version__} "
         f"({torch.get_num_threads()} threads), {platform.processor() or platform.machine()}, "
-        f"CUDA {'yes' if torch.cuda.is_available() else 'no'}"
+        f"CUDA {'yes' if cuda else 'no'}"
     )
+    ceilings = None
+    if cuda:
+        import transformers
+
+        print(f"# {gpu.device_line()}, transformers {transformers.__version__}")
+        ceilings = gpu.measure_ceilings()
+        print(
+            f"# measured: copy {ceilings.copy_bytes_per_s / 1e12:.2f} TB/s (read + written), "
+            f"bf16 matrix product {ceilings.bf16_flops / 1e12:.0f} TFLOP/s"
+        )
     for alias in args.models.split(","):
-        bench_model(ALIASES.get(alias.strip(), alias.strip()), args)
+        bench_model(ALIASES.get(alias.strip(), alias.strip()), args, ceilings)
 
 
 if __name__ == "__main__":

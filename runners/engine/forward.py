@@ -6,6 +6,7 @@ grouped by length under a token budget, and gradients accumulate across micro-ba
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
@@ -104,12 +105,22 @@ def _chunk_logprobs(hidden: torch.Tensor, targets: torch.Tensor, head: nn.Module
     return picked - torch.logsumexp(logits, dim=-1)
 
 
-def _autocast(device: torch.device, model: LanguageModel) -> torch.autocast:
+def _bf16_autocast(device: torch.device, model: LanguageModel) -> bool:
     """bf16 autocast on CUDA for a bf16 base: the float32 adapter (master weights) then runs
-    its matmuls in bf16 too; elsewhere a no-op."""
+    its matmuls in bf16 too; elsewhere none."""
     base_dtype = model.get_output_embeddings().weight.dtype
-    enabled = device.type == "cuda" and base_dtype == torch.bfloat16
-    return torch.autocast("cuda", dtype=torch.bfloat16, enabled=enabled)
+    return device.type == "cuda" and base_dtype == torch.bfloat16
+
+
+def _adapter_inputs_kept(model: LanguageModel, autocast: bool) -> contextlib.AbstractContextManager:
+    """Under autocast, peft's cast of each LoRA layer's input to the adapter's float32 is
+    turned off: autocast casts it straight back to bf16 for the matmul, so those two copies of
+    every activation change no number (the operands are the same bf16 values)."""
+    if not autocast:
+        return contextlib.nullcontext()
+    from peft.helpers import disable_input_dtype_casting
+
+    return disable_input_dtype_casting(model)
 
 
 def run_loss(
@@ -128,26 +139,31 @@ def run_loss(
     logprobs: list[torch.Tensor | None] = [None] * len(lengths)
     total = torch.zeros((), device=device)
     decoder, head = model.get_decoder(), model.get_output_embeddings()
-    for group in microbatches(lengths, token_budget):
-        ids, real = right_pad([batch.tokens[i] for i in group], pad_id)
-        targets = torch.cat([batch.targets[i] for i in group]).to(device)
-        with torch.set_grad_enabled(backward), _autocast(device, model):
-            # Right padding needs no mask: causal attention keeps pads out of real positions.
-            hidden = decoder(input_ids=ids.to(device), use_cache=False).last_hidden_state
-            # Row-major selection keeps datum order: datum group[0]'s positions, then the next.
-            token_lp = target_logprobs(hidden[real.to(device).bool()], targets, head)
-            inputs = {
-                key: torch.cat([batch.inputs[i][key] for i in group]).to(device)
-                for key in batch.inputs[group[0]]
-            }
-            loss = compute_loss(loss_fn, token_lp, inputs, config)
-        if backward:
-            loss.backward()
-        total += loss.detach()
-        for i, piece in zip(
-            group, token_lp.detach().split([lengths[i] for i in group]), strict=True
-        ):
-            logprobs[i] = piece
+    autocast = _bf16_autocast(device, model)
+    with _adapter_inputs_kept(model, autocast):
+        for group in microbatches(lengths, token_budget):
+            ids, real = right_pad([batch.tokens[i] for i in group], pad_id)
+            targets = torch.cat([batch.targets[i] for i in group]).to(device)
+            with (
+                torch.set_grad_enabled(backward),
+                torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast),
+            ):
+                # Right padding needs no mask: causal attention keeps pads out of real positions.
+                hidden = decoder(input_ids=ids.to(device), use_cache=False).last_hidden_state
+                # Row-major selection keeps datum order: datum group[0]'s positions, then the next.
+                token_lp = target_logprobs(hidden[real.to(device).bool()], targets, head)
+                inputs = {
+                    key: torch.cat([batch.inputs[i][key] for i in group]).to(device)
+                    for key in batch.inputs[group[0]]
+                }
+                loss = compute_loss(loss_fn, token_lp, inputs, config)
+            if backward:
+                loss.backward()
+            total += loss.detach()
+            for i, piece in zip(
+                group, token_lp.detach().split([lengths[i] for i in group]), strict=True
+            ):
+                logprobs[i] = piece
     # One transfer to the host for the whole call, then split per datum.
     flat = torch.cat([lp for lp in logprobs if lp is not None]).float().cpu().numpy()
     outputs: list[dict[str, types.TensorData]] = []

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from runners.engine.decode_attention import use_grouped_decode
 from runners.engine.host import AdapterWeights, ModelHost
 from runners.engine.lora import LanguageModel
 
@@ -81,6 +82,7 @@ class SamplingModel:
         self.slots = _replace_lora_layers(host, module)
         if not shared:
             _cast_weights(module, dtype)
+        use_grouped_decode(module)  # the copy's config is its own: the trainer keeps sdpa
         self.module = module.eval()
         self.dtype = dtype
         self.shares_weights = shared

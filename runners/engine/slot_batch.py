@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 import torch
 
+from runners.engine import decode_attention
 from runners.engine.batch import Row, finished, record
 from runners.engine.dynamic_batch import right_pad
 from runners.engine.lora import LanguageModel
@@ -77,7 +78,8 @@ def supports(model: LanguageModel) -> bool:
     return (
         all(t == "full_attention" for t in layer_types)
         and plain_head(config)
-        and getattr(config, "_attn_implementation", "sdpa") in ("sdpa", "eager")
+        and getattr(config, "_attn_implementation", "sdpa")
+        in ("sdpa", "eager", decode_attention.NAME)
     )
 
 
@@ -260,7 +262,10 @@ class SlotBatch:
         graph = torch.cuda.CUDAGraph()
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
-        with torch.cuda.graph(graph, pool=self._pool), torch.no_grad():
+        # Thread-local: the trainer may run on another thread meanwhile (sampling takes no
+        # host lock), and its allocations and copies must neither fail nor join the capture.
+        capture = torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local")
+        with capture, torch.no_grad():
             self._step(rows, filtered)
         self._captured[key] = graph
         self.captures += 1

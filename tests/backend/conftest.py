@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -9,12 +10,16 @@ import pytest
 
 from runners.engine.local import LocalServiceClient, LocalTrainingClient
 
+# `RLCS_TEST_DEVICE=cuda` runs the backend tests on a GPU, still in float32 (the same
+# tolerances hold; sampling then goes through slot batches and captured CUDA graphs).
+TEST_DEVICE = os.environ.get("RLCS_TEST_DEVICE", "cpu")
+
 
 def local_service(folder: Path, **options) -> LocalServiceClient:
-    """A service with its folders under `folder`: CPU and a float32 sampler unless told, since
-    most tests compare sampler and trainer logprobs to float32 rounding
+    """A service with its folders under `folder`: float32 model and sampler on TEST_DEVICE
+    unless told, since most tests compare sampler and trainer logprobs to float32 rounding
     (test_sampling_model.py covers the bfloat16 sampler that `auto` picks on most CPUs)."""
-    settings = {"device": "cpu", "sampling_dtype": "float32", **options}
+    settings = {"device": TEST_DEVICE, "dtype": "float32", "sampling_dtype": "float32", **options}
     return LocalServiceClient(
         checkpoint_dir=folder / "checkpoints", models_dir=folder / "models", **settings
     )
@@ -40,5 +45,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU (marked gpu); none on this machine")
     for item in items:
-        if "gpu" in item.keywords:
+        # The marker itself: `item.keywords` also holds the names of the parent folders.
+        if item.get_closest_marker("gpu") is not None:
             item.add_marker(skip)

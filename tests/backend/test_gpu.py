@@ -6,6 +6,7 @@ few hundredths, and a row's numbers depend on the kernels its batch size picks."
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +18,7 @@ from runners.engine import scheduler as engine
 from runners.engine.sampling_model import SamplingModel
 from runners.engine.slot_batch import SlotBatch
 from tests.backend.conftest import local_service
-from tests.backend.test_local_backend import ce_batch, ce_datum, prompt, train_steps
+from tests.backend.test_local_backend import ADAM, ce_batch, ce_datum, prompt, train_steps
 from tests.backend.test_slot_batch import SPECS, _drain, _rows
 
 pytestmark = pytest.mark.gpu
@@ -26,7 +27,7 @@ BF16_LOGPROB_ATOL = 0.1
 
 @pytest.fixture
 def cuda_trainer(tmp_path: Path):
-    service = local_service(tmp_path, device="cuda", sampling_dtype="auto")
+    service = local_service(tmp_path, device="cuda", dtype="auto", sampling_dtype="auto")
     trainer = service.create_lora_training_client("tiny-random", rank=8, seed=0).result()
     yield service, trainer
     service.close()
@@ -125,3 +126,37 @@ def test_bf16_training_logprobs_match_a_full_logits_pass(cuda_trainer):
             np.testing.assert_allclose(
                 record["logprobs"].to_numpy(), want.cpu().numpy(), atol=BF16_LOGPROB_ATOL
             )
+
+
+def test_buckets_are_captured_while_the_trainer_trains_on_another_thread(cuda_trainer):
+    """Sampling takes no host lock, so a new bucket's graph may be captured while the trainer
+    runs: neither side may fail, and the samples stay those of the snapshot."""
+    _, trainer = cuda_trainer
+    data = ce_batch(trainer)
+    sampler = trainer.save_weights_and_get_sampling_client().result()
+    tokens = trainer.get_tokenizer().encode("side by side")
+    params = types.SamplingParams(max_tokens=12, temperature=1.0, seed=5, stop=[])
+    want = [sampler.sample(prompt(tokens), n, params).result().sequences for n in (3, 5)]
+    trainer._host.close()  # a fresh engine: every bucket is captured again below
+    stop, errors, steps = threading.Event(), [], []
+
+    def train() -> None:
+        try:
+            while not stop.is_set():
+                trainer.forward_backward(data, "cross_entropy")
+                steps.append(trainer.optim_step(ADAM).result(timeout=120))
+        except BaseException as exc:  # reported by the assertion below
+            errors.append(exc)
+
+    thread = threading.Thread(target=train)
+    thread.start()
+    try:
+        got = [sampler.sample(prompt(tokens), n, params).result().sequences for n in (3, 5)]
+    finally:
+        stop.set()
+        thread.join(timeout=120)
+    assert not errors and steps
+    batch = engine.engine_for(trainer._host)._batch
+    assert isinstance(batch, SlotBatch) and batch.captures >= 2
+    for a, b in zip(want, got, strict=True):
+        assert [s.tokens for s in a] == [s.tokens for s in b]

@@ -25,7 +25,7 @@ def _nudge(trainer) -> None:
     generator = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for p in trainer._host.params.values():
-            p.add_(torch.randn(p.shape, generator=generator) * 0.05)
+            p.add_(torch.randn(p.shape, generator=generator).to(p.device) * 0.05)
 
 
 def test_float32_copy_matches_the_peft_model_and_shares_its_base(trainer):
@@ -35,16 +35,16 @@ def test_float32_copy_matches_the_peft_model_and_shares_its_base(trainer):
     assert copy.shares_weights and len(copy.slots) > 0
     base_ptrs = {p.data_ptr() for n, p in host.model.named_parameters() if "lora_" not in n}
     assert {p.data_ptr() for p in copy.module.parameters()} <= base_ptrs
-    ids = torch.tensor([[1, 5, 9, 2, 7]])
+    ids = torch.tensor([[1, 5, 9, 2, 7]], device=host.device)
     with torch.no_grad():
         copy.load(host.snapshot())
-        np.testing.assert_allclose(
-            copy.module(input_ids=ids).logits, host.model(input_ids=ids).logits, atol=1e-5
+        torch.testing.assert_close(
+            copy.module(input_ids=ids).logits, host.model(input_ids=ids).logits, atol=1e-5, rtol=0
         )
         copy.load(None)  # the base model alone
         with host.model.disable_adapter():
             want = host.model(input_ids=ids).logits
-        np.testing.assert_allclose(copy.module(input_ids=ids).logits, want, atol=1e-5)
+        torch.testing.assert_close(copy.module(input_ids=ids).logits, want, atol=1e-5, rtol=0)
     # The trainer's adapter still trains: building the copy changed none of its flags.
     assert all(p.requires_grad for p in host.params.values())
 
@@ -72,14 +72,16 @@ def test_next_token_logits_at_each_rows_last_position(trainer):
     copy = SamplingModel(trainer._host, torch.float32)
     copy.load(trainer._host.snapshot())
     # Right-padded rows of lengths 5 and 3: each row's logits at its own last token.
-    ids = torch.tensor([[1, 5, 9, 2, 7], [4, 8, 3, 0, 0]])
-    mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]])
-    positions = torch.arange(5)[None].expand(2, 5)
+    device = trainer._host.device
+    ids = torch.tensor([[1, 5, 9, 2, 7], [4, 8, 3, 0, 0]], device=device)
+    mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]], device=device)
+    positions = torch.arange(5, device=device)[None].expand(2, 5)
+    last = torch.tensor([4, 2], device=device)
     with torch.no_grad():
-        got = next_token_logits(copy.module, ids, mask, positions, None, torch.tensor([4, 2]))
+        got = next_token_logits(copy.module, ids, mask, positions, None, last)
         for row, length in ((0, 5), (1, 3)):
             want = copy.module(input_ids=ids[row : row + 1, :length]).logits[0, -1]
-            np.testing.assert_allclose(got[row], want, atol=1e-5)
+            torch.testing.assert_close(got[row], want, atol=1e-5, rtol=0)
 
 
 def test_resolve_sampling_dtype():

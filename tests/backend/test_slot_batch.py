@@ -1,4 +1,4 @@
-"""The slot batch (static per-row cache, the step CUDA graphs capture) run eagerly on the CPU:
+"""The slot batch (static per-row cache, the step CUDA graphs capture; run eagerly on the CPU):
 the same tokens and logprobs as the dynamic-cache batch, late joins, buckets, cache reuse."""
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ def _model(trainer) -> torch.nn.Module:
     generator = torch.Generator().manual_seed(1)
     with torch.no_grad():
         for p in trainer._host.params.values():
-            p.add_(torch.randn(p.shape, generator=generator) * 0.05)
+            p.add_(torch.randn(p.shape, generator=generator).to(p.device) * 0.05)
     copy = SamplingModel(trainer._host, torch.float32)
     copy.load(trainer._host.snapshot())
     return copy.module
@@ -39,7 +39,7 @@ def _drain(batch, rows: list[Row]) -> None:
 
 def _running(model, trainer) -> DynamicCacheBatch:
     return DynamicCacheBatch(
-        model, pad_id=0, device=torch.device("cpu"), decode=trainer.get_tokenizer().decode
+        model, pad_id=0, device=trainer._host.device, decode=trainer.get_tokenizer().decode
     )
 
 
@@ -48,10 +48,10 @@ def _slots(model, trainer, slots: int = 8) -> SlotBatch:
         model,
         slots=slots,
         pad_id=0,
-        device=torch.device("cpu"),
+        device=trainer._host.device,
         decode=trainer.get_tokenizer().decode,
         max_positions=None,
-        graphs=True,  # no CUDA here: the captured step runs eagerly
+        graphs=True,  # on the CPU the captured step runs eagerly
     )
 
 

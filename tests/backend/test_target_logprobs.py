@@ -14,10 +14,11 @@ def _full_logits_logprobs(model, data) -> list[np.ndarray]:
     out = []
     with torch.no_grad():
         for datum in data:
-            ids = torch.tensor([datum.model_input.to_ints()])
-            targets = datum.loss_fn_inputs["target_tokens"].to_torch()
+            ids = torch.tensor([datum.model_input.to_ints()], device=model.device)
+            targets = datum.loss_fn_inputs["target_tokens"].to_torch().to(model.device)
             logits = model(input_ids=ids).logits[0].float()
-            out.append(torch.log_softmax(logits, -1).gather(-1, targets[:, None])[:, 0].numpy())
+            picked = torch.log_softmax(logits, -1).gather(-1, targets[:, None])[:, 0]
+            out.append(picked.cpu().numpy())
     return out
 
 
@@ -30,7 +31,7 @@ def test_chunked_target_logprobs_equal_full_logits(trainer, monkeypatch):
     generator = torch.Generator().manual_seed(0)
     with torch.no_grad():  # a non-zero adapter, so the LoRA path counts
         for p in trainer._host.params.values():
-            p.add_(torch.randn(p.shape, generator=generator) * 0.05)
+            p.add_(torch.randn(p.shape, generator=generator).to(p.device) * 0.05)
     data = ce_batch(trainer)
     want = _full_logits_logprobs(model, data)
 
