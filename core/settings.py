@@ -135,6 +135,13 @@ class Settings(BaseSettings):
         "native bf16 (2.5-3x faster decoding), else the model's; float32 on a CPU makes sampler "
         "and trainer logprobs agree to float32 rounding",
     )
+    tokens_per_microbatch: int | None = Field(
+        None,
+        ge=1,
+        description="Padded tokens per training forward/backward pass of the local backend; "
+        "unset: 4096 on the CPU, on CUDA the largest power of two up to 32768 whose "
+        "activations fit in a third of the GPU's memory (16384 for a 1.5B model on an H200)",
+    )
 
     # The Tinker API (server.tinker_api): Tinker SDK scripts trained by the local engine.
     tinker_memory_budget_gb: float = Field(
@@ -347,6 +354,8 @@ class Settings(BaseSettings):
             "TINKER_TELEMETRY": os.environ.get("TINKER_TELEMETRY", "0"),
             "OPENREWARD_DISABLE_UPDATE_CHECK": "1",
         }
+        if self.tokens_per_microbatch is not None:
+            env["RLCS_TOKENS_PER_MICROBATCH"] = str(self.tokens_per_microbatch)
         if self.tinker_base_url:
             env["TINKER_BASE_URL"] = self.tinker_base_url
         if self.wandb_base_url:

@@ -34,4 +34,5 @@ def create_service(backend: str, settings: Settings, checkpoint_dir: Path) -> An
         device=settings.device,
         dtype=settings.dtype,
         sampling_dtype=settings.sampling_dtype,
+        tokens_per_microbatch=settings.tokens_per_microbatch,
     )

@@ -12,11 +12,14 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from core.model_names import validate_device_dtype
 from runners.engine import checkpoints as ckpt
-from runners.engine import lora
+from runners.engine import lora, microbatch_budget
 from runners.engine.bases import BaseModels, weight_files_bytes
 from runners.engine.futures import LocalFuture, resolved, submit
+from runners.engine.host import ModelHost
 from runners.engine.sampler import LocalSamplingClient
 from runners.engine.training import LocalTrainingClient
 from runners.models import loading
@@ -25,7 +28,10 @@ __all__ = ["LocalSamplingClient", "LocalServiceClient", "LocalTrainingClient"]
 
 
 class LocalServiceClient:
-    """Creates LoRA training clients and sampling clients on this machine (CPU or CUDA)."""
+    """Creates LoRA training clients and sampling clients on this machine (CPU or CUDA).
+
+    `tokens_per_microbatch`: padded tokens per training forward/backward pass; None picks it
+    per base model from the device's memory and the model's shape (microbatch_budget.py)."""
 
     def __init__(
         self,
@@ -37,7 +43,7 @@ class LocalServiceClient:
         max_batch_sequences: int = 64,
         batch_window_s: float = 0.005,
         sampling_dtype: str = "auto",
-        tokens_per_microbatch: int = 4096,
+        tokens_per_microbatch: int | None = None,
         memory_budget_bytes: int | None = None,
     ) -> None:
         validate_device_dtype(device, dtype)
@@ -161,7 +167,7 @@ class LocalServiceClient:
                 seed=seed,
                 open_sampler=lambda path: self.create_sampling_client(model_path=path),
                 checkpoint_dir=self.checkpoint_dir,
-                tokens_per_microbatch=self._tokens_per_microbatch,
+                tokens_per_microbatch=self._microbatch_budget(host),
             )
         except Exception:
             host.release()
@@ -169,6 +175,17 @@ class LocalServiceClient:
         with self._lock:
             self._training_clients.append(client)
         return client
+
+    def _microbatch_budget(self, host: ModelHost) -> int:
+        if self._tokens_per_microbatch is not None:
+            return self._tokens_per_microbatch
+        device = torch.device(self.device)
+        weight = host.model.get_output_embeddings().weight
+        return microbatch_budget.default_tokens_per_microbatch(
+            device.type,
+            microbatch_budget.device_memory_bytes(device),
+            microbatch_budget.model_shape(getattr(host.model, "config", None), weight.dtype),
+        )
 
     def _from_state(
         self, path: str, base_model: str | None, *, with_optimizer: bool

@@ -25,6 +25,7 @@ from runners.engine.forward import DatumBatch, run_loss, validate_data
 from runners.engine.futures import LocalFuture, submit
 from runners.engine.host import AdapterWeights, LiveAdapter, ModelHost
 from runners.engine.losses import resolve_config
+from runners.engine.microbatch_budget import SMALL_BUDGET
 from runners.engine.sampler import LocalSamplingClient
 
 OPTIMIZER_FILE = "optimizer.pt"
@@ -41,7 +42,7 @@ class LocalTrainingClient:
         seed: int | None,
         open_sampler: Callable[[str], LocalFuture[LocalSamplingClient]],
         checkpoint_dir: Path,
-        tokens_per_microbatch: int = 4096,
+        tokens_per_microbatch: int = SMALL_BUDGET,
     ) -> None:
         self._host = host  # acquired for this client; released by close()
         self._spec = spec

@@ -55,6 +55,7 @@ def main() -> int:
         device=settings.device,
         dtype=settings.dtype,
         sampling_dtype=settings.sampling_dtype,
+        tokens_per_microbatch=settings.tokens_per_microbatch,
         memory_budget_bytes=int(settings.tinker_memory_budget_gb * GIB),
     )
     writer = LineWriter(protocol)
