@@ -229,6 +229,26 @@ def time_training(
     return fb, step, tokens
 
 
+def time_training_memory(
+    trainer: LocalTrainingClient, prompts: list[list[int]], new_tokens: int, repeats: int
+) -> tuple[float, float, int, float, float] | None:
+    """time_training, with the CUDA memory allocated before it and its peak (GiB; zeros off
+    CUDA); None when the budget runs out of GPU memory."""
+    cuda = torch.cuda.is_available()
+    if cuda:
+        free_gpu()
+        torch.cuda.reset_peak_memory_stats()
+    held = torch.cuda.memory_allocated() / 2**30 if cuda else 0.0
+    try:
+        fb, step, tokens = time_training(trainer, prompts, new_tokens, repeats)
+    except torch.OutOfMemoryError:
+        trainer.optim_step(types.AdamParams(learning_rate=0.0)).result()  # drop the gradients
+        free_gpu()
+        return None
+    peak = torch.cuda.max_memory_allocated() / 2**30 if cuda else 0.0
+    return fb, step, tokens, held, peak
+
+
 def time_rl_step(trainer, prompts: list[list[int]], episodes: int, new_tokens: int) -> float:
     """One RL step on the backend alone: sample `episodes` (groups of 16 over the prompts),
     importance-sampling forward_backward, optim_step, and a fresh sampler on the new weights."""
@@ -392,10 +412,13 @@ def measure_backend(
         if randomised
         else (chat_prompts(tokenizer, args.train_sequences))
     )
-    trained, default_budget = {}, trainer._tokens_per_microbatch
-    for budget in (int(b) for b in args.tokens_per_microbatch.split(",")):
+    # The service's default for this device and shape (microbatch_budget.py) is always timed.
+    default_budget = trainer._tokens_per_microbatch
+    budgets = [int(b) for b in args.tokens_per_microbatch.split(",")]
+    trained: dict[int, tuple[float, float, int, float, float] | None] = {}
+    for budget in sorted({*budgets, default_budget}):
         trainer._tokens_per_microbatch = budget
-        trained[budget] = time_training(trainer, train_prompts, new, args.repeats)
+        trained[budget] = time_training_memory(trainer, train_prompts, new, args.repeats)
     trainer._tokens_per_microbatch = default_budget  # the profile and the RL step use it
     if args.profile and ceilings is not None:
         data = training_data(trainer, train_prompts, new)
@@ -420,13 +443,24 @@ def measure_backend(
             f"RL step, {args.episodes} x {args.episode_tokens}",
             None,
         )
-    for budget, (fb, step, train_tokens) in trained.items():
+    for budget, figures in trained.items():
+        which = " (the default here)" if budget == default_budget else ""
         print(
-            f"training: {args.train_sequences} sequences, {train_tokens} tokens per call, "
-            f"micro-batches of up to {budget} tokens"
+            f"training: {args.train_sequences} sequences, "
+            f"micro-batches of up to {budget} tokens{which}"
         )
+        if figures is None:
+            print("  out of GPU memory")
+            continue
+        fb, step, train_tokens, held, peak = figures
+        print(f"  {train_tokens} tokens per call")
         print(f"  forward_backward               {fb:8.2f} s  {train_tokens / fb:9.1f} tok/s")
         print(f"  forward_backward + optim_step  {step:8.2f} s  {train_tokens / step:9.1f} tok/s")
+        if torch.cuda.is_available():
+            print(
+                f"  peak CUDA memory allocated {peak:.2f} GiB ({peak - held:.2f} GiB above the "
+                f"{held:.2f} GiB held before)"
+            )
         if ceilings is not None:
             print_training_share(trainer, train_tokens / fb, ceilings)
     print(
@@ -500,7 +534,8 @@ def main() -> None:
     parser.add_argument(
         "--tokens-per-microbatch",
         default="4096",
-        help="comma-separated training micro-batch budgets (the service's default: 4096)",
+        help="comma-separated training micro-batch budgets; the service's default for the "
+        "device and model (4096 on the CPU) is timed too",
     )
     parser.add_argument(
         "--static",
