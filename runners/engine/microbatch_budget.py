@@ -39,8 +39,8 @@ class ModelShape:
         per layer about 8 hidden-sized tensors (two RMSNorms' inputs and outputs, the
         attention's query and output, the output projection's input), 4 intermediate-sized
         ones (gate, up, their activation and product) and 2 key/value-sized ones.
-        SmolLM2-135M's shape: 668 KB by this count, 673 KB measured; Qwen2-1.5B's: 2.72 MB,
-        2.80 MB measured (at 256 tokens, fixed costs included)."""
+        SmolLM2-135M's shape: 668 KB by this count; 673 KB counted on the CPU, 677 KB of
+        peak CUDA memory per token on an H200. Qwen2-1.5B's: 2.72 MB; 2.75 MB on the H200."""
         per_layer = 8 * self.hidden + 4 * self.intermediate + 2 * self.kv_dim
         return self.layers * per_layer * self.element_bytes
 
@@ -51,10 +51,12 @@ def default_tokens_per_microbatch(
     """The largest power of two from SMALL_BUDGET to MAX_BUDGET whose activations fit in
     ACTIVATION_SHARE of the device's memory; SMALL_BUDGET off CUDA or when a figure is missing.
 
-    Why larger: on an H200 a 1.5B LoRA step at 4096-token micro-batches ran at 14.5% of the
-    measured bf16 rate (4 x params FLOPs per token), at 16384 at 26.2%: small micro-batches
-    leave the GPU waiting on Python's launches of ~200 LoRA layers each. An H200 (140 GiB)
-    gets 16384 at 1.5B and 32768 at 135M; an 80 GB H100 8192 at 1.5B; a 24 GB GPU 4096."""
+    Why larger (H200, benchmarks/README.md): a 1.5B LoRA step ran at 22.3k tok/s with
+    4096-token micro-batches, 29.4k at 8192, 33.6k at 16384 (26.3% of the bf16 matrix rate,
+    peak 47.6 GiB), 34.3k at 32768 (89.6 GiB); at 135M 21.7k up to 93.9k tok/s at 32768 (22.2
+    GiB): small micro-batches leave the GPU waiting on Python's launches of the LoRA layers.
+    An H200 (140 GiB) gets 16384 at 1.5B and 32768 at 135M; an 80 GB H100 8192 at 1.5B; a
+    24 GB GPU 4096."""
     if device_type != "cuda" or not total_memory_bytes or shape is None:
         return SMALL_BUDGET
     room = total_memory_bytes * ACTIVATION_SHARE
