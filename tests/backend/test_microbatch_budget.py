@@ -23,7 +23,7 @@ from runners.engine.microbatch_budget import (
 from tests.backend.conftest import local_service
 
 MIB = 1 << 20
-H200 = 143_771 * MIB  # what torch reports as the device's total memory
+H200 = 150_109_880_320  # torch.cuda.get_device_properties(0).total_memory on the lent H200
 H100_80GB = 81_559 * MIB
 GPU_24GB = 24_564 * MIB
 
