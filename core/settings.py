@@ -5,6 +5,7 @@ Nothing else in the project reads os.environ; the runner builds the same class.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from functools import cached_property
@@ -28,7 +29,10 @@ class Settings(BaseSettings):
     db_busy_timeout_s: float = Field(
         30.0, gt=0, description="How long a write waits for another writer's lock (then 503)"
     )
-    env_dirs: list[Path] = Field(default_factory=list, description="Extra environment folders")
+    env_dirs: Annotated[list[Path], NoDecode] = Field(
+        default_factory=list,
+        description="Extra environment folders: one, several joined by ':', or a JSON list",
+    )
     models_path: Path | None = Field(
         None,
         validation_alias=AliasChoices("RLCS_MODELS_DIR", "models_path"),
@@ -262,6 +266,23 @@ class Settings(BaseSettings):
         if isinstance(value, str):
             return [part.strip() for part in value.split(",") if part.strip()]
         return value
+
+    @field_validator("env_dirs", mode="before")
+    @classmethod
+    def _folders(cls, value: object) -> object:
+        """RLCS_ENV_DIRS=/a/folder, /a:/b (as PATH and PYTHONPATH are written) or '["/a"]'."""
+        if not isinstance(value, str):
+            return value
+        text = value.strip()
+        if text.startswith("["):
+            try:
+                return json.loads(text)
+            except ValueError:
+                raise ValueError(
+                    "RLCS_ENV_DIRS is not a JSON list; write folders joined by ':' "
+                    '(/a/envs:/b/envs) or a JSON list (["/a/envs"])'
+                ) from None
+        return [part for part in text.split(os.pathsep) if part.strip()]
 
     @model_validator(mode="after")
     def _read_tokens_need_an_admin_token(self) -> Settings:
