@@ -74,3 +74,9 @@ def say(text: str = "") -> None:
 
 def warn(text: str) -> None:
     sys.stderr.write(text + "\n")
+
+
+def steps(run: dict[str, Any]) -> str:
+    """A run's step of its total; a Tinker SDK session has no total (its script decides)."""
+    total = run.get("total_steps")
+    return f"{run.get('step', 0)}/{total}" if total else str(run.get("step", 0))

@@ -101,6 +101,11 @@ def _runs_parser(top: Group) -> None:
     list_ = add(cmds, "list", runs.list_, "list runs, newest first")
     list_.add_argument("--status", choices=RUN_STATUSES)
     list_.add_argument("--env", help="only runs of this environment")
+    list_.add_argument(
+        "--source",
+        choices=("api", "tinker-api"),
+        help="only runs started through our API, or only Tinker SDK sessions",
+    )
     list_.add_argument("--limit", type=int, default=None, help="at most this many (server: 100)")
 
     add(cmds, "status", runs.status, "a run's status, progress and metrics").add_argument("run")

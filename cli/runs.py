@@ -12,7 +12,7 @@ from typing import Any
 
 from cli.client import Client, seg
 from cli.exits import OK, RUN_FAILED, WAIT_TIMED_OUT, UsageError
-from cli.output import duration, fmt, pairs, print_json, say, table
+from cli.output import duration, fmt, pairs, print_json, say, steps, table
 from cli.watch import follow_logs
 
 WAIT_CHUNK_S = 300.0  # one server-side wait (the server caps them at 600 s)
@@ -39,7 +39,12 @@ def start(client: Client, args: argparse.Namespace) -> int:
 
 
 def list_(client: Client, args: argparse.Namespace) -> int:
-    params = {"status": args.status, "environment": args.env, "limit": args.limit}
+    params = {
+        "status": args.status,
+        "environment": args.env,
+        "source": args.source,
+        "limit": args.limit,
+    }
     runs = client.get("/runs", params)
     if args.json:
         print_json(runs)
@@ -52,14 +57,16 @@ def list_(client: Client, args: argparse.Namespace) -> int:
             r["run_id"],
             r["environment"],
             r["status"] + (f" ({r['failure_kind']})" if r.get("failure_kind") else ""),
-            f"{r['step']}/{r['total_steps']}",
+            steps(r),
             r.get("attempt"),
+            r.get("source", "api"),
             r.get("created_at"),
             r.get("finished_at"),
         ]
         for r in runs
     ]
-    say(table(["RUN", "ENVIRONMENT", "STATUS", "STEP", "ATTEMPT", "CREATED", "FINISHED"], rows))
+    headers = ["RUN", "ENVIRONMENT", "STATUS", "STEP", "ATTEMPT", "SOURCE", "CREATED", "FINISHED"]
+    say(table(headers, rows))
     return OK
 
 
@@ -75,7 +82,8 @@ def status(client: Client, args: argparse.Namespace) -> int:
         ("run", run["run_id"]),
         ("environment", run["environment"]),
         ("status", f"{run['status']} (attempt {run.get('attempt')})"),
-        ("step", f"{run['step']}/{run['total_steps']} ({fraction:.0%})"),
+        ("source", run.get("source", "api")),
+        ("step", f"{steps(run)} ({fraction:.0%})" if run.get("total_steps") else steps(run)),
         ("eta", f"{duration(progress.get('eta_s'))} ({fmt(per_step)} s/step)"),
     ]
     metrics = {k: v for k, v in (run.get("metrics") or {}).items() if k != "step"}
@@ -109,7 +117,7 @@ def wait(client: Client, args: argparse.Namespace) -> int:
     if args.json:
         print_json(run)
     else:
-        say(f"{run['run_id']}  {run['status']}  step {run['step']}/{run['total_steps']}")
+        say(f"{run['run_id']}  {run['status']}  step {steps(run)}")
     if not run["condition_met"]:
         return WAIT_TIMED_OUT
     return RUN_FAILED if run["status"] == "failed" else OK
@@ -188,7 +196,7 @@ def metrics(client: Client, args: argparse.Namespace) -> int:
         return OK
     final = "final" if answer.get("final") else "latest"
     say(
-        f"{answer['run_id']}  {answer['status']}  step {answer['step']}/{answer['total_steps']}"
+        f"{answer['run_id']}  {answer['status']}  step {steps(answer)}"
         f"  ({final}, from {answer.get('metrics_source')})"
     )
     summary = {k: v for k, v in (answer.get("metrics") or {}).items() if k != "step"}

@@ -318,6 +318,11 @@ def test_run_lifecycle(rlctl: Rlctl, rlctl_in: Rlctl) -> None:
     assert table.stdout.split()[:4] == ["RUN", "ENVIRONMENT", "STATUS", "STEP"]
     assert run_id in table.stdout
     assert ok_json(rlctl_in("--json", "runs", "list", "--status", "failed", "--env", "x")) == []
+    assert "SOURCE" in table.stdout.splitlines()[0]
+    assert ok_json(rlctl_in("--json", "runs", "list", "--source", "tinker-api")) == []
+    assert run_id in [
+        r["run_id"] for r in ok_json(rlctl_in("--json", "runs", "list", "--source", "api"))
+    ]
     human = rlctl_in("runs", "status", run_id).stdout
     assert "succeeded (attempt 1)" in human and "10/10 (100%)" in human
     results_json = ok_json(rlctl_in("--json", "runs", "metrics", run_id))
@@ -410,3 +415,10 @@ def test_runs_wait_blocks_until_the_end_or_its_timeout(rlctl: Rlctl) -> None:
     rlctl("runs", "stop", long)
     bad = rlctl("runs", "wait", long, "--until", "soon")
     assert bad.returncode == 1 and "until" in bad.stderr
+
+
+def test_a_tinker_session_shows_its_steps_without_a_total() -> None:
+    from cli.output import steps
+
+    assert steps({"step": 3, "total_steps": 10}) == "3/10"
+    assert steps({"step": 5, "total_steps": 0, "source": "tinker-api"}) == "5"
