@@ -177,17 +177,7 @@ class InferenceFace:
             messages, tokenize=False, add_generation_prompt=True
         )
         prompt = list(self.tokenizer.encode(text, add_special_tokens=False))
-        sampling = shapes.sampling_from(
-            body,
-            self.defaults,
-            self.end_ids,
-            len(prompt),
-            self.context,
-            "max_tokens",
-            MAX_N,
-            self.max_tokens_cap,
-        )
-        sequences = await self.sample(prompt, sampling)
+        sequences = await self.sample(prompt, self._openai_sampling(body, len(prompt)))
         return shapes.chat_answer(
             str(body.get("model") or self.model_name),
             sequences,
@@ -195,6 +185,19 @@ class InferenceFace:
             self.decode,
             self.token_text,
             bool(body.get("logprobs")),
+        )
+
+    def _openai_sampling(self, body: dict[str, Any], prompt_length: int) -> shapes.Sampling:
+        """The sampling an OpenAI-style body asks for (its `max_tokens`, `n`, `stop`, ...)."""
+        return shapes.sampling_from(
+            body,
+            self.defaults,
+            self.end_ids,
+            prompt_length,
+            self.context,
+            "max_tokens",
+            MAX_N,
+            self.max_tokens_cap,
         )
 
     async def complete(self, body: dict[str, Any]) -> dict[str, Any]:
@@ -210,16 +213,7 @@ class InferenceFace:
             raise BadRequest("prompt: give a string, a list of strings, or token ids")
         groups = []
         for prompt in prompts:
-            sampling = shapes.sampling_from(
-                body,
-                self.defaults,
-                self.end_ids,
-                len(prompt),
-                self.context,
-                "max_tokens",
-                MAX_N,
-                self.max_tokens_cap,
-            )
+            sampling = self._openai_sampling(body, len(prompt))
             groups.append((await self.sample(prompt, sampling), len(prompt)))
         return shapes.completion_answer(
             str(body.get("model") or self.model_name), groups, self.decode
