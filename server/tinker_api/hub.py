@@ -255,6 +255,10 @@ class SessionHub:
     async def in_db(self, fn: Callable[..., Any], *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self._db, fn, *args)
 
+    async def written(self) -> None:
+        """Once every write submitted so far is done (one writer thread: they run in order)."""
+        await self.in_db(lambda: None)
+
     def note(self, run_dir: Path, line: str) -> None:
         self.write(self.records.log, run_dir, line)
 

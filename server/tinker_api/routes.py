@@ -72,7 +72,7 @@ async def telemetry() -> Answer:
 
 @router.post("/sessions/{session_id}/finish")
 async def finish_session(session_id: str, body: schemas.FinishIn, tk: Tk) -> Answer:
-    return tk.finish(session_id, body)
+    return await tk.finish(session_id, body)
 
 
 # Training ----------------------------------------------------------------------------------

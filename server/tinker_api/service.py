@@ -104,7 +104,7 @@ class TinkerService:
         session.last_seen = self._hub.clock()
         return {"type": "session_heartbeat"}
 
-    def finish(self, session_id: str, body: schemas.FinishIn) -> Answer:
+    async def finish(self, session_id: str, body: schemas.FinishIn) -> Answer:
         session = self._hub.sessions.get(session_id)
         if session is None:
             raise NotFound(no_session(session_id))
@@ -118,6 +118,7 @@ class TinkerService:
                 "interrupted": (RunStatus.stopped, None),
             }.get(kind, (RunStatus.failed, "script"))
             self._hub.end(session, status, failure, f"this session was closed ({kind})", detail)
+            await self._hub.written()  # a script that reads its run next sees it ended
         return {}
 
     # Models -------------------------------------------------------------------------------

@@ -56,6 +56,7 @@ def test_a_script_that_raises_fails_its_run(server: LiveServer) -> None:
         training = service.create_lora_training_client("tiny-random", rank=4).result(WAIT_S)
         run_id = training.model_id.split(":")[0]
         raise RuntimeError("the script's own bug")
+    # The SDK's close waits for the server's answer, which comes once the end is recorded.
     run = run_of(server, run_id)
     assert (run["status"], run["failure_kind"]) == ("failed", "script")
 
