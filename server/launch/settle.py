@@ -47,17 +47,10 @@ def settle(
             if ending.exit_code is not None and run.exit_code is None:
                 lifecycle.transition(session, run, status, exit_code=ending.exit_code)
             return
-        if status == RunStatus.stopping:
+        if status == RunStatus.stopping or ending.failure_kind is None:
+            details = ending.stop_details if status == RunStatus.stopping else ending.summary
             lifecycle.transition(
-                session,
-                run,
-                RunStatus.stopped,
-                exit_code=ending.exit_code,
-                details=ending.stop_details,
-            )
-        elif ending.failure_kind is None:
-            lifecycle.transition(
-                session, run, RunStatus.stopped, exit_code=ending.exit_code, details=ending.summary
+                session, run, RunStatus.stopped, exit_code=ending.exit_code, details=details
             )
         else:
             lines = ending.log_tail

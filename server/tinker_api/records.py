@@ -87,19 +87,7 @@ class SessionRecords:
         lifecycle.record_step(self._engine, run_id, step, metrics)
 
     def checkpoint(self, run_id: str, step: int, kind: str, name: str, folder: str) -> None:
-        """A saved checkpoint; saving a name again (overwrite) replaces its row."""
-        with write_session(self._engine) as db:
-            db.exec(
-                delete(Checkpoint).where(
-                    col(Checkpoint.run_id) == run_id, col(Checkpoint.path) == folder
-                )
-            )
-            db.add(Checkpoint(run_id=run_id, step=step, kind=kind, name=name, path=folder))
-            if kind == "sampler":
-                run = db.get(Run, run_id)
-                if run is not None:
-                    run.weights_path = folder
-                    db.add(run)
+        lifecycle.record_checkpoint(self._engine, run_id, step, kind, name, folder)
 
     def forget_checkpoint(self, run_id: str, folder: str) -> None:
         with write_session(self._engine) as db:
