@@ -95,7 +95,7 @@ def seed(
                     "reward/mean": step / 10,
                     "train/loss": 1.0 / step,
                     "env/percent_correct": step / 20,
-                    "time/step": 12.5,
+                    "time/step_s": 12.5,
                     "sampler/action_num_tokens": 64.0,
                 }
                 if step == METRICS_PER_RUN:

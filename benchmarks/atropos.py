@@ -31,7 +31,7 @@ ENV_DIR = PROJECT_ROOT / "benchmarks" / "atropos_env"
 class Timed:
     kind: str
     first_step_s: float  # POST /runs -> step 1 recorded (start-up included)
-    step_s: list[float]  # time/step of the steps after the first
+    step_s: list[float]  # time/step_s of the steps after the first
     tokens: list[float]  # tokens trained per step (the work a step does)
 
     @property
@@ -73,12 +73,13 @@ def run_once(
         if run["status"] != "succeeded":
             logs = client.get(f"/runs/{run_id}/logs?tail=30").json()["lines"]
             raise RuntimeError(f"{kind} run {run['status']}: {run['error']}\n" + "\n".join(logs))
-        rows = [r for r in client.get(f"/runs/{run_id}/history").json()["rows"] if "time/step" in r]
+        history = client.get(f"/runs/{run_id}/history").json()["rows"]
+        rows = [r for r in history if "time/step_s" in r]
     rows.sort(key=lambda r: r["step"])
     return Timed(
         kind,
         first or 0.0,
-        [r["time/step"] for r in rows[1:]],
+        [r["time/step_s"] for r in rows[1:]],
         [r.get("train/num_action_tokens", 0.0) for r in rows[1:]],
     )
 

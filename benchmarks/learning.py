@@ -99,14 +99,14 @@ def train(http: httpx.Client, curve: Curve, body: dict[str, Any], poll_s: float)
         time.sleep(poll_s)
     curve.wall_s = time.monotonic() - started
     curve.status, curve.error = run["status"], run.get("error")
-    keys = "reward/mean,env/percent_correct,time/step"
+    keys = "reward/mean,env/percent_correct,time/step_s"
     rows = http.get(f"/runs/{run_id}/history", params={"keys": keys}).json()["rows"]
     for row in rows:
         if "reward/mean" in row:
             curve.steps.append(row["step"])
             curve.reward.append(row["reward/mean"])
             curve.correct.append(row.get("env/percent_correct", 0.0))
-            curve.step_s.append(row.get("time/step", 0.0))
+            curve.step_s.append(row.get("time/step_s", 0.0))
 
 
 # A real run's shape for the end-to-end figure: the config's defaults (LoRA rank 32, its

@@ -50,7 +50,8 @@ def add_run(client: TestClient, run_id: str, status: RunStatus, step: int, total
         )
     for s in range(1, step + 1):
         at = started + timedelta(seconds=10 * s)
-        lifecycle.record_step(engine, run_id, s, {"reward/mean": s / 10, "time/step": 10.0}, at=at)
+        values = {"reward/mean": s / 10, "time/step_s": 10.0}
+        lifecycle.record_step(engine, run_id, s, values, at=at)
         lifecycle.record_metrics(engine, run_id, s, {"eval/percent_correct": 0.5})
 
 

@@ -1,4 +1,5 @@
-"""Advantages and datums against hand-worked numbers; collection concurrency and failures."""
+"""The native loop's episodes through the learner (advantages and datums against hand-worked
+numbers); collection concurrency and failures."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ import pytest
 
 from environments.base import BaseEnv, StepResult
 from runners.episodes.rollouts import Episode, EpisodeSpec, Transition, collect
-from runners.train.advantages import Weighted, discounted_returns, grpo_advantages, rebn_advantages
-from runners.train.datums import make_datum
+from runners.train.learner import Advantaged, assign_advantages, datum, discounted_returns
+from runners.train.loop import sequences_of
 
 
 def ep(group: int, rewards: list[float]) -> Episode:
@@ -21,19 +22,36 @@ def ep(group: int, rewards: list[float]) -> Episode:
     )
 
 
+def grpo_advantages(episodes: list[Episode], scale_by_std: bool = False) -> Advantaged:
+    return assign_advantages(sequences_of(episodes), "grpo", scale_by_std=scale_by_std)
+
+
+def rebn_advantages(episodes: list[Episode], gamma: float, limit: int | None = None) -> list[float]:
+    advantaged = assign_advantages(sequences_of(episodes), "rebn", gamma=gamma, limit=limit)
+    return [action_advantage(s.advantages) for s in advantaged.sequences]
+
+
+def action_advantage(advantages: list[float] | None) -> float:
+    """The advantage on a turn's (one) action token, the last of its sequence."""
+    assert advantages is not None
+    return advantages[-1]
+
+
 def test_grpo_centres_each_group_and_drops_flat_groups() -> None:
     episodes = [ep(0, [1.0]), ep(0, [0.0]), ep(0, [0.5]), ep(0, [0.5]), ep(1, [0.2]), ep(1, [0.2])]
-    weighted, dropped = grpo_advantages(episodes)
+    advantaged = grpo_advantages(episodes)
     # Group 0: mean 0.5 -> advantages 0.5, -0.5, 0, 0. Group 1 is flat: dropped.
-    assert dropped == 1
-    assert [w.advantage for w in weighted] == pytest.approx([0.5, -0.5, 0.0, 0.0])
+    assert advantaged.dropped_groups == 1
+    values = [action_advantage(s.advantages) for s in advantaged.sequences]
+    assert values == pytest.approx([0.5, -0.5, 0.0, 0.0])
 
 
 def test_grpo_std_scaling_and_multi_turn_returns() -> None:
     episodes = [ep(0, [0.0, 1.0]), ep(0, [0.0, 0.0])]  # returns 1 and 0
-    weighted, _ = grpo_advantages(episodes, scale_by_std=True)
+    advantaged = grpo_advantages(episodes, scale_by_std=True)
     # mean 0.5, population std 0.5: advantages +-1 (to 1e-6), on every turn of each episode.
-    assert [round(w.advantage, 4) for w in weighted] == [1.0, 1.0, -1.0, -1.0]
+    values = [action_advantage(s.advantages) for s in advantaged.sequences]
+    assert [round(v, 4) for v in values] == [1.0, 1.0, -1.0, -1.0]
 
 
 def test_discounted_returns_match_the_reference() -> None:
@@ -42,9 +60,9 @@ def test_discounted_returns_match_the_reference() -> None:
 
 def test_rebn_normalises_returns_across_the_batch() -> None:
     episodes = [ep(0, [0.0, 1.0]), ep(1, [0.0])]
-    weighted = rebn_advantages(episodes, gamma=0.5)
+    values = rebn_advantages(episodes, gamma=0.5)
     # Returns: 0.5, 1.0, 0.0; mean 0.5; sample std 0.5 -> z = 0, 1, -1.
-    assert [w.advantage for w in weighted] == pytest.approx([0.0, 1.0, -1.0], abs=1e-6)
+    assert values == pytest.approx([0.0, 1.0, -1.0], abs=1e-6)
     assert rebn_advantages([ep(0, [1.0]), ep(1, [1.0])], gamma=0.9) == []
 
 
@@ -55,14 +73,18 @@ def test_rebn_subsamples_to_the_batch_size() -> None:
 
 def test_datum_puts_advantage_on_action_tokens_only() -> None:
     t = Transition([10, 11, 12], [20, 21], [-0.1, -0.2], 1.0, True)
-    datum = make_datum(Weighted(t, 0.7))
-    assert datum is not None
-    assert datum.model_input.to_ints() == [10, 11, 12, 20]
-    inputs = datum.loss_fn_inputs
+    other = Transition([10, 11, 12], [22, 23], [-0.3, -0.4], 0.3, True)
+    first = assign_advantages(sequences_of([Episode(0, 0, [t]), Episode(0, 0, [other])]), "grpo")
+    made = datum(first.sequences[0])  # advantage 1.0 - 0.65
+    assert made is not None
+    assert made.model_input.to_ints() == [10, 11, 12, 20]
+    inputs = made.loss_fn_inputs
     assert inputs["target_tokens"].tolist() == [11, 12, 20, 21]
     assert inputs["logprobs"].tolist() == pytest.approx([0.0, 0.0, -0.1, -0.2])
-    assert inputs["advantages"].tolist() == pytest.approx([0.0, 0.0, 0.7, 0.7])
-    assert make_datum(Weighted(Transition([1], [], [], 0.0, True), 1.0)) is None
+    assert inputs["advantages"].tolist() == pytest.approx([0.0, 0.0, 0.35, 0.35])
+    empty = sequences_of([Episode(0, 0, [Transition([1], [], [], 0.0, True)])])[0]
+    empty.advantages = [0.0]
+    assert datum(empty) is None
 
 
 class CountingEnv(BaseEnv):

@@ -69,7 +69,7 @@ def three_steps(tclient: TestClient, tmp_path: Path) -> None:
         assert Path(record["state_path"]).is_dir() and Path(record["sampler_path"]).is_dir()
     assert run["weights_path"] == records[-1]["sampler_path"]
     assert (Path(run["weights_path"]) / "adapter_model.safetensors").exists()
-    steps = {row["step"] for row in history(tmp_path, tclient, run_id) if "time/step" in row}
+    steps = {row["step"] for row in history(tmp_path, tclient, run_id) if "time/step_s" in row}
     assert steps == {1, 2, 3}
     assert "step 3/3" in logs and "best episode" in logs
 

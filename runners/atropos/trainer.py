@@ -2,8 +2,9 @@
 
 It serves the run's current policy on a loopback inference face, starts atroposlib's own
 trajectory API and the environment (`<atropos python> FILE serve --config YAML`, in the file's
-folder) beside itself, registers, and then for each step: takes a batch of scored groups from
-the API, turns them into datums, trains, and swaps the policy the face serves. The run ends
+folder) beside itself (`open_data`), registers, and then for each step: takes a batch of scored
+groups from the API (feed.py), reads them as the learner's sequences (groups.py), trains
+(runners/train/learner.py), and swaps the policy the face serves. The run ends
 when total_steps are trained (the environment exits earlier, once enough is queued); an API
 or environment that dies while data is still needed fails the run with its log's tail.
 """
@@ -22,7 +23,6 @@ import httpx
 
 from core import lifecycle
 from core.atropos import METRICS_FILE_VARIABLE, OFFPOLICY_BATCHES, AtroposRunConfig
-from core.failures import RunFailure
 from core.models import RunStatus
 from core.run_folder import RunFolder
 from core.settings import Settings
@@ -30,10 +30,13 @@ from core.spec import RunSpec
 from runners.atropos.children import REDACTED, Child, atropos_environment, start_child
 from runners.atropos.env_yaml import write_env_yaml
 from runners.atropos.face import InferenceFace, serving
-from runners.atropos.groups import Batch, Sequence, datum, kl_metrics, read_batch
+from runners.atropos.feed import EnvironmentFailed, Feed
+from runners.atropos.groups import Batch, read_batch
 from runners.atropos.requests import SamplingDefaults
 from runners.atropos.watch import EvalWatch, LogWatch, MetricsTap
-from runners.train.run_base import RunnerBase
+from runners.train.learner import Sequence
+from runners.train.report import timed
+from runners.train.run_base import RunContext, RunnerBase
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
@@ -41,65 +44,40 @@ if TYPE_CHECKING:
     from runners.backends.surface import TrainingClient
 
 log = logging.getLogger("runner")
-BATCH_POLL_S = 0.2  # how often an empty trajectory API is asked again
 HOSTED_CONTEXT = 32_768  # max_token_len registered when the model's context is not known here
 DRAIN_S = 60.0  # at the end, how long samples already running may take to finish
-ENV_DONE_GRACE_S = 2.0  # after the environment's exit 0, how long its queue may give nothing
+
+Run = RunContext[Feed]
 
 
-class EnvironmentFailed(RunFailure):
-    """The environment (or the trajectory API) ended or hung while the run needed it."""
-
-    category = "environment"
-
-
-class Stalled(RunFailure):
-    """No usable batch came for RLCS_ATROPOS_STALL_S; the message says why, from its log."""
-
-    category = "stalled"
-
-
-class AtroposTrainer(RunnerBase):
+class AtroposTrainer(RunnerBase[Feed]):
     def __init__(self, settings: Settings, folder: RunFolder, spec: RunSpec, engine: Engine):
         config = AtroposRunConfig.model_validate(spec.config)
         super().__init__(settings, folder, spec.run_id, engine, config, config.total_steps)
         self.config = config
         self.spec = spec
         self.work = folder.path / "atropos"
-        self.children: list[Child] = []
-        self._exits = contextlib.AsyncExitStack()
-        self._http = httpx.AsyncClient(timeout=30)
-        self._stall_noted = False
-        self._env_done_at: float | None = None  # when its exit (0) was first seen
-
-    async def run(self) -> RunStatus:
-        try:
-            return await super().run()
-        finally:
-            await self.close()
 
     # Set-up --------------------------------------------------------------------------------
 
-    async def set_up(self) -> TrainingClient:
+    def describe(self) -> str:
+        return f"Atropos environment {self.spec.environment} ({self.spec.env_file})"
+
+    async def open_data(
+        self, backend: str, training: TrainingClient, exits: contextlib.AsyncExitStack
+    ) -> Feed:
+        """The face serving the current policy, the trajectory API (registered with) and the
+        environment; each ends with the run, the face last (after what still samples)."""
         from core.model_names import context_length
         from runners.models.loading import load_tokenizer, tokenizer_folder
 
         cfg = self.config
-        service = self.open_service()
         models = self.settings.models_dir
-        log.info(
-            "run %s: Atropos environment %s (%s) on %s backend, model %s",
-            self.run_id,
-            self.spec.environment,
-            self.spec.env_file,
-            self.backend,
-            cfg.model_name,
-        )
         tokenizer = load_tokenizer(cfg.model_name, models)
-        tokenizer_dir = tokenizer_folder(cfg.model_name, models)
-        self.context = context_length(cfg.model_name, models) if self.backend == "local" else None
-        training = await self.open_training(service)
-        self.face = InferenceFace(
+        context = context_length(cfg.model_name, models) if backend == "local" else None
+        http = httpx.AsyncClient(timeout=30)
+        exits.push_async_callback(http.aclose)
+        face = InferenceFace(
             tokenizer,
             SamplingDefaults(
                 max_tokens=int(cfg.env_values().get("max_token_length") or 256),
@@ -107,23 +85,24 @@ class AtroposTrainer(RunnerBase):
                 top_p=cfg.top_p,
                 top_k=cfg.top_k,
             ),
-            self.context,
+            context,
             _end_ids(tokenizer),
             cfg.model_name,
         )
-        self.face.set_sampler(await self._snapshot(training))
-        face_url = await self._exits.enter_async_context(serving(self.face))
-        self.api_url = await self._start_api()
-        await self._register()
+        face.set_sampler(await self._snapshot(training))
+        face_url = await exits.enter_async_context(serving(face))
+        exits.push_async_callback(self._retire, face)
+        api, api_url = await self._start_api(exits, http, face.key)
+        await self._register(http, api_url, context)
         self.work.mkdir(parents=True, exist_ok=True)
         wandb_name = cfg.wandb_name or self.spec.environment
         yaml_path = write_env_yaml(
             self.work / "env.yaml",
             cfg,
-            tokenizer_dir=tokenizer_dir,
-            api_url=self.api_url,
+            tokenizer_dir=tokenizer_folder(cfg.model_name, models),
+            api_url=api_url,
             face_url=face_url,
-            key=self.face.key,
+            key=face.key,
             wandb_name=wandb_name,
             evals_dir=self.work / "evals",
         )
@@ -131,7 +110,9 @@ class AtroposTrainer(RunnerBase):
         env_log = self.work / "env.log"
         log_start, metrics_start = _size(env_log), _size(metrics_file)
         env_file = Path(self.spec.env_file)
-        self.env = self._start(
+        env = self._start(
+            exits,
+            face.key,
             "environment",
             [self.settings.atropos_python, str(env_file), "serve", "--config", str(yaml_path)],
             env_file.parent,
@@ -143,32 +124,56 @@ class AtroposTrainer(RunnerBase):
                 "WANDB_SILENT": "true",
             },
         )
-        # From where this attempt starts: a resumed run's folder holds the last one's too.
-        self.log_watch = LogWatch(env_log, offset=log_start)
-        self.tap = MetricsTap(metrics_file, wandb_name, offset=metrics_start)
         evals = self.work / "evals" / "metrics.json"
-        self.evals = EvalWatch(evals, seen=evals.stat().st_mtime if evals.exists() else 0.0)
-        self.env_started_at = time.monotonic()
-        return training
+        return Feed(
+            settings=self.settings,
+            total_steps=self.total_steps,
+            face=face,
+            context=context,
+            http=http,
+            api=api,
+            api_url=api_url,
+            env=env,
+            env_started_at=time.monotonic(),
+            # From where this attempt starts: a resumed run's folder holds the last one's too.
+            log_watch=LogWatch(env_log, offset=log_start),
+            tap=MetricsTap(metrics_file, wandb_name, offset=metrics_start),
+            evals=EvalWatch(evals, seen=evals.stat().st_mtime if evals.exists() else 0.0),
+            note_stall=self._note_stall,
+        )
 
-    def _start(self, name: str, argv: list[str], cwd: Path, log_path: Path, **env: str) -> Child:
+    def _start(
+        self,
+        exits: contextlib.AsyncExitStack,
+        key: str,
+        name: str,
+        argv: list[str],
+        cwd: Path,
+        log_path: Path,
+        **env: str,
+    ) -> Child:
+        """A child process, stopped when the run ends (in the reverse order of starting)."""
         child = start_child(
             name,
             argv,
             cwd,
             atropos_environment(self.settings.inspector_environment(), **env),
             log_path,
-            secret=self.face.key,
+            secret=key,
         )
-        self.children.append(child)
+        exits.push_async_callback(asyncio.to_thread, child.stop)
         return child
 
-    async def _start_api(self) -> str:
+    async def _start_api(
+        self, exits: contextlib.AsyncExitStack, http: httpx.AsyncClient, key: str
+    ) -> tuple[Child, str]:
         """atroposlib's trajectory API, unmodified, on a loopback port; its URL once it answers."""
         deadline = time.monotonic() + self.settings.atropos_start_timeout_s
         for _attempt in range(3):  # a port taken between choosing and binding: another one
             port = _free_port()
-            self.api = self._start(
+            api = self._start(
+                exits,
+                key,
                 "trajectory API",
                 [
                     self.settings.atropos_python,
@@ -185,27 +190,27 @@ class AtroposTrainer(RunnerBase):
                 self.work / "api.log",
             )
             url = f"http://127.0.0.1:{port}"
-            while self.api.exit_code() is None:
+            while api.exit_code() is None:
                 if time.monotonic() > deadline:
                     raise EnvironmentFailed(
                         f"the trajectory API did not answer within "
                         f"{self.settings.atropos_start_timeout_s:g} s "
-                        f"(RLCS_ATROPOS_START_TIMEOUT_S); {self.api.describe_exit()}"
+                        f"(RLCS_ATROPOS_START_TIMEOUT_S); {api.describe_exit()}"
                     )
                 with contextlib.suppress(httpx.HTTPError):
-                    answer = await self._http.get(f"{url}/", timeout=2)
+                    answer = await http.get(f"{url}/", timeout=2)
                     if answer.status_code == 200:
-                        return url
+                        return api, url
                 await asyncio.sleep(0.1)
-            if "address already in use" not in self.api.tail().lower():
+            if "address already in use" not in api.tail().lower():
                 break
-        raise EnvironmentFailed(f"the trajectory API did not start: {self.api.describe_exit()}")
+        raise EnvironmentFailed(f"the trajectory API did not start: {api.describe_exit()}")
 
-    async def _register(self) -> None:
+    async def _register(self, http: httpx.AsyncClient, api_url: str, context: int | None) -> None:
         """The trainer's registration, then a first /batch: the API counts the trainer as
         started then, and only then lets the environment register."""
         cfg = self.config
-        longest = cfg.max_token_trainer_length or self.context or HOSTED_CONTEXT
+        longest = cfg.max_token_trainer_length or context or HOSTED_CONTEXT
         body = {
             "wandb_group": self.run_id,
             "wandb_project": cfg.wandb_project,
@@ -216,9 +221,9 @@ class AtroposTrainer(RunnerBase):
             "starting_step": self.step,
             "num_steps": cfg.total_steps,
         }
-        answer = await self._http.post(f"{self.api_url}/register", json=body)
+        answer = await http.post(f"{api_url}/register", json=body)
         answer.raise_for_status()
-        await self._http.get(f"{self.api_url}/batch")
+        await http.get(f"{api_url}/batch")
         log.info(
             "registered with the trajectory API: %s sequences (%s groups of %s) per step, "
             "sequences up to %s tokens, at most %s batch ahead",
@@ -229,154 +234,48 @@ class AtroposTrainer(RunnerBase):
             OFFPOLICY_BATCHES,
         )
 
+    def _note_stall(self, details: str | None) -> None:
+        lifecycle.record_fields(self.engine, self.run_id, details=details)
+
     # One step ------------------------------------------------------------------------------
 
-    async def train_step(self, training: TrainingClient, step: int) -> None:
-        started = time.monotonic()
-        groups = await self._until_stopped(self.next_batch(step))
-        received = time.monotonic()
-        cfg = self.config
-        batch = read_batch(groups, cfg.advantage, cfg.scale_advantage_by_std, self.context)
-        recomputed = await self.fill_logprobs(batch.sequences)
-        pause = self.face.paused() if self.backend == "local" else contextlib.nullcontext()
-        with pause:  # the local backend trains on what also samples: one at a time
-            train_metrics = await self.train(training, batch.sequences)
-            self.face.set_sampler(await self._snapshot(training))
-        trained = time.monotonic()
+    async def train_step(self, run: Run, step: int) -> None:
+        feed = run.data
+        times: dict[str, float] = {}
+        with timed(times, "step"):
+            with timed(times, "sample"):
+                groups = await self._until_stopped(feed.next_batch(step))
+            with timed(times, "train"):
+                cfg = self.config
+                batch = read_batch(groups, cfg.advantage, cfg.scale_advantage_by_std, feed.context)
+                recomputed = await self.fill_logprobs(feed.face, batch.sequences)
+                local = run.backend == "local"
+                # The local backend trains on what also samples: one at a time.
+                with feed.face.paused() if local else contextlib.nullcontext():
+                    train_metrics = await self.train(run, batch.sequences)
+                    feed.face.set_sampler(await self._snapshot(run.training))
         self.step = step
         metrics = {
             **batch.metrics(),
             **train_metrics,
-            **self.face.stats.take(),
-            **self.log_watch.take(),
-            **self.tap.take(),
+            **feed.face.stats.take(),
+            **feed.log_watch.take(),
+            **feed.tap.take(),
             "atropos/recomputed_logprobs": float(recomputed),
-            "atropos/queue_size": float(await self._queue_size()),
-            "time/sample": received - started,
-            "time/train": trained - received,
-            "time/step": trained - started,
+            "atropos/queue_size": float(await feed.queue_size()),
+            **times,
         }
-        self.reporter.step(step, self.total_steps, metrics)
-        example = _example(batch, self.face.decode)
+        run.reporter.step(step, self.total_steps, metrics, batch.reward_mean())
+        example = _example(batch, feed.face.decode)
         if example:
             print(example, flush=True)
-        evals = self.evals.take()
+        evals = feed.evals.take()
         if evals:
-            self.reporter.eval(step, evals)
+            run.reporter.eval(step, evals)
         if self.checkpoint_due(step):
-            await self.checkpoint(training)
+            await self.checkpoint(run)
 
-    async def next_batch(self, step: int) -> list[dict[str, Any]]:
-        """The next batch of scored groups; the environment's and the API's health watched
-        meanwhile, and a wait with no batch (once the environment works) reported as a
-        stall, then failed."""
-        waiting_since = time.monotonic()
-        stall_s = self.settings.atropos_stall_s
-        notice_s = min(60.0, stall_s / 3)
-        while True:
-            batch = await self._batch()
-            if batch:
-                if self._stall_noted:
-                    lifecycle.record_fields(self.engine, self.run_id, details=None)
-                    self._stall_noted = False
-                return batch
-            await self._check_children(step)
-            working_since = self._working_since()
-            if working_since is not None:
-                waited = time.monotonic() - max(waiting_since, working_since)
-                if waited > notice_s and not self._stall_noted:
-                    details = "stalled: " + self._stall(step, waited)
-                    lifecycle.record_fields(self.engine, self.run_id, details=details)
-                    self._stall_noted = True
-                if waited > stall_s:
-                    raise Stalled(self._stall(step, waited) + " (RLCS_ATROPOS_STALL_S)")
-            await asyncio.sleep(BATCH_POLL_S)
-
-    def _stall(self, step: int, waited: float) -> str:
-        return (
-            f"no usable batch from the environment for {waited:.0f} s (step {step}): "
-            f"{self._evidence(self.log_watch.why_nothing())}"
-        )
-
-    def _evidence(self, why: str) -> str:
-        """`why`, and what the face refused the environment meanwhile (a prompt beyond the
-        model's context, say)."""
-        stats = self.face.stats
-        if stats.refused:
-            why += (
-                f"; the inference face refused {stats.refused} request(s), the last "
-                f"{stats.last_refusal}"
-            )
-        return why
-
-    async def _batch(self) -> list[dict[str, Any]] | None:
-        try:
-            answer = await self._http.get(f"{self.api_url}/batch")
-            answer.raise_for_status()
-            return answer.json().get("batch") or None
-        except (httpx.HTTPError, ValueError) as exc:
-            if self.api.exit_code() is not None:
-                raise EnvironmentFailed(
-                    f"the trajectory API ended while the run needed data: "
-                    f"{self.api.describe_exit()}"
-                ) from None
-            log.warning("the trajectory API did not answer /batch: %s", exc)
-            return None
-
-    async def _check_children(self, step: int) -> None:
-        if self.api.exit_code() is not None:
-            raise EnvironmentFailed(
-                f"the trajectory API ended while the run needed data for step {step}: "
-                f"{self.api.describe_exit()}"
-            )
-        code = self.env.exit_code()
-        if code is None:
-            return
-        if code != 0:
-            raise EnvironmentFailed(
-                f"the environment ended while the run needed data for step {step}: "
-                f"{self.env.describe_exit()}"
-            )
-        # Exit 0: it stops once it has queued enough for total_steps, and what it queued
-        # comes out of the API. A queue that gives no batch a moment later holds too little.
-        now = time.monotonic()
-        if self._env_done_at is None:
-            self._env_done_at = now
-        elif now - self._env_done_at > ENV_DONE_GRACE_S:
-            raise EnvironmentFailed(
-                f"the environment exited (0) without queueing enough for step {step} of "
-                f"{self.total_steps} ({await self._queue_size()} group(s) left in the queue): "
-                f"{self.env.describe_exit()}"
-            )
-
-    def _working_since(self) -> float | None:
-        """When the environment asked for its first completion (None: not yet, and it fails
-        once it has not for RLCS_ATROPOS_START_TIMEOUT_S: it hangs in its setup)."""
-        first = self.face.stats.first_request_at
-        if first is not None:
-            return first
-        limit = self.settings.atropos_start_timeout_s
-        if time.monotonic() - self.env_started_at > limit:
-            self.log_watch.read()
-            why = (
-                self.log_watch.why_nothing()
-                if self.log_watch.total
-                else "it hangs in its setup or its first item"
-            )
-            raise EnvironmentFailed(
-                f"the environment asked for no completion within {limit:g} s of its start "
-                f"(RLCS_ATROPOS_START_TIMEOUT_S): {self._evidence(why)}; "
-                f"{self.env.describe_exit()}"
-            )
-        return None
-
-    async def _queue_size(self) -> int:
-        with contextlib.suppress(httpx.HTTPError, ValueError):
-            answer = await self._http.get(f"{self.api_url}/status", timeout=5)
-            return int(answer.json().get("queue_size", 0))
-        return 0
-
-    async def fill_logprobs(self, sequences: list[Sequence]) -> int:
+    async def fill_logprobs(self, face: InferenceFace, sequences: list[Sequence]) -> int:
         """The sampler's logprobs for sequences the environment sent without them (it sampled
         through the OpenAI face and tokenized the text itself): the current policy's, which
         is the one that sampled them up to one swap."""
@@ -385,7 +284,7 @@ class AtroposTrainer(RunnerBase):
         missing = [s for s in sequences if s.logprobs is None]
         if not missing:
             return 0
-        sampler = self.face.sampler
+        sampler = face.sampler
         results = await asyncio.gather(
             *(
                 self._call(
@@ -399,53 +298,27 @@ class AtroposTrainer(RunnerBase):
             sequence.logprobs = [0.0 if v is None else float(v) for v in values]
         return len(missing)
 
-    async def train(self, training: TrainingClient, sequences: list[Sequence]) -> dict[str, float]:
-        if not sequences:
-            return {}
-        cfg = self.config
-        datums = [datum(s) for s in sequences]
-        fwd_bwd = training.forward_backward(datums, cfg.loss_fn, dict(cfg.loss_fn_config))
-        optim = training.optim_step(self.adam)
-        result = await self._call(fwd_bwd, "forward_backward")
-        await self._call(optim, "optim_step")
-        tokens = sum(sum(s.trained[1:]) for s in sequences)
-        loss_sum = float(result.metrics.get("loss:sum", 0.0))
-        return {
-            "train/loss": loss_sum / max(1, tokens),
-            "train/loss_sum": loss_sum,
-            "train/num_datums": float(len(datums)),
-            "train/num_action_tokens": float(tokens),
-            **kl_metrics(sequences, result.loss_fn_outputs),
-        }
-
     async def _snapshot(self, training: TrainingClient) -> Any:
         return await self._call(training.save_weights_and_get_sampling_client(), "sampler snapshot")
 
     # Teardown ------------------------------------------------------------------------------
 
-    async def tear_down(self, training: TrainingClient, status: RunStatus) -> None:
+    async def tear_down(self, run: Run, status: RunStatus) -> None:
         """The environment and the API stop first (nothing more is needed of them), then the
         last checkpoint and W&B as for any run."""
-        await self.stop_children()
-        evals = self.evals.take() if hasattr(self, "evals") else {}
+        await run.data.stop_children()
+        evals = run.data.evals.take()
         if evals:
-            self.reporter.eval(self.step, evals)
-        await super().tear_down(training, status)
+            run.reporter.eval(self.step, evals)
+        await super().tear_down(run, status)
 
-    async def stop_children(self) -> None:
-        for child in reversed(self.children):
-            await asyncio.to_thread(child.stop)
-
-    async def close(self) -> None:
-        """Everything this run started, ended (also after a failure); the key goes with it."""
-        await self.stop_children()
-        if hasattr(self, "face"):
-            await self.face.drain(DRAIN_S)
+    async def _retire(self, face: InferenceFace) -> None:
+        """At the run's end (also after a failure): samples still running finish, and the
+        environment's YAML, kept to read, loses the run's key."""
+        await face.drain(DRAIN_S)
         env_yaml = self.work / "env.yaml"
-        if env_yaml.exists() and hasattr(self, "face"):  # kept to read, without the key
-            env_yaml.write_text(env_yaml.read_text().replace(self.face.key, REDACTED.decode()))
-        await self._exits.aclose()
-        await self._http.aclose()
+        if env_yaml.exists():
+            env_yaml.write_text(env_yaml.read_text().replace(face.key, REDACTED.decode()))
 
 
 def _size(path: Path) -> int:
@@ -468,7 +341,7 @@ def _example(batch: Batch, decode: Any) -> str | None:
     """The best sequence's trained part in one line, so the log shows what the model does."""
     if not batch.sequences:
         return None
-    best = max(batch.sequences, key=lambda s: s.score)
+    best = max(batch.sequences, key=lambda s: s.reward)
     response = [t for t, on in zip(best.tokens, best.trained, strict=True) if on]
     text = decode(response)[:160].replace("\n", " | ")
-    return f"  best sequence (score {best.score:.3f}): {text!r}"
+    return f"  best sequence (score {best.reward:.3f}): {text!r}"

@@ -18,6 +18,7 @@ from runners.episodes.rollouts import (
     episode_metrics,
 )
 from runners.episodes.sources import Mixer, Source
+from runners.train.seeds import RunSeeds
 
 
 class Collector:
@@ -30,7 +31,7 @@ class Collector:
 
     async def train_batch(self, policy: Policy, step: int) -> Collected:
         cfg = self.config
-        rng = random.Random(cfg.seed * 1_000_003 + step)
+        rng = random.Random(RunSeeds(cfg.seed).tasks(step))
         if cfg.advantage == "rebn":
             # ReBN counts transitions: episodes keep coming until the batch is full.
             endless = (self._mixer.next().spec(g, rng.randrange(2**31)) for g in itertools.count())
@@ -66,9 +67,7 @@ class Collector:
         if len(self.sources) > 1:
             for source in self.sources:
                 mine = [e for e in episodes if e.source == source.name]
-                for key, value in episode_metrics(mine, prefix).items():
-                    if key.startswith(f"{prefix}/"):
-                        metrics[f"{prefix}/{source.name}/{key.split('/', 1)[1]}"] = value
+                metrics.update(episode_metrics(mine, f"{prefix}/{source.name}"))
         return metrics
 
     def example(self, episodes: list[Episode]) -> str | None:

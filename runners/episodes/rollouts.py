@@ -146,18 +146,24 @@ async def collect(
     return out
 
 
+def mean_return(episodes: list[Episode]) -> float | None:
+    """The episodes' mean return (None without episodes)."""
+    return sum(e.total_reward for e in episodes) / len(episodes) if episodes else None
+
+
 def episode_metrics(episodes: list[Episode], prefix: str) -> dict[str, float]:
-    """Return, correctness and what environments report per step, averaged per episode;
-    with prefix "env" also the sampler's view (turns, action tokens) and `reward/mean`."""
+    """Correctness, mean return and what environments report per step, averaged per episode;
+    with prefix "env" (a training step's batch) also the sampler's view (turns, action
+    tokens), and no return: the reporter records that as the step's `reward/mean`."""
     if not episodes:
         return {f"{prefix}/num_episodes": 0}
     n = len(episodes)
-    returns = [e.total_reward for e in episodes]
     out = {
         f"{prefix}/percent_correct": sum(e.correct for e in episodes) / n,
-        f"{prefix}/reward_mean": sum(returns) / n,
         f"{prefix}/num_episodes": n,
     }
+    if prefix != "env":
+        out[f"{prefix}/reward_mean"] = sum(e.total_reward for e in episodes) / n
     totals: dict[str, float] = {}
     for episode in episodes:
         for t in episode.transitions:
@@ -165,8 +171,6 @@ def episode_metrics(episodes: list[Episode], prefix: str) -> dict[str, float]:
                 totals[key] = totals.get(key, 0.0) + float(value)
     out.update({f"{prefix}/{key}": total / n for key, total in totals.items()})
     if prefix == "env":
-        out["reward/mean"] = out["env/reward_mean"]
-        out["sampler/episode_return"] = out["env/reward_mean"]
         out["sampler/num_episodes"] = n
         out["sampler/num_turns_per_episode"] = sum(len(e.transitions) for e in episodes) / n
         out["sampler/action_num_tokens"] = (

@@ -1,23 +1,24 @@
 """The training runner: `python -m runners.train --run-dir DIR` is what a run is.
 
 It reads DIR/config.json (the RunSpec frozen by the server), records its progress in the
-database, and runs the RL loop, one step at a time: sample with the current weights ->
-advantages -> forward_backward + optim_step -> record; checkpoints and evaluations between
-steps. SIGTERM ends it cleanly with a checkpoint.
+database, and runs the RL loop, one step at a time: sample with the current weights -> the
+episodes' turns as the learner's sequences -> advantages -> forward_backward + optim_step
+(runners/train/learner.py) -> record; checkpoints and evaluations between steps. SIGTERM ends
+it cleanly with a checkpoint.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import os
 import signal
 import sys
-import time
 import traceback
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from core import lifecycle
 from core.db import make_engine
@@ -29,24 +30,28 @@ from core.settings import Settings
 from core.spec import RunSpec
 from environments.base import EnvConfig
 from runners.engine.disk_full import DiskFull, full_errno
+from runners.episodes.collection import Collector, concurrency_for
 from runners.episodes.policy import SamplerPolicy
-from runners.episodes.rollouts import Collected, Episode
+from runners.episodes.render import Renderer
+from runners.episodes.rollouts import Collected, Episode, mean_return
 from runners.episodes.sources import env_context, load_sources
-from runners.train.advantages import Weighted, grpo_advantages, rebn_advantages
-from runners.train.datums import kl_metrics, make_datums
-from runners.train.run_base import RunnerBase
+from runners.train.learner import Advantaged, Sequence, assign_advantages
+from runners.train.report import timed
+from runners.train.run_base import RunContext, RunnerBase
+from runners.train.seeds import RunSeeds
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
 
     from runners.backends.surface import SamplingClient, TrainingClient
-    from runners.episodes.collection import Collector
 
 log = logging.getLogger("runner")
 STOP_POLL_S = 1.0  # how often the runner reads whether a stop was requested
 
+Run = RunContext[Collector]  # a native run's data: the collector over its environments
 
-class Trainer(RunnerBase):
+
+class Trainer(RunnerBase[Collector]):
     """A run on our environments (environments.base)."""
 
     def __init__(self, settings: Settings, folder: RunFolder, spec: RunSpec, engine: Engine):
@@ -55,67 +60,55 @@ class Trainer(RunnerBase):
         super().__init__(settings, folder, spec.run_id, engine, config, config.total_steps)
         self.sources = sources
         self.config = config
+        self.seeds = RunSeeds(config.seed)
 
     # Set-up --------------------------------------------------------------------------------
 
-    async def set_up(self) -> TrainingClient:
-        """Backend, tokenizer, collector and reporter; a training client, fresh or resumed."""
-        # Heavy imports live here so `--help` and the server's imports stay light.
-        from runners.episodes.collection import Collector, concurrency_for
-        from runners.episodes.render import Renderer
+    def describe(self) -> str:
+        return " + ".join(f"{s.name} (weight {s.weight:g})" for s in self.sources)
+
+    async def open_data(
+        self, backend: str, training: TrainingClient, exits: contextlib.AsyncExitStack
+    ) -> Collector:
+        """The collector: the run's environments, rendered with the model's tokenizer."""
+        # A heavy import (transformers), here so `--help` stays light.
         from runners.models.loading import load_tokenizer
 
         cfg = self.config
-        service = self.open_service()
-        log.info(
-            "run %s: %s on %s backend, model %s",
-            self.run_id,
-            " + ".join(f"{s.name} (weight {s.weight:g})" for s in self.sources),
-            self.backend,
-            cfg.model_name,
-        )
         tokenizer = load_tokenizer(cfg.model_name, self.settings.models_dir)
-        self.renderer = Renderer(tokenizer, cfg.prompt_template, cfg.system_prompt)
-        self.collector: Collector = Collector(
-            self.sources, self.renderer, concurrency_for(cfg, self.backend)
-        )
-        return await self.open_training(service)
+        renderer = Renderer(tokenizer, cfg.prompt_template, cfg.system_prompt)
+        return Collector(self.sources, renderer, concurrency_for(cfg, backend))
 
     # One step ------------------------------------------------------------------------------
 
-    async def train_step(self, training: TrainingClient, step: int) -> None:
-        started = time.monotonic()
-        collected = await self.sample(training, step)
-        sampled = time.monotonic()
-        weighted, dropped = self.advantages(self.collector.usable(collected), step)
-        train_metrics = await self.train(training, weighted)
-        trained = time.monotonic()
+    async def train_step(self, run: Run, step: int) -> None:
+        times: dict[str, float] = {}
+        with timed(times, "step"):
+            with timed(times, "sample"):
+                collected = await self.sample(run, step)
+            with timed(times, "train"):
+                advantaged = self.advantages(run.data.usable(collected), step)
+                train_metrics = await self.train(run, advantaged.sequences)
         self.step = step
         self.record(
+            run,
             step,
             collected,
-            {
-                **train_metrics,
-                "sampler/dropped_groups": dropped,
-                "time/sample": sampled - started,
-                "time/train": trained - sampled,
-                "time/step": trained - started,
-            },
+            {**train_metrics, "sampler/dropped_groups": advantaged.dropped_groups, **times},
         )
         cfg = self.config
         if self.checkpoint_due(step):
-            await self.checkpoint(training)
+            await self.checkpoint(run)
         if cfg.steps_per_eval and step % cfg.steps_per_eval == 0:
-            await self.evaluate(training)
+            await self.evaluate(run)
 
-    async def sample(self, training: TrainingClient, step: int) -> Collected:
+    async def sample(self, run: Run, step: int) -> Collected:
         """The step's episodes, sampled from a snapshot of the current weights."""
         sampler = await self._call(
-            training.save_weights_and_get_sampling_client(), "sampler snapshot"
+            run.training.save_weights_and_get_sampling_client(), "sampler snapshot"
         )
-        collected = await self._until_stopped(
-            self.collector.train_batch(self._policy(sampler, step), step)
-        )
+        policy = self._policy(run, sampler, self.seeds.sampling(step))
+        collected = await self._until_stopped(run.data.train_batch(policy, step))
         if not collected.episodes and collected.failed:
             raise RuntimeError(
                 f"every episode of step {step} failed ({collected.failed}), e.g. "
@@ -130,72 +123,57 @@ class Trainer(RunnerBase):
             )
         return collected
 
-    def advantages(self, episodes: list[Episode], step: int) -> tuple[list[Weighted], int]:
-        """Weighted transitions and the number of groups dropped (no signal in them)."""
+    def advantages(self, episodes: list[Episode], step: int) -> Advantaged:
+        """The episodes' turns with their advantages, and the groups dropped (no signal)."""
         cfg = self.config
-        if cfg.advantage == "rebn":
-            return rebn_advantages(episodes, cfg.gamma, cfg.batch_size, seed=cfg.seed + step), 0
-        return grpo_advantages(episodes, cfg.scale_advantage_by_std)
+        return assign_advantages(
+            sequences_of(episodes),
+            cfg.advantage,
+            scale_by_std=cfg.scale_advantage_by_std,
+            gamma=cfg.gamma,
+            limit=cfg.batch_size,  # rebn: transitions per step
+            seed=self.seeds.subset(step),
+        )
 
-    async def train(self, training: TrainingClient, weighted: list[Weighted]) -> dict[str, float]:
-        """forward_backward and optim_step, submitted back to back, then awaited."""
-        datums, kept = make_datums(weighted)
-        if not datums:
-            return {}
-        cfg = self.config
-        fwd_bwd = training.forward_backward(datums, cfg.loss_fn, dict(cfg.loss_fn_config))
-        optim = training.optim_step(self.adam)
-        result = await self._call(fwd_bwd, "forward_backward")
-        await self._call(optim, "optim_step")
-        action_tokens = sum(len(w.transition.action_tokens) for w in kept)
-        loss_sum = float(result.metrics.get("loss:sum", 0.0))
-        return {
-            "train/loss": loss_sum / max(1, action_tokens),
-            "train/loss_sum": loss_sum,
-            "train/num_datums": len(datums),
-            "train/num_action_tokens": action_tokens,
-            **kl_metrics(kept, result.loss_fn_outputs),
-        }
-
-    def record(self, step: int, collected: Collected, metrics: dict[str, float]) -> None:
-        episode_metrics = self.collector.metrics(collected.episodes, "env")
+    def record(self, run: Run, step: int, collected: Collected, metrics: dict[str, float]) -> None:
         all_metrics = {
-            **episode_metrics,
+            **run.data.metrics(collected.episodes, "env"),
             "sampler/failed_episodes": collected.failed,
             **metrics,
         }
-        self.reporter.step(step, self.config.total_steps, all_metrics)
-        example = self.collector.example(collected.episodes)
+        reward = mean_return(collected.episodes)
+        run.reporter.step(step, self.config.total_steps, all_metrics, reward)
+        example = run.data.example(collected.episodes)
         if example:
             print(example, flush=True)
 
     # Between steps -------------------------------------------------------------------------
 
-    async def evaluate(self, training: TrainingClient) -> None:
+    async def evaluate(self, run: Run) -> None:
         """Held-out tasks (`eval` split) of every environment of the run, one episode each."""
         sampler = await self._call(
-            training.save_weights_and_get_sampling_client(), "sampler snapshot"
+            run.training.save_weights_and_get_sampling_client(), "sampler snapshot"
         )
-        policy = self._policy(sampler, 10_000_000 + self.step)
-        collected = await self._until_stopped(self.collector.eval_batch(policy))
-        metrics = self.collector.metrics(collected.episodes, "eval")
+        policy = self._policy(run, sampler, self.seeds.evaluation(self.step))
+        collected = await self._until_stopped(run.data.eval_batch(policy))
+        metrics = run.data.metrics(collected.episodes, "eval")
         metrics["eval/failed_episodes"] = collected.failed
-        self.reporter.eval(self.step, metrics)
+        run.reporter.eval(self.step, metrics)
 
     # Teardown ------------------------------------------------------------------------------
 
-    async def tear_down(self, training: TrainingClient, status: RunStatus) -> None:
+    async def tear_down(self, run: Run, status: RunStatus) -> None:
         """A last checkpoint (also on a stop), a last evaluation when one is due, W&B closed."""
         cfg = self.config
-        await self.checkpoint(training, final=status == RunStatus.succeeded)
+        await self.checkpoint(run, final=status == RunStatus.succeeded)
         due = cfg.steps_per_eval and cfg.total_steps % cfg.steps_per_eval != 0
         if status == RunStatus.succeeded and due:
-            await self.evaluate(training)
-        self.reporter.finish_wandb()
+            await self.evaluate(run)
+        run.reporter.finish_wandb()
 
     # Helpers -------------------------------------------------------------------------------
 
-    def _policy(self, sampler: SamplingClient, step: int) -> SamplerPolicy:
+    def _policy(self, run: Run, sampler: SamplingClient, seed: int) -> SamplerPolicy:
         cfg = self.config
         return SamplerPolicy(
             sampler,
@@ -203,10 +181,30 @@ class Trainer(RunnerBase):
             temperature=cfg.temperature,
             top_p=cfg.top_p,
             top_k=cfg.top_k,
-            stop=self.renderer.stop_token_ids(),
-            seed=(cfg.seed * 7_919 + step) * 100_003,
+            stop=run.data.renderer.stop_token_ids(),
+            seed=seed,
             timeout_s=self.settings.backend_call_timeout_s,
         )
+
+
+def sequences_of(episodes: list[Episode]) -> list[Sequence]:
+    """Each turn as one learner sequence: its prompt, then the action trained on; the turns of
+    an episode are one sample of its group."""
+    out = []
+    for index, episode in enumerate(episodes):
+        for t in episode.transitions:
+            prompt, action = len(t.prompt_tokens), len(t.action_tokens)
+            out.append(
+                Sequence(
+                    tokens=t.prompt_tokens + t.action_tokens,
+                    trained=[False] * prompt + [True] * action,
+                    logprobs=[0.0] * prompt + [float(x) for x in t.action_logprobs],
+                    reward=t.reward,
+                    group=episode.group,
+                    sample=index,
+                )
+            )
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -245,7 +243,9 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
 
-def runner_for(settings: Settings, folder: RunFolder, spec: RunSpec, engine: Engine) -> RunnerBase:
+def runner_for(
+    settings: Settings, folder: RunFolder, spec: RunSpec, engine: Engine
+) -> RunnerBase[Any]:
     """The loop that trains this run: ours, or the Atropos trainer (its environment runs in
     processes of its own, docs/atropos.md)."""
     if spec.framework == "atropos":
@@ -255,7 +255,7 @@ def runner_for(settings: Settings, folder: RunFolder, spec: RunSpec, engine: Eng
     return Trainer(settings, folder, spec, engine)
 
 
-async def _run(trainer: RunnerBase) -> int:
+async def _run(trainer: RunnerBase[Any]) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, trainer.stop_event.set)
@@ -274,7 +274,7 @@ async def _run(trainer: RunnerBase) -> int:
     return 0
 
 
-async def _watch_stop_request(trainer: RunnerBase) -> None:
+async def _watch_stop_request(trainer: RunnerBase[Any]) -> None:
     """A stop asked through the database works like SIGTERM, from a server that cannot signal
     this process (another machine, or one that adopted the run)."""
     while not trainer.stop_event.is_set():

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from sqlalchemy.engine import Engine
@@ -13,6 +16,19 @@ from core.settings import Settings
 from core.training_config import TrainingConfig
 
 log = logging.getLogger(__name__)
+
+# A step's mean reward: the one key every reader takes it from (the server's `reward_mean`).
+REWARD_KEY = "reward/mean"
+
+
+@contextmanager
+def timed(metrics: dict[str, float], name: str) -> Iterator[None]:
+    """The block's wall time into `metrics["time/<name>_s"]`, in seconds."""
+    started = time.monotonic()
+    try:
+        yield
+    finally:
+        metrics[f"time/{name}_s"] = time.monotonic() - started
 
 
 def wandb_id_for(run_id: str) -> str:
@@ -93,13 +109,16 @@ class Reporter:
 
     # Records -----------------------------------------------------------------------------
 
-    def step(self, step: int, total: int, metrics: dict[str, float]) -> None:
+    def step(self, step: int, total: int, metrics: dict[str, float], reward: float | None) -> None:
+        """A trained step's metrics, with its mean `reward` (None: no sample came back)."""
+        if reward is not None:
+            metrics = {REWARD_KEY: reward, **metrics}
         lifecycle.record_step(self._engine, self.run_id, step, metrics)
         self._log_wandb(step, metrics)
         print(
-            f"step {step}/{total} reward={_fmt(metrics.get('reward/mean'))} "
+            f"step {step}/{total} reward={_fmt(reward)} "
             f"correct={_pct(metrics.get('env/percent_correct'))} "
-            f"loss={_fmt(metrics.get('train/loss'))} time={metrics.get('time/step', 0):.1f}s",
+            f"loss={_fmt(metrics.get('train/loss'))} time={metrics.get('time/step_s', 0):.1f}s",
             flush=True,
         )
 

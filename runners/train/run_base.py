@@ -1,14 +1,17 @@
 """What every run's runner does around its loop, whatever it trains on (our environments, or an
-Atropos environment in processes of its own): the backend and a training client (fresh, or
-resumed from a state checkpoint), reporting, checkpoints, the step loop and its SIGTERM stop.
+Atropos environment in processes of its own): one `open_run` (the backend, a training client
+fresh or resumed from a state checkpoint, reporting, the driver's data), the step loop and its
+SIGTERM stop, checkpoints, one learner step (runners/train/learner.py).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable
-from typing import TYPE_CHECKING, TypeVar
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 from core import lifecycle
 from core.models import RunStatus
@@ -16,6 +19,7 @@ from core.run_folder import RunFolder
 from core.settings import Settings
 from core.training_config import TrainingConfig
 from runners.episodes.policy import bounded
+from runners.train.learner import Sequence, train_on
 from runners.train.resume import loadable_state
 
 if TYPE_CHECKING:
@@ -27,13 +31,25 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("runner")
 T = TypeVar("T")
+D = TypeVar("D")  # a driver's own part of its run: where its training data comes from
+
+
+@dataclass
+class RunContext(Generic[D]):
+    """What a run's steps use, opened once by `RunnerBase.open_run` before the first step."""
+
+    backend: str  # the one the config resolved to: "local" or "tinker"
+    training: TrainingClient
+    reporter: Reporter
+    adam: types.AdamParams
+    data: D  # the driver's own (`RunnerBase.open_data`)
 
 
 class Stopped(Exception):
     """SIGTERM arrived: wind down with a checkpoint."""
 
 
-class RunnerBase:
+class RunnerBase(Generic[D]):
     """A run's steps from its current one to `total_steps`, each by `train_step`."""
 
     def __init__(
@@ -56,51 +72,68 @@ class RunnerBase:
         # The step of the last checkpoint this attempt holds (or resumed from): a stop right
         # after a periodic save must not save the same name again (Tinker refuses that).
         self.saved_step: int | None = None
-        self.backend = "local"
 
     async def run(self) -> RunStatus:
-        training = await self.set_up()
-        status = RunStatus.succeeded
-        try:
-            while self.step < self.total_steps:
-                if self.stop_event.is_set():
-                    raise Stopped
-                await self.train_step(training, self.step + 1)
-        except Stopped:
-            log.info("stop requested: stopping after step %s", self.step)
-            status = RunStatus.stopped
-        await self.tear_down(training, status)
+        # What the run opens is closed when it ends, however it ends (a failure half-way
+        # through `open_run` included), in the reverse order of opening.
+        async with contextlib.AsyncExitStack() as exits:
+            run = await self.open_run(exits)
+            status = RunStatus.succeeded
+            try:
+                while self.step < self.total_steps:
+                    if self.stop_event.is_set():
+                        raise Stopped
+                    await self.train_step(run, self.step + 1)
+            except Stopped:
+                log.info("stop requested: stopping after step %s", self.step)
+                status = RunStatus.stopped
+            await self.tear_down(run, status)
         return status
 
-    async def set_up(self) -> TrainingClient:
+    def describe(self) -> str:
+        """What the run trains on, for its first log line."""
         raise NotImplementedError
 
-    async def train_step(self, training: TrainingClient, step: int) -> None:
+    async def open_data(
+        self, backend: str, training: TrainingClient, exits: contextlib.AsyncExitStack
+    ) -> D:
+        """The driver's own part of the run; what it starts, it leaves to `exits` to end."""
+        raise NotImplementedError
+
+    async def train_step(self, run: RunContext[D], step: int) -> None:
         raise NotImplementedError
 
     # Set-up --------------------------------------------------------------------------------
 
-    def open_service(self) -> ServiceClient:
-        """The backend the config asks for (resolved: tinker with a key, else local)."""
-        from runners.backends.factory import create_service, resolve_backend
-
-        self.backend = resolve_backend(self.training_config.backend, self.settings)
-        return create_service(self.backend, self.settings, self.folder.path / "checkpoints")
-
-    async def open_training(self, service: ServiceClient) -> TrainingClient:
-        """The reporter, and a training client: fresh, or from the checkpoint this attempt
-        resumes (a resume of this run, or the config's resume_from, as a fork has)."""
+    async def open_run(self, exits: contextlib.AsyncExitStack) -> RunContext[D]:
+        """The backend the config asks for (resolved: tinker with a key, else local), the
+        reporter, a training client (fresh or resumed), the optimizer's settings and the
+        driver's data."""
         from tinker import types
 
+        from runners.backends.factory import create_service, resolve_backend
         from runners.train.report import Reporter
 
         cfg = self.training_config
-        self.reporter: Reporter = Reporter(
-            self.engine, self.settings, self.run_id, self.folder, cfg
+        backend = resolve_backend(cfg.backend, self.settings)
+        log.info(
+            "run %s: %s on %s backend, model %s",
+            self.run_id,
+            self.describe(),
+            backend,
+            cfg.model_name,
         )
-        self.adam: types.AdamParams = types.AdamParams(
-            learning_rate=cfg.learning_rate, beta1=0.9, beta2=0.95, eps=1e-8
-        )
+        service = create_service(backend, self.settings, self.folder.path / "checkpoints")
+        reporter = Reporter(self.engine, self.settings, self.run_id, self.folder, cfg)
+        training = await self.open_training(service, reporter)
+        adam = types.AdamParams(learning_rate=cfg.learning_rate, beta1=0.9, beta2=0.95, eps=1e-8)
+        data = await self.open_data(backend, training, exits)
+        return RunContext(backend, training, reporter, adam, data)
+
+    async def open_training(self, service: ServiceClient, reporter: Reporter) -> TrainingClient:
+        """A training client: fresh, or from the checkpoint this attempt resumes (a resume of
+        this run, or the config's resume_from, as a fork has); W&B started."""
+        cfg = self.training_config
         own_resume = self.folder.resume_point()  # a new attempt of this run
         wanted = own_resume.state_path if own_resume else cfg.resume_from
         if wanted is None:
@@ -121,29 +154,43 @@ class RunnerBase:
                 service.create_training_client_from_state_with_optimizer(state_path), "resume"
             )
         # Our own earlier attempt logged under this run's W&B id: rewind it to the checkpoint.
-        self.reporter.start_wandb(resume_step=self.step if own_resume else None)
+        reporter.start_wandb(resume_step=self.step if own_resume else None)
         return training
+
+    # The learner ---------------------------------------------------------------------------
+
+    async def train(self, run: RunContext[D], sequences: list[Sequence]) -> dict[str, float]:
+        """One optimizer step on `sequences` with the run's loss; its train/* metrics."""
+        cfg = self.training_config
+        return await train_on(
+            run.training,
+            sequences,
+            cfg.loss_fn,
+            cfg.loss_fn_config,
+            run.adam,
+            timeout_s=self.settings.backend_call_timeout_s,
+        )
 
     # Between steps -------------------------------------------------------------------------
 
-    async def checkpoint(self, training: TrainingClient, final: bool = False) -> None:
+    async def checkpoint(self, run: RunContext[D], final: bool = False) -> None:
         if self.saved_step == self.step:
             log.info("step %s is already checkpointed; nothing new to save", self.step)
             return
         name = f"step-{self.step:06d}"
-        state = await self._call(training.save_state(name), "save_state")
-        sampler = await self._call(training.save_weights_for_sampler(name), "save_weights")
+        state = await self._call(run.training.save_state(name), "save_state")
+        sampler = await self._call(run.training.save_weights_for_sampler(name), "save_weights")
         self.saved_step = self.step
-        self.reporter.checkpoint(self.step, name, state.path, sampler.path, final=final)
+        run.reporter.checkpoint(self.step, name, state.path, sampler.path, final=final)
 
     def checkpoint_due(self, step: int) -> bool:
         every = self.training_config.save_every
         return bool(every) and step % every == 0 and step < self.total_steps
 
-    async def tear_down(self, training: TrainingClient, status: RunStatus) -> None:
+    async def tear_down(self, run: RunContext[D], status: RunStatus) -> None:
         """A last checkpoint (also on a stop) and W&B closed."""
-        await self.checkpoint(training, final=status == RunStatus.succeeded)
-        self.reporter.finish_wandb()
+        await self.checkpoint(run, final=status == RunStatus.succeeded)
+        run.reporter.finish_wandb()
 
     # Helpers -------------------------------------------------------------------------------
 

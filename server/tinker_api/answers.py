@@ -52,7 +52,7 @@ def stepped(hub: SessionHub, session: Session, message: Message) -> Outcome:
         "train/learning_rate": metrics.get("learning_rate"),
         "train/tokens": tally.trained_tokens,
         "sampler/tokens": tally.sampled_tokens,
-        "time/step": now - tally.started if tally.started else None,
+        "time/step_s": now - tally.started if tally.started else None,
     }
     session.tally = StepTally(started=now)
     hub.write(hub.records.step, session.id, session.step, values)

@@ -12,8 +12,9 @@ from typing import Any
 
 import pytest
 
-from runners.atropos.groups import MASKED, UnusableData, datum, read_batch
+from runners.atropos.groups import MASKED, UnusableData, read_batch
 from runners.atropos.watch import EvalWatch, LogWatch, MetricsTap
+from runners.train.learner import datum
 
 
 def group(scores: list[float], prompt: int = 3, out: int = 2, **extra: Any) -> dict[str, Any]:
@@ -38,6 +39,7 @@ def test_grpo_advantages_from_scores_on_the_trained_tokens_only() -> None:
         assert sequence.advantages[:3] == [0.0, 0.0, 0.0]  # the prompt
         assert sequence.trained == [False] * 3 + [True] * 2
     d = datum(batch.sequences[0])
+    assert d is not None
     assert d.model_input.to_ints() == [10, 10, 10, 20]
     assert d.loss_fn_inputs["target_tokens"].tolist() == [10, 10, 20, 20]
     # Targets 2 and 3 are the output: the sampler's logprobs and the advantage sit there.
@@ -58,7 +60,7 @@ def test_groups_that_teach_nothing_or_do_not_fit_are_dropped_and_counted() -> No
     metrics = batch.metrics()
     assert metrics["atropos/groups_received"] == 4 and metrics["atropos/groups_dropped"] == 3
     assert metrics["atropos/dropped/too_long"] == 1
-    assert metrics["reward/mean"] == pytest.approx((0.5 + 0.5 + 0.5 + 0.5) / 4)
+    assert batch.reward_mean() == pytest.approx((0.5 + 0.5 + 0.5 + 0.5) / 4)
     assert metrics["env/percent_correct"] == pytest.approx(3 / 8)
     # Scaled by the group's std (0.5): +-1.
     assert [s.advantages[-1] for s in batch.sequences] == pytest.approx([-1.0, 1.0], abs=1e-4)

@@ -107,8 +107,8 @@ def test_online_run_reads_back_and_a_resume_rewinds_wandb(
         for row in second.history:
             # Steps 3 and 4 hold the live attempt's values (the database replaced them too).
             assert row["reward/mean"] == pytest.approx(db[row["_step"]]["reward/mean"])
-            assert row["time/step"] == pytest.approx(db[row["_step"]]["time/step"])
-        assert second.history[2]["time/step"] != first.history[2]["time/step"]
+            assert row["time/step_s"] == pytest.approx(db[row["_step"]]["time/step_s"])
+        assert second.history[2]["time/step_s"] != first.history[2]["time/step_s"]
 
         status = wait_for(
             lambda: (r := client.get(f"/runs/{run_id}").json())["metrics_source"] == "wandb" and r,
