@@ -1,7 +1,7 @@
 """A batch from the trajectory API (ScoredDataGroups: tokens, masks, scores, and what else the
 environment filled) as the learner's sequences (runners/train/learner.py): the environment's
-masks decide what trains, its scores are the rewards (its own per-token advantages pass
-through, its overrides apply), the sampler's logprobs are its `inference_logprobs`; groups
+masks decide what trains, its scores are the rewards (with grpo its own per-token advantages
+pass through; its overrides apply), the sampler's logprobs are its `inference_logprobs`; groups
 that are malformed or too long are dropped and counted, made-up data refused.
 """
 

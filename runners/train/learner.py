@@ -36,15 +36,18 @@ class Sequence:
 
     tokens: list[int]
     trained: list[bool]  # per token: the policy's own output, in the loss
-    logprobs: list[float] | None  # per token, the sampler's (any value where not trained);
-    # None: not sent, the driver recomputes them before training
+    # Per token, the sampler's (any value where not trained); None: not sent, and the driver
+    # recomputes them before training.
+    logprobs: list[float] | None
     reward: float  # this turn's reward; a sample's return is the sum over its turns
     group: int  # GRPO compares the samples of one group
     sample: int  # which sample of the batch: the turns of one episode share it
     # Per token, zero where not trained: set by `assign_advantages`, or given by the
     # environment beforehand (they then pass through).
     advantages: list[float] | None = None
-    meta: dict[str, Any] = field(default_factory=dict)  # the driver's own, carried along
+    # What a driver or a later stage carries along with it: the policy step it was sampled
+    # at (for a staleness bound), what a rollout viewer shows of it, ...
+    meta: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -65,8 +68,8 @@ def assign_advantages(
     limit: int | None = None,
     seed: int = 0,
 ) -> Advantaged:
-    """Each sequence's per-token advantages (DESIGN §7); sequences that came with their own
-    keep them, masked to their trained tokens.
+    """Each sequence's per-token advantages (DESIGN §7), set in place; sequences that came
+    with their own keep them, masked to their trained tokens.
 
     `grpo`: a sample's return minus its group's mean (over its std with `scale_by_std`);
     groups whose returns are all equal teach nothing and are dropped. `rebn`: per-turn
