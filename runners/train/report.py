@@ -1,13 +1,17 @@
-"""What a run reports: progress, metrics and checkpoints to the database, W&B and its log."""
+"""What a run reports: progress, metrics, rollouts and checkpoints to the database, W&B and its
+log."""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from sqlalchemy.engine import Engine
 
-from core import lifecycle
+from core import lifecycle, rollouts
+from core.rollout_recorder import RolloutRecorder
+from core.rollouts import RolloutRecord
 from core.run_folder import RunFolder, clean_metrics
 from core.settings import Settings
 from core.training_config import TrainingConfig
@@ -35,6 +39,14 @@ class Reporter:
         self.folder = folder
         self._config = config
         self._wandb: Any = None
+        values = config.model_dump(include={"rollouts_per_step", "rollouts_max_mb"})
+        self._rollouts = RolloutRecorder(
+            engine,
+            run_id,
+            per_step=rollouts.per_step(values),
+            max_bytes=int(rollouts.max_mb(values) * rollouts.MB),
+            seed=config.seed,
+        )
 
     # W&B ---------------------------------------------------------------------------------
 
@@ -84,6 +96,8 @@ class Reporter:
         log.info("W&B run %s (%s)", run.id, "online" if online else "offline, in the run folder")
 
     def finish_wandb(self, exit_code: int = 0) -> None:
+        """The run's records end: its rollouts written (boundedly), its W&B run finished."""
+        self._rollouts.close()
         if self._wandb is not None:
             try:
                 self._wandb.finish(exit_code=exit_code)
@@ -93,7 +107,36 @@ class Reporter:
 
     # Records -----------------------------------------------------------------------------
 
+    def rollouts(
+        self,
+        step: int,
+        build: Callable[[], list[RolloutRecord]],
+        step_metrics: dict[str, float] | None = None,
+    ) -> None:
+        """The step's episodes (made by `build`), recorded off the training path, and a W&B
+        table of those kept; `step_metrics`: the environment's own (env/, atropos/) are kept
+        with them. A failure costs the record of the step, never the run."""
+        if self._rollouts.per_step <= 0 or self._rollouts.stopped is not None:
+            return
+        try:
+            env_metrics = {
+                k: v for k, v in (step_metrics or {}).items() if k.startswith(("env/", "atropos/"))
+            }
+            picked = self._rollouts.record(step, build(), env_metrics)
+        except Exception as exc:
+            log.warning("rollouts of step %s not recorded: %s", step, exc, exc_info=True)
+            return
+        if self._wandb is not None and picked:
+            try:
+                from runners.train.rollout_table import wandb_table
+
+                self._wandb.log({"rollouts": wandb_table(picked)}, step=step)
+            except Exception as exc:
+                log.warning("W&B rollouts table failed at step %s: %s", step, exc)
+
     def step(self, step: int, total: int, metrics: dict[str, float]) -> None:
+        if self._rollouts.per_step > 0:
+            metrics = {**metrics, **self._rollouts.metrics()}
         lifecycle.record_step(self._engine, self.run_id, step, metrics)
         self._log_wandb(step, metrics)
         print(
