@@ -78,7 +78,8 @@ class RolloutService:
 
 
 def parse_cursor(cursor: str | None) -> tuple[int, int] | None:
-    if cursor is None:
+    """A page's cursor; none (or empty: a client that sends `cursor=` for none) is the first."""
+    if not cursor:
         return None
     found = CURSOR.match(cursor)
     if found is None:
