@@ -77,8 +77,8 @@ class RolloutRecorder:
         return picked
 
     def metrics(self) -> dict[str, float]:
-        """What a step's metrics say of the record."""
-        out = {"rollouts/stopped": 1.0 if self.stopped is not None else 0.0}
+        """What a step's metrics say of the record: nothing while all is well."""
+        out = {"rollouts/stopped": 1.0} if self.stopped is not None else {}
         if self.skipped:
             out["rollouts/skipped_steps"] = float(self.skipped)
         return out
@@ -122,9 +122,12 @@ class RolloutRecorder:
                 )
 
     def _stop(self, step: int, exc: Exception) -> None:
+        # A database error's own words (SQLAlchemy's text goes on with the statement).
+        cause = getattr(exc, "orig", None) or exc
+        why = (str(cause).splitlines() or [""])[0][:300]
         self.stopped = (
             f"rollouts are not recorded from step {step} on: writing them failed "
-            f"({type(exc).__name__}: {str(exc)[:300]}); the run goes on"
+            f"({type(cause).__name__}: {why}); the run goes on"
         )
         self._tell(self.stopped)
         try:  # where the database still takes a small write, the record says so too

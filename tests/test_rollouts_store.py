@@ -139,7 +139,7 @@ def test_a_failed_write_stops_the_record_saying_so_never_the_caller(engine: Engi
     records = [record(i, float(i)) for i in range(6)]
     assert len(recorder.record(1, records)) == 4
     recorder.close()
-    assert recorder.metrics() == {"rollouts/stopped": 0.0}
+    assert recorder.metrics() == {}
     # What a full disk does to an insert, made real by the database itself.
     if engine.dialect.name == "sqlite":
         trigger = (
