@@ -1,7 +1,8 @@
 """Recording a run's rollouts off its training path (DESIGN §14): a step's records are picked
-at once and written by a thread of their own, one transaction per step. Recording never fails
-or holds up the run: a write that fails (a full disk, a database error) stops the record, and
-says so in the log, the step's metrics (`rollouts/stopped`) and, where it can, the record."""
+at once and written by a thread of their own, one transaction per step (then handed to
+`on_written`: the runner's W&B table). Recording never fails or holds up the run: a write that
+fails (a full disk, a database error) stops the record, and says so in the log, the step's
+metrics (`rollouts/stopped`) and, where it can, the record."""
 
 from __future__ import annotations
 
@@ -20,12 +21,13 @@ log = logging.getLogger(__name__)
 # Steps waiting to be written; past it a step is skipped rather than the run waiting.
 QUEUE_STEPS = 8
 CLOSE_TIMEOUT_S = 30.0
+Kept = list[tuple[RolloutRecord, Picked]]
 
 
 @dataclass
 class _Job:
     step: int
-    picked: list[tuple[RolloutRecord, Picked]]
+    picked: Kept
     sampled: list[RolloutRecord]
     metrics: dict[str, float] | None
 
@@ -42,6 +44,7 @@ class RolloutRecorder:
         max_bytes: int,
         seed: int,
         say: Callable[[str], None] | None = None,
+        on_written: Callable[[int, Kept], None] | None = None,
     ) -> None:
         self._engine = engine
         self.run_id = run_id
@@ -49,6 +52,7 @@ class RolloutRecorder:
         self.max_bytes = max_bytes
         self._seed = seed
         self._say = say or _print_line
+        self._on_written = on_written
         self._queue: queue.Queue[_Job | None] = queue.Queue(maxsize=QUEUE_STEPS)
         self._thread: threading.Thread | None = None
         self.stopped: str | None = None  # why the record stopped
@@ -59,9 +63,9 @@ class RolloutRecorder:
         step: int,
         records: list[RolloutRecord],
         metrics: dict[str, float] | None = None,
-    ) -> list[tuple[RolloutRecord, Picked]]:
-        """Pick what the step keeps and queue it to be written; the picked records (for W&B).
-        Never blocks and never raises."""
+    ) -> Kept:
+        """Pick what the step keeps and queue it to be written; what it keeps. Never blocks
+        and never raises."""
         if self.per_step <= 0 or self.stopped is not None:
             return []
         picked = pick(records, self.per_step, self._seed * 1_000_003 + step)
@@ -120,6 +124,11 @@ class RolloutRecorder:
                     written.thinned_steps,
                     self.max_bytes / 1e6,
                 )
+            if self._on_written is not None and job.picked:
+                try:
+                    self._on_written(job.step, job.picked)
+                except Exception as exc:  # a mirror of the record (W&B): never stops it
+                    log.warning("rollouts of step %s: %s", job.step, exc)
 
     def _stop(self, step: int, exc: Exception) -> None:
         # A database error's own words (SQLAlchemy's text goes on with the statement).

@@ -1,10 +1,10 @@
-"""A step's kept rollouts as a W&B table (logged beside the step's metrics when W&B is on)."""
+"""A step's kept rollouts as a W&B table (logged in the step's row when W&B is on)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from core.rollouts import Picked, RolloutRecord
+from core.rollout_recorder import Kept
 
 COLUMNS = [
     "group",
@@ -19,7 +19,7 @@ COLUMNS = [
 ]
 
 
-def wandb_table(picked: list[tuple[RolloutRecord, Picked]]) -> Any:
+def wandb_table(kept: Kept) -> Any:
     import wandb
 
     rows = [
@@ -34,6 +34,6 @@ def wandb_table(picked: list[tuple[RolloutRecord, Picked]]) -> Any:
             r.completion,
             how,
         ]
-        for r, how in picked
+        for r, how in kept
     ]
     return wandb.Table(columns=COLUMNS, data=rows)
