@@ -75,7 +75,7 @@ def test_a_real_runs_episodes_by_step_group_and_reward(
     view = open_route(page, live_server, f"runs/{real_run}", "run").get_by_test_id("rollouts")
     # The newest step first.
     expect(view.get_by_test_id("rollouts-step-label")).to_contain_text("step 2 (1–2)")
-    rows = view.locator("table[data-testid=rollouts-table] tbody tr")
+    rows = view.locator("[data-testid=rollouts-table] .rollout-row[data-at]")
     expect(rows).to_have_count(per_step)
     expect(view.get_by_test_id("rollouts-summary")).to_contain_text(
         f"{per_step} episodes sampled, {per_step} kept"
@@ -86,7 +86,7 @@ def test_a_real_runs_episodes_by_step_group_and_reward(
     expect(view.get_by_test_id("rollouts-step-label")).to_contain_text("step 1 (1–2)")
     step1 = api.get(f"/runs/{real_run}/rollouts", params={"step": 1}).json()["items"]
     expect(view.get_by_test_id("rollouts-summary")).to_contain_text("step 1:")
-    expect(rows.locator("td[data-col=completion]")).to_have_text(
+    expect(rows.locator("[data-col=completion]")).to_have_text(
         [i["completion"][:160] for i in step1]
     )
     # Best and worst, each with the environment's text and the model's apart.
@@ -115,7 +115,7 @@ def test_a_real_runs_episodes_by_step_group_and_reward(
 def test_episode_text_stays_text(page: Page, live_server: LiveServer) -> None:
     seed(live_server, HOSTILE_RUN, {1: [hostile(0, 1.0), hostile(1, 0.0)]})
     view = open_route(page, live_server, f"runs/{HOSTILE_RUN}", "run").get_by_test_id("rollouts")
-    cells = view.locator("td[data-col=completion]")
+    cells = view.locator("[data-col=completion]")
     expect(cells).to_have_text([f"{SCRIPT} and {IMAGE}"] * 2)
     view.get_by_test_id("rollout-open").first.click()
     episode_view = view.get_by_test_id("rollouts-episode")
@@ -141,7 +141,7 @@ def test_a_step_of_a_thousand_episodes_and_one_prompt_across_steps(
     seed(live_server, BIG_RUN, {1: big, **repeated})
     view = open_route(page, live_server, f"runs/{BIG_RUN}", "run").get_by_test_id("rollouts")
     view.get_by_test_id("rollouts-step").fill("0")
-    rows = view.locator("table[data-testid=rollouts-table] tbody tr")
+    rows = view.locator("[data-testid=rollouts-table] .rollout-row[data-at]")
     expect(rows).to_have_count(1000)
     expect(view.get_by_test_id("rollouts-summary")).to_contain_text(
         "1000 episodes sampled, 1000 kept"

@@ -10,6 +10,15 @@ import { fmt, h } from "/static/js/dom.js";
 const PAGE = 1000; // episodes per request (the API's most)
 const MAX_PAGES = 5; // a step's episodes shown at most: PAGE * MAX_PAGES
 const PREVIEW = 160; // characters of a completion in the table
+const COLUMNS = [
+  ["group", "click: this group's episodes side by side"],
+  ["#", "click: this episode in full"],
+  ["reward", "the episode's return"],
+  ["advantage", "what its tokens were trained with (– : not trained on)"],
+  ["finish", "stop: the model ended its turn; length: cut at max tokens"],
+  ["tokens", "the model's tokens"],
+  ["completion", "the model's text (its start)"],
+];
 
 export class RolloutsView {
   constructor(runId) {
@@ -24,7 +33,8 @@ export class RolloutsView {
     this.summary = h("div", { "data-testid": "rollouts-summary", class: "muted" });
     this.error = h("div", { class: "error", "data-testid": "rollouts-error" });
     this.ends = h("div", { class: "rollout-ends", "data-testid": "rollouts-ends" });
-    this.table = h("table", { "data-testid": "rollouts-table", class: "rollouts-table" });
+    // One listener for the table's rows (a step may have thousands): a group or an index.
+    this.table = h("div", { "data-testid": "rollouts-table", class: "rollouts-list", onclick: (e) => this.onTableClick(e) });
     this.detail = h("div", { "data-testid": "rollouts-detail" });
     this.el = h("section", { "data-testid": "rollouts" },
       h("h2", {}, "Rollouts"),
@@ -34,8 +44,13 @@ export class RolloutsView {
   }
 
   // The run's recorded steps, again (a running run adds some); the slider follows the newest
-  // step while it is on it.
-  async refresh() {
+  // step while it is on it. One refresh at a time: calls meanwhile share it.
+  refresh() {
+    if (!this.refreshing) this.refreshing = this.reload().finally(() => { this.refreshing = null; });
+    return this.refreshing;
+  }
+
+  async reload() {
     let record;
     try {
       record = await api(`/runs/${this.runId}/rollouts/steps`);
@@ -124,18 +139,29 @@ export class RolloutsView {
     );
   }
 
+  // Rows as a grid of divs, not a table: a row the scroll box does not show is not laid out
+  // (content-visibility), so a step of thousands opens as fast as one of tens.
   renderTable(items) {
-    const head = h("thead", {}, h("tr", {}, ["group", "#", "reward", "advantage", "finish", "tokens", "completion"].map((t) => h("th", {}, t))));
-    const rows = items.map((item) => h("tr", { dataset: { group: String(item.group), index: String(item.index) }, class: item.trained ? "" : "untrained" },
-      h("td", {}, h("button", { class: "link", "data-testid": "rollout-group", title: "this group's episodes side by side", onclick: () => this.showGroup(item.group) }, String(item.group))),
-      h("td", {}, h("button", { class: "link", "data-testid": "rollout-open", title: "this episode in full", onclick: () => this.showEpisode(item) }, String(item.index))),
-      h("td", { dataset: { col: "reward" } }, fmt(item.reward)),
-      h("td", { dataset: { col: "advantage" } }, fmt(item.advantage)),
-      h("td", {}, item.finish_reason || "–"),
-      h("td", {}, String(item.completion_tokens)),
-      h("td", { class: "completion", dataset: { col: "completion" } }, item.completion.slice(0, PREVIEW))));
-    this.table.replaceChildren(head, h("tbody", {}, rows));
-    if (!items.length) this.table.append(h("tbody", {}, h("tr", {}, h("td", { class: "muted", colspan: "7" }, "no episodes match"))));
+    const head = h("div", { class: "rollout-row head" }, COLUMNS.map(([name, title]) => h("span", { title }, name)));
+    const rows = items.map((item, at) => h("div", { class: item.trained ? "rollout-row" : "rollout-row untrained", dataset: { at: String(at) } },
+      h("span", { class: "link", "data-testid": "rollout-group" }, String(item.group)),
+      h("span", { class: "link", "data-testid": "rollout-open" }, String(item.index)),
+      h("span", { dataset: { col: "reward" } }, fmt(item.reward)),
+      h("span", { dataset: { col: "advantage" } }, fmt(item.advantage)),
+      h("span", {}, item.finish_reason || "–"),
+      h("span", {}, String(item.completion_tokens)),
+      h("span", { class: "completion", dataset: { col: "completion" } }, item.completion.slice(0, PREVIEW))));
+    this.table.replaceChildren(head, ...rows);
+    if (!items.length) this.table.append(h("div", { class: "muted" }, "no episodes match"));
+  }
+
+  onTableClick(event) {
+    const cell = event.target.closest(".link");
+    const row = cell && cell.closest(".rollout-row[data-at]");
+    if (!row) return;
+    const item = this.items[Number(row.dataset.at)];
+    if (cell.dataset.testid === "rollout-group") this.showGroup(item.group);
+    else this.showEpisode(item);
   }
 
   // One episode in order: the environment's text and the model's tokens, told apart.
@@ -172,7 +198,7 @@ export class RolloutsView {
         byStep.get(other.step).push(other);
       }
       this.detail.replaceChildren(h("div", { "data-testid": "rollouts-prompt-view" },
-        h("h3", {}, `One prompt across ${byStep.size} steps`),
+        h("h3", {}, `One prompt across ${byStep.size} step${byStep.size === 1 ? "" : "s"}`),
         h("div", { class: "seg seg-env" }, item.prompt),
         [...byStep.entries()].map(([step, group]) => h("div", { class: "prompt-step", dataset: { step: String(step) } },
           h("div", { class: "rollout-head" }, `step ${step}: mean reward ${fmt(group.reduce((s, i) => s + (i.reward ?? 0), 0) / group.length)}`),

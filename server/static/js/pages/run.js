@@ -174,6 +174,7 @@ export function mount(main, runId) {
     api(`/runs?limit=${FORK_SCAN}`).then((runs) => { forks = runs.filter((r) => r.parent_run_id === runId).reverse(); }),
   ]).catch(() => {}).then(() => { if (!aborter.signal.aborted) refresh(); });
   refresh();
+  rollouts.refresh(); // not waiting for the run's own answer: a step's episodes take longest
   followLog();
   timer = setInterval(refresh, 2000);
   const onResize = () => board.resize();
