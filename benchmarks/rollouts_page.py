@@ -24,7 +24,8 @@ from core.rollouts import RolloutRecord, Segment, pick
 from tests.live_server import LiveServer
 
 FULL, EMPTY = "r-0000f011", "r-0000e3e7"
-LOADED = """n => document.querySelectorAll('[data-testid=rollouts-table] .rollout-row[data-at]').length === n
+LOADED = """n => document.querySelectorAll(
+  '[data-testid=rollouts-table] .rollout-row[data-at]').length === n
   && document.querySelector('[data-testid=rollouts-best] .rollout-card') !== null"""
 NOTHING = """() => (document.querySelector('[data-testid=rollouts-step-label]') || {}).textContent
   === 'no steps recorded yet' && document.querySelector('[data-testid=run-status]').textContent

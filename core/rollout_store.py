@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from sqlalchemy import ColumnElement, and_, delete, func, insert, or_
 from sqlalchemy.engine import Engine
@@ -38,7 +39,7 @@ def write_step(
 ) -> Written:
     """The step's kept records and summary (replacing a step done again after a resume), then
     the run's size cap: older steps thinned first, the newest trimmed only if alone too big."""
-    rows = [
+    rows: list[dict[str, Any]] = [
         {
             "run_id": run_id,
             "step": step,
@@ -68,7 +69,7 @@ def write_step(
                 sampled=len(sampled),
                 recorded=len(rows),
                 kept=len(rows),
-                size=sum(r["size"] for r in rows),
+                size=sum(int(r["size"]) for r in rows),
                 reward_mean=rewards.mean,
                 reward_min=rewards.low,
                 reward_max=rewards.high,
@@ -171,7 +172,7 @@ def _thin(session: Session, summary: RolloutStep, keep: Keep, why: str) -> int:
         .where(col(Rollout.run_id) == summary.run_id, col(Rollout.step) == summary.step)
         .order_by(col(Rollout.id))
     ).all()
-    rows = [_Row(int(i), r, int(s)) for i, r, s in found]
+    rows = [_Row(int(i or 0), r, int(s)) for i, r, s in found]
     kept = keep(rows)
     gone = [r for r in rows if r.id not in kept]
     if not gone:

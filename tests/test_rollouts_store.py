@@ -152,7 +152,8 @@ def test_a_failed_write_stops_the_record_saying_so_never_the_caller(engine: Engi
             "CREATE FUNCTION disk_full() RETURNS trigger AS $$ BEGIN "
             "RAISE EXCEPTION 'could not extend file: No space left on device'; END $$ "
             "LANGUAGE plpgsql",
-            "CREATE TRIGGER disk_full BEFORE INSERT ON rollout FOR EACH ROW EXECUTE FUNCTION disk_full()",
+            "CREATE TRIGGER disk_full BEFORE INSERT ON rollout FOR EACH ROW "
+            "EXECUTE FUNCTION disk_full()",
         ]
     with engine.begin() as conn:
         for statement in ddl:

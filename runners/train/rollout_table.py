@@ -6,7 +6,7 @@ from typing import Any
 
 from core.rollout_recorder import Kept
 
-COLUMNS = [
+COLUMNS: list[str | int] = [
     "group",
     "index",
     "reward",
