@@ -113,6 +113,8 @@ def keep_under(session: Session, run_id: str, max_bytes: int, newest: int) -> li
         for summary in older:
             if total <= max_bytes:
                 return sorted(changed)
+            if keep is _ends and summary.kept <= 2:
+                continue  # already at its ends (or never held more)
             freed = _thin(session, summary, keep, "thinned to its best and worst episode")
             if freed:
                 total -= freed

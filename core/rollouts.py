@@ -72,13 +72,14 @@ def max_mb(config: Mapping[str, Any]) -> float:
 
 def pick(records: list[RolloutRecord], limit: int, seed: int) -> list[tuple[RolloutRecord, Picked]]:
     """What a step keeps: every record up to `limit`; beyond it a quarter of `limit` best, a
-    quarter worst (by reward) and a random sample (seeded) of the rest, in the step's order."""
+    quarter worst (by reward; at least one each) and a random sample (seeded) of the rest, in
+    the step's order."""
     if limit <= 0:
         return []
     if len(records) <= limit:
         return [(r, "all") for r in records]
     rewarded = sorted((r for r in records if r.reward is not None), key=_reward)
-    ends = min(limit // 4, len(rewarded) // 2)
+    ends = min(max(1, limit // 4) if limit >= 2 else 0, len(rewarded) // 2)
     chosen: dict[int, Picked] = {}
     for record in rewarded[:ends]:
         chosen[id(record)] = "worst"

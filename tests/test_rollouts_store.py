@@ -62,6 +62,8 @@ def test_a_step_keeps_all_up_to_the_limit_then_the_best_the_worst_and_a_seeded_s
     assert [r.index for r, _ in kept] == sorted(r.index for r, _ in kept)  # the step's order
     assert [r.index for r, _ in pick(many, 20, seed=7)] == [r.index for r, _ in kept]
     assert [r.index for r, _ in pick(many, 20, seed=8)] != [r.index for r, _ in kept]
+    small = pick(many, 3, seed=7)  # a small setting keeps an end of each side too
+    assert sorted(how for _, how in small) == ["best", "random", "worst"]
     # No reward known (a Tinker session's samples): a random sample only.
     unscored = [record(i, None) for i in range(10)]
     assert {how for _, how in pick(unscored, 4, seed=1)} == {"random"}
