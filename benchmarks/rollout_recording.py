@@ -162,7 +162,9 @@ def report(
         f"{path_s / off_s:.2%} of a step",
         f"writer thread, off the path (one transaction per step): {write_s * 1e3:.1f} ms = "
         f"{write_s / off_s:.2%} of a step",
-        f"  and its W&B table: {table_s * 1e3:.1f} ms = {table_s / off_s:.2%} of a step",
+        f"  and its W&B table: {table_s * 1e3:.1f} ms = {table_s / off_s:.2%} of a step"
+        if tables
+        else "  and its W&B table: none (W&B off; --wandb)",
         f"kept: {len(kept)} episodes of {statistics.mean(tokens):.1f} tokens on average, "
         f"{size_mb:.2f} MB",
     ]
