@@ -32,6 +32,7 @@ from runners.atropos.env_yaml import write_env_yaml
 from runners.atropos.face import InferenceFace, serving
 from runners.atropos.groups import Batch, Sequence, datum, kl_metrics, read_batch
 from runners.atropos.requests import SamplingDefaults
+from runners.atropos.rollout_records import sequence_records
 from runners.atropos.watch import EvalWatch, LogWatch, MetricsTap
 from runners.train.run_base import RunnerBase
 
@@ -256,6 +257,12 @@ class AtroposTrainer(RunnerBase):
             "time/train": trained - received,
             "time/step": trained - started,
         }
+        face = self.face
+        self.reporter.rollouts(
+            step,
+            lambda: sequence_records(groups, batch.sequences, face.decode, face.end_ids),
+            metrics,
+        )
         self.reporter.step(step, self.total_steps, metrics)
         example = _example(batch, self.face.decode)
         if example:

@@ -34,6 +34,7 @@ from runners.episodes.rollouts import Collected, Episode
 from runners.episodes.sources import env_context, load_sources
 from runners.train.advantages import Weighted, grpo_advantages, rebn_advantages
 from runners.train.datums import kl_metrics, make_datums
+from runners.train.rollout_records import episode_records
 from runners.train.run_base import RunnerBase
 
 if TYPE_CHECKING:
@@ -91,6 +92,11 @@ class Trainer(RunnerBase):
         train_metrics = await self.train(training, weighted)
         trained = time.monotonic()
         self.step = step
+        r = self.renderer
+        self.reporter.rollouts(
+            step,
+            lambda: episode_records(collected.episodes, weighted, r.decode, r.stop_token_ids()),
+        )
         self.record(
             step,
             collected,
