@@ -20,6 +20,7 @@ def export(client: Client, args: argparse.Namespace) -> int:
         "merged": args.merged,
         "path": args.path,
         "overwrite": args.overwrite,
+        "include_rollouts": args.with_rollouts,
     }
     answer = client.post(
         f"/runs/{seg(args.run)}/export", body, timeout=max(client.timeout, EXPORT_TIMEOUT_S)
@@ -56,3 +57,8 @@ def register(top: argparse._SubParsersAction, leaf: Callable[..., argparse.Argum
         "--path", default=None, metavar="P", help="a folder inside the server's RLCS_EXPORT_DIR"
     )
     cmd.add_argument("--overwrite", action="store_true", help="replace a folder that holds files")
+    cmd.add_argument(
+        "--with-rollouts",
+        action="store_true",
+        help="add rollouts.jsonl: every episode the run recorded",
+    )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
-from cli import commands, db, export, infer, mcp, runs, sweeps, watch, webhooks
+from cli import commands, db, export, infer, mcp, rollouts, runs, sweeps, watch, webhooks
 from cli.client import DEFAULT_URL, Client
 from cli.exits import EPILOG
 from cli.values import assignment, positive_float
@@ -148,6 +148,7 @@ def _runs_parser(top: Group) -> None:
     history.add_argument("--keys", help="comma-separated metric keys, e.g. reward/mean,train/loss")
     history.add_argument("--limit", type=int, default=None, help="at most this many rows")
     add(cmds, "checkpoints", runs.checkpoints, "a run's checkpoints").add_argument("run")
+    rollouts.register(cmds, add)
 
     watch_p = add(cmds, "watch", watch.watch, "a live progress bar until the run ends")
     watch_p.add_argument("run")

@@ -14,7 +14,7 @@ from sqlalchemy import ColumnElement, and_, delete, func, or_
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, select
 
-from core import events
+from core import events, rollout_store
 from core.db import read_session, write_session
 from core.models import (
     ACTIVE,
@@ -174,12 +174,13 @@ def record_checkpoint(
 
 def rewind(engine: Engine, run_id: str, step: int) -> None:
     """A resume starts from an earlier step than the one recorded (its checkpoint could not be
-    loaded): metrics past `step` belong to steps that will be done again."""
+    loaded): metrics and rollouts past `step` belong to steps that will be done again."""
     with write_session(engine) as session:
         run = session.get(Run, run_id)
         if run is None:
             return
         session.exec(delete(Metric).where(col(Metric.run_id) == run_id, col(Metric.step) > step))
+        rollout_store.delete_after(session, run_id, step)
         run.step = step
         session.add(run)
 

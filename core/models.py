@@ -186,3 +186,45 @@ class WebhookDelivery(SQLModel, table=True):
     last_status_code: int | None = None
     created_at: datetime = Field(default_factory=utcnow)
     delivered_at: datetime | None = None
+
+
+class Rollout(SQLModel, table=True):
+    """One kept episode of a step (an Atropos sequence, a Tinker sample or datum): the columns
+    a reader filters on, the rest as JSON (core/rollouts.py, DESIGN §14)."""
+
+    __table_args__ = (
+        Index("ix_rollout_run_step", "run_id", "step", "id"),
+        Index("ix_rollout_run_prompt", "run_id", "prompt_key"),
+    )
+
+    id: int | None = Field(default=None, primary_key=True)
+    run_id: str = Field(foreign_key="run.id", max_length=32)
+    step: int
+    kind: str = Field(max_length=16, description="episode, sequence (Atropos), sample or datum")
+    group_index: int | None = None
+    position: int = Field(description="Its place among the step's episodes")
+    reward: float | None = None
+    advantage: float | None = None
+    picked: str = Field(max_length=8, description="all, best, worst or random")
+    prompt_key: str = Field(max_length=16, description="The same prompt, across steps")
+    body_json: str
+    size: int = Field(description="Bytes of body_json: what the run's size cap counts")
+
+
+class RolloutStep(SQLModel, table=True):
+    """A step's record: how many episodes it had and kept, their rewards (over all it had),
+    the environment's step metrics, and what happened to it (thinned, stopped)."""
+
+    run_id: str = Field(foreign_key="run.id", primary_key=True, max_length=32)
+    step: int = Field(primary_key=True)
+    kind: str = Field(max_length=16)
+    sampled: int
+    recorded: int
+    kept: int = Field(description="Rows left: recorded, less what the size cap thinned")
+    size: int
+    reward_mean: float | None = None
+    reward_min: float | None = None
+    reward_max: float | None = None
+    metrics_json: str = "{}"
+    note: str | None = None
+    created_at: datetime = Field(default_factory=utcnow)

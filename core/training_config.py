@@ -24,6 +24,22 @@ class TrainingConfig(BaseModel):
     save_every: int = Field(
         5, ge=0, le=1_000_000, description="Steps between checkpoints (0 = only at the end)"
     )
+    # Rollouts: what each step's episodes said, kept to read (core/rollouts.py). None: the
+    # default, so a run frozen before these fields existed resumes with the same config hash.
+    rollouts_per_step: int | None = Field(
+        None,
+        ge=0,
+        le=4096,
+        description="Episodes of each step kept to read (default 256: all up to that, beyond "
+        "it the best, the worst and a seeded random sample; 0 = none)",
+    )
+    rollouts_max_mb: float | None = Field(
+        None,
+        gt=0,
+        le=100_000,
+        description="Size cap of a run's kept episodes in MB (default 64); past it older steps "
+        "are thinned first",
+    )
     # Logging.
     use_wandb: bool = Field(True, description="Log to Weights & Biases (offline without a key)")
     wandb_project: str = Field("rl-training", min_length=1, max_length=128)

@@ -51,12 +51,13 @@ from server.openai_compat import errors as openai_errors
 from server.openai_compat import routes as openai_routes
 from server.openai_compat.chat import ChatService
 from server.openai_compat.chat_models import ChatModels
-from server.runs import export_routes
+from server.runs import export_routes, rollout_routes
 from server.runs import routes as run_routes
 from server.runs.export import ExportService
 from server.runs.forks import ForkService
 from server.runs.logs import StreamSlots, bind_sse_to_this_loop
 from server.runs.metrics import MetricsService
+from server.runs.rollouts import RolloutService
 from server.runs.service import RunService
 from server.runs.views import RunViews
 from server.runs.wandb_reader import WandbReader
@@ -100,6 +101,7 @@ def build_services(settings: Settings) -> Services:
     fanout = FanOut(engine, RunViews(settings, metrics), utcnow, sweep_view=sweeps.get)
     dispatch = WebhookDispatcher(settings, engine, supervisor.leadership, fanout, hooks.secret)
     tinker = TinkerService(settings, engine)
+    rollouts = RolloutService(engine, runs_service)
     supervisor.launchers.register(TinkerLauncher(engine, tinker))
     return Services(
         settings=settings,
@@ -113,7 +115,8 @@ def build_services(settings: Settings) -> Services:
         streams=streams,
         sweeps=sweeps,
         forks=ForkService(runs_service, configs),
-        export=ExportService(settings, runs_service, metrics),
+        export=ExportService(settings, runs_service, metrics, rollouts),
+        rollouts=rollouts,
         chat=ChatService(settings, ChatModels(engine, configs, inference, models), worker),
         webhooks=hooks,
         webhook_dispatch=dispatch,
@@ -180,6 +183,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(environment_routes.router, dependencies=protected)
     app.include_router(run_routes.router, dependencies=protected)
     app.include_router(export_routes.router, dependencies=protected)
+    app.include_router(rollout_routes.router, dependencies=protected)
     app.include_router(sweep_routes.router, dependencies=protected)
     app.include_router(webhook_routes.router, dependencies=protected)
     app.include_router(

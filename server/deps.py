@@ -21,6 +21,7 @@ from server.runs.export import ExportService
 from server.runs.forks import ForkService
 from server.runs.logs import StreamSlots
 from server.runs.metrics import MetricsService
+from server.runs.rollouts import RolloutService
 from server.runs.service import RunService
 from server.sweeps.service import SweepService
 from server.tinker_api.rest import TinkerRest
@@ -45,6 +46,7 @@ class Services:
     webhook_dispatch: WebhookDispatcher
     forks: ForkService
     export: ExportService
+    rollouts: RolloutService
     chat: ChatService
     tinker: TinkerService
     tinker_rest: TinkerRest

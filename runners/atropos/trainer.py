@@ -33,6 +33,7 @@ from runners.atropos.face import InferenceFace, serving
 from runners.atropos.feed import EnvironmentFailed, Feed
 from runners.atropos.groups import Batch, read_batch
 from runners.atropos.requests import SamplingDefaults
+from runners.atropos.rollout_records import sequence_records
 from runners.atropos.watch import EvalWatch, LogWatch, MetricsTap
 from runners.train.learner import Sequence
 from runners.train.report import timed
@@ -265,8 +266,14 @@ class AtroposTrainer(RunnerBase[Feed]):
             "atropos/queue_size": float(await feed.queue_size()),
             **times,
         }
+        face = feed.face
+        run.reporter.rollouts(
+            step,
+            lambda: sequence_records(groups, batch.sequences, face.decode, face.end_ids),
+            metrics,
+        )
         run.reporter.step(step, self.total_steps, metrics, batch.reward_mean())
-        example = _example(batch, feed.face.decode)
+        example = _example(batch, face.decode)
         if example:
             print(example, flush=True)
         evals = feed.evals.take()

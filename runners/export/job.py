@@ -17,6 +17,7 @@ from core.settings import Settings
 
 # Exit codes the server maps to answers (anything else is a failed export).
 EXIT_UNUSABLE, EXIT_EXISTS = 3, 4
+ROLLOUTS_FILE = "rollouts.jsonl"
 
 
 class DestinationTaken(Exception):
@@ -53,8 +54,13 @@ def main(argv: list[str] | None = None) -> int:
                 format="peft-lora",
             )
 
+    def build_all(tmp: Path) -> None:
+        build(tmp)
+        if args.rollouts:  # the run's recorded episodes, written by the server
+            shutil.copyfile(args.rollouts, tmp / ROLLOUTS_FILE)
+
     try:
-        answer["files"] = publish(out, build, args.overwrite)
+        answer["files"] = publish(out, build_all, args.overwrite)
     except CheckpointUnusable as exc:
         return _answer({"ok": False, "error": str(exc)}, EXIT_UNUSABLE)
     except DestinationTaken as exc:
@@ -114,4 +120,5 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
     parser.add_argument("--name", default="export", help="the Tinker external weights' name")
     parser.add_argument("--card", default="{}", help="the run's facts for README.md (JSON)")
+    parser.add_argument("--rollouts", help=f"a JSON lines file to add as {ROLLOUTS_FILE}")
     return parser

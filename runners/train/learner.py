@@ -28,6 +28,9 @@ if TYPE_CHECKING:
     from runners.backends.surface import TrainingClient
 
 AdvantageMode = Literal["grpo", "rebn"]
+# A native turn's place in its step, (sample, turn) under this meta key: how its rollout record
+# finds the advantage it was trained with.
+TURN = "turn"
 
 
 @dataclass
@@ -48,6 +51,13 @@ class Sequence:
     # What a driver or a later stage carries along with it: the policy step it was sampled
     # at (for a staleness bound), what a rollout viewer shows of it, ...
     meta: dict[str, Any] = field(default_factory=dict)
+
+    def mean_advantage(self) -> float | None:
+        """The advantage over its trained tokens (None before advantages are set)."""
+        if self.advantages is None:
+            return None
+        values = [a for a, t in zip(self.advantages, self.trained, strict=True) if t]
+        return sum(values) / len(values) if values else None
 
 
 @dataclass

@@ -35,8 +35,9 @@ from runners.episodes.policy import SamplerPolicy
 from runners.episodes.render import Renderer
 from runners.episodes.rollouts import Collected, Episode, mean_return
 from runners.episodes.sources import env_context, load_sources
-from runners.train.learner import Advantaged, Sequence, assign_advantages
+from runners.train.learner import TURN, Advantaged, Sequence, assign_advantages
 from runners.train.report import timed
+from runners.train.rollout_records import episode_records
 from runners.train.run_base import RunContext, RunnerBase
 from runners.train.seeds import RunSeeds
 
@@ -90,6 +91,13 @@ class Trainer(RunnerBase[Collector]):
                 advantaged = self.advantages(run.data.usable(collected), step)
                 train_metrics = await self.train(run, advantaged.sequences)
         self.step = step
+        r = run.data.renderer
+        run.reporter.rollouts(
+            step,
+            lambda: episode_records(
+                collected.episodes, advantaged.sequences, r.decode, r.stop_token_ids()
+            ),
+        )
         self.record(
             run,
             step,
@@ -192,7 +200,7 @@ def sequences_of(episodes: list[Episode]) -> list[Sequence]:
     an episode are one sample of its group."""
     out = []
     for index, episode in enumerate(episodes):
-        for t in episode.transitions:
+        for turn, t in enumerate(episode.transitions):
             prompt, action = len(t.prompt_tokens), len(t.action_tokens)
             out.append(
                 Sequence(
@@ -202,6 +210,7 @@ def sequences_of(episodes: list[Episode]) -> list[Sequence]:
                     reward=t.reward,
                     group=episode.group,
                     sample=index,
+                    meta={TURN: (index, turn)},
                 )
             )
     return out

@@ -1,16 +1,20 @@
-"""What a run reports: progress, metrics and checkpoints to the database, W&B and its log."""
+"""What a run reports: progress, metrics, rollouts and checkpoints to the database, W&B and its
+log."""
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 from sqlalchemy.engine import Engine
 
-from core import lifecycle
+from core import lifecycle, rollouts
+from core.rollout_recorder import Kept, RolloutRecorder
+from core.rollouts import RolloutRecord
 from core.run_folder import RunFolder, clean_metrics
 from core.settings import Settings
 from core.training_config import TrainingConfig
@@ -51,6 +55,19 @@ class Reporter:
         self.folder = folder
         self._config = config
         self._wandb: Any = None
+        # The recorder's thread logs W&B tables: one logger at a time, and never to a step
+        # W&B has passed (it would drop it).
+        self._wandb_lock = threading.Lock()
+        self._wandb_step = 0
+        values = config.model_dump(include={"rollouts_per_step", "rollouts_max_mb"})
+        self._rollouts = RolloutRecorder(
+            engine,
+            run_id,
+            per_step=rollouts.per_step(values),
+            max_bytes=int(rollouts.max_mb(values) * rollouts.MB),
+            seed=config.seed,
+            on_written=self._log_table,
+        )
 
     # W&B ---------------------------------------------------------------------------------
 
@@ -100,19 +117,57 @@ class Reporter:
         log.info("W&B run %s (%s)", run.id, "online" if online else "offline, in the run folder")
 
     def finish_wandb(self, exit_code: int = 0) -> None:
-        if self._wandb is not None:
-            try:
-                self._wandb.finish(exit_code=exit_code)
-            except Exception as exc:
-                log.warning("W&B finish failed: %s", exc)
-            self._wandb = None
+        """The run's records end: its rollouts written (boundedly), its W&B run finished."""
+        self._rollouts.close()
+        with self._wandb_lock:  # a table still being logged (the recorder ran late) first
+            if self._wandb is not None:
+                try:
+                    self._wandb.finish(exit_code=exit_code)
+                except Exception as exc:
+                    log.warning("W&B finish failed: %s", exc)
+                self._wandb = None
 
     # Records -----------------------------------------------------------------------------
+
+    def rollouts(
+        self,
+        step: int,
+        build: Callable[[], list[RolloutRecord]],
+        step_metrics: dict[str, float] | None = None,
+    ) -> None:
+        """The step's episodes (made by `build`), recorded off the training path (with a W&B
+        table of those kept); `step_metrics`: the environment's own (env/, atropos/) are kept
+        with them. A failure costs the record of the step, never the run."""
+        if self._rollouts.per_step <= 0 or self._rollouts.stopped is not None:
+            return
+        try:
+            env_metrics = {
+                k: v for k, v in (step_metrics or {}).items() if k.startswith(("env/", "atropos/"))
+            }
+            self._rollouts.record(step, build(), env_metrics)
+        except Exception as exc:
+            log.warning("rollouts of step %s not recorded: %s", step, exc, exc_info=True)
+
+    def _log_table(self, step: int, kept: Kept) -> None:
+        """On the recorder's thread, once the step is written: its kept episodes as a W&B
+        table in the step's row (the step's metrics are logged right after `rollouts`)."""
+        if self._wandb is None:
+            return
+        from runners.train.rollout_table import wandb_table
+
+        table = wandb_table(kept)
+        with self._wandb_lock:
+            if self._wandb is None or step < self._wandb_step:
+                log.warning("W&B rollouts table of step %s skipped: W&B is past it", step)
+                return
+            self._wandb.log({"rollouts": table}, step=step)
 
     def step(self, step: int, total: int, metrics: dict[str, float], reward: float | None) -> None:
         """A trained step's metrics, with its mean `reward` (None: no sample came back)."""
         if reward is not None:
             metrics = {REWARD_KEY: reward, **metrics}
+        if self._rollouts.per_step > 0:
+            metrics = {**metrics, **self._rollouts.metrics()}
         lifecycle.record_step(self._engine, self.run_id, step, metrics)
         self._log_wandb(step, metrics)
         print(
@@ -159,7 +214,9 @@ class Reporter:
         if self._wandb is None:
             return
         try:
-            self._wandb.log(clean_metrics(metrics), step=step)
+            with self._wandb_lock:
+                self._wandb.log(clean_metrics(metrics), step=step)
+                self._wandb_step = max(self._wandb_step, step)
         except Exception as exc:
             log.warning("W&B log failed at step %s: %s", step, exc)
 

@@ -23,6 +23,7 @@ from server.mcp.agent_tools import agent_tools
 from server.mcp.curves import curve_tool
 from server.mcp.progress import Progress
 from server.mcp.registry import Call, ToolSpec, error_result
+from server.mcp.rollouts_tool import rollouts_tool
 from server.mcp.tools import reference_tools
 
 log = logging.getLogger(__name__)
@@ -32,14 +33,15 @@ INSTRUCTIONS = (
     "rl_list_environments -> rl_select_environment -> rl_get_current_config / rl_edit_config "
     "-> rl_test_inference (a quick check of model and verifier) -> rl_start_training -> "
     "rl_wait_for_run (answers when the run ends or at its timeout, with progress) -> "
-    "rl_get_results and rl_plot_curves. Runs take minutes to hours: wait, do not poll. "
+    "rl_get_results and rl_plot_curves; rl_get_rollouts shows what the model said. Runs take "
+    "minutes to hours: wait, do not poll. "
     "rl_start_sweep tries several settings at once; rl_fork_run continues a run with new "
     "settings from its checkpoint. Resources run://<run_id>/log and run://<run_id>/metrics."
 )
 
 
 def all_tools(svc: Services) -> list[ToolSpec]:
-    return [*reference_tools(svc.settings), *agent_tools(), curve_tool()]
+    return [*reference_tools(svc.settings), *agent_tools(), curve_tool(), rollouts_tool()]
 
 
 def build_server(svc: Services) -> Server[Any, Any]:

@@ -3,12 +3,16 @@ here (torch-free), then let `python -m runners.export` write it in its own proce
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
 import signal
 import subprocess
+import tempfile
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,6 +22,7 @@ from core.models import Run
 from core.settings import PROJECT_ROOT, Settings
 from server.errors import Conflict, InvalidValue, Unavailable
 from server.runs.metrics import MetricsService
+from server.runs.rollouts import RolloutService
 from server.runs.schemas import CheckpointOut, ExportOut
 from server.runs.service import RunService
 
@@ -36,13 +41,21 @@ class ExportJob:
     destination: Path
     overwrite: bool
     card: dict[str, Any]
+    include_rollouts: bool = False
 
 
 class ExportService:
-    def __init__(self, settings: Settings, runs: RunService, metrics: MetricsService) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        runs: RunService,
+        metrics: MetricsService,
+        rollouts: RolloutService,
+    ) -> None:
         self._settings = settings
         self._runs = runs
         self._metrics = metrics
+        self._rollouts = rollouts
         self._busy: set[Path] = set()
         self._lock = threading.Lock()
 
@@ -53,8 +66,11 @@ class ExportService:
         merged: bool,
         path: str | None,
         overwrite: bool,
+        *,
+        include_rollouts: bool = False,
     ) -> ExportOut:
         job = self.plan(run_id, checkpoint_step, merged, path, overwrite)
+        job = dataclasses.replace(job, include_rollouts=include_rollouts)
         with self._lock:
             if job.destination in self._busy:
                 raise Conflict(
@@ -154,6 +170,28 @@ class ExportService:
     # Writing ------------------------------------------------------------------------------
 
     def _write(self, job: ExportJob) -> dict[str, Any]:
+        with self._rollouts_file(job) as rollouts:
+            return self._run_exporter(job, rollouts)
+
+    @contextmanager
+    def _rollouts_file(self, job: ExportJob) -> Iterator[Path | None]:
+        """The run's recorded episodes as JSON lines, beside the destination (the exporter
+        moves them into the folder it renames into place); None when not asked for."""
+        if not job.include_rollouts:
+            yield None
+            return
+        job.destination.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(
+            "w", dir=job.destination.parent, prefix=".rollouts-", suffix=".jsonl", delete=False
+        ) as out:
+            out.writelines(self._rollouts.export_lines(job.run_id))
+        path = Path(out.name)
+        try:
+            yield path
+        finally:
+            path.unlink(missing_ok=True)
+
+    def _run_exporter(self, job: ExportJob, rollouts: Path | None) -> dict[str, Any]:
         argv = [
             self._settings.python_executable,
             "-m",
@@ -168,6 +206,7 @@ class ExportService:
             json.dumps(job.card),
         ]
         argv += ["--merged"] * job.merged + ["--overwrite"] * job.overwrite
+        argv += ["--rollouts", str(rollouts)] if rollouts is not None else []
         timeout = self._settings.export_timeout_s
         proc = subprocess.Popen(
             argv,

@@ -20,4 +20,11 @@ def export_run(run_id: RunId, svc: Svc, body: ExportIn | None = None) -> ExportO
     """Write the checkpoint's folder and answer where; it takes seconds (a merge of a larger
     model, or a Tinker download, longer). A plain `def`: it runs on a worker thread."""
     body = body or ExportIn()
-    return svc.export.export(run_id, body.checkpoint_step, body.merged, body.path, body.overwrite)
+    return svc.export.export(
+        run_id,
+        body.checkpoint_step,
+        body.merged,
+        body.path,
+        body.overwrite,
+        include_rollouts=body.include_rollouts,
+    )

@@ -200,6 +200,11 @@ class ExportIn(BaseModel):
         "taken inside it",
     )
     overwrite: bool = Field(False, description="Replace a destination that holds files")
+    include_rollouts: bool = Field(
+        False,
+        description="Add rollouts.jsonl: every episode the run recorded (GET "
+        "/runs/{id}/rollouts's items, in step order)",
+    )
 
 
 class ExportOut(BaseModel):

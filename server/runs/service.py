@@ -16,7 +16,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlmodel import SQLModel, col, select
 
-from core import lifecycle
+from core import lifecycle, rollout_store
 from core.checkpoint_check import STATE_KIND, check, first_usable
 from core.db import read_session, write_session
 from core.models import FINISHED, RUN_ID, TINKER_API, Checkpoint, Metric, Run, RunStatus
@@ -365,12 +365,13 @@ class RunService:
             row.config_json = json.dumps(values, sort_keys=True)
             row.config_hash = new_hash
             session.add(row)
-            # Metrics logged after the checkpoint belong to steps that will be redone.
+            # Metrics and rollouts recorded after the checkpoint belong to steps to be redone.
             session.exec(
                 delete(Metric).where(
                     col(Metric.run_id) == run_id, col(Metric.step) > checkpoint.step
                 )
             )
+            rollout_store.delete_after(session, run_id, checkpoint.step)
             attempt = row.attempt
         self._wake()
         return RunResumedOut(

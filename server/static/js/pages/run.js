@@ -1,10 +1,11 @@
 // One run: its status and progress, where it came from (source, fork parent, sweep) and its
-// forks, a chart of every metric (live while it runs), the frozen config, checkpoints, the W&B
-// link, the live log with its end event, stop and resume.
+// forks, a chart of every metric (live while it runs), what its model said (rollouts), the
+// frozen config, checkpoints, the W&B link, the live log with its end event, stop and resume.
 
 import { api, history, streamEvents } from "/static/js/api.js";
 import { ChartBoard } from "/static/js/charts.js";
 import { FINISHED, duration, fmt, h } from "/static/js/dom.js";
+import { RolloutsView } from "/static/js/rollouts.js";
 import { forkOf, frameworks, sourceLabel, sweepOf } from "/static/js/run_origin.js";
 
 // A parent's forks are found among the newest runs (GET /runs has each run's parent id).
@@ -33,12 +34,14 @@ export function mount(main, runId) {
   const log = h("pre", { "data-testid": "run-log" });
   const logEnd = h("div");
   const board = new ChartBoard(charts, [runId]);
+  const rollouts = new RolloutsView(runId);
 
   main.append(
     h("section", {},
       h("div", { class: "toolbar" }, title, status, step, h("span", { class: "spacer" }), result, stopButton, resumeButton, tryLink),
       facts, details),
     h("section", {}, h("h2", {}, "Metrics"), noCharts, charts),
+    rollouts.el,
     h("div", { class: "grid2" },
       h("section", {}, h("h2", {}, "Log"), log, logEnd),
       h("section", {}, h("h2", {}, "Checkpoints"), checkpoints, h("h2", { style: "margin-top:14px" }, "Frozen config"), config)),
@@ -86,7 +89,7 @@ export function mount(main, runId) {
     if (!config.textContent) config.textContent = JSON.stringify(run.config, null, 2);
     const changed = run.step !== lastStep || run.status !== lastStatus;
     if (changed) {
-      await Promise.all([loadHistory(), loadCheckpoints()]);
+      await Promise.all([loadHistory(), loadCheckpoints(), rollouts.refresh()]);
       lastStep = run.step;
       lastStatus = run.status;
     }
@@ -171,6 +174,7 @@ export function mount(main, runId) {
     api(`/runs?limit=${FORK_SCAN}`).then((runs) => { forks = runs.filter((r) => r.parent_run_id === runId).reverse(); }),
   ]).catch(() => {}).then(() => { if (!aborter.signal.aborted) refresh(); });
   refresh();
+  rollouts.refresh(); // not waiting for the run's own answer: a step's episodes take longest
   followLog();
   timer = setInterval(refresh, 2000);
   const onResize = () => board.resize();
