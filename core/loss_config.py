@@ -24,10 +24,12 @@ _CLIP_BOUNDS = (0.0, 100.0)
 # The hosted service gives no default for DRO's beta; 0.05 is the value its examples use.
 DRO_DEFAULT_BETA = 0.05
 # stable_reinforce: weights truncated at 2 (as truncated importance sampling usually is);
-# tokens whose ratio to the recorded sampler leaves [1/8, 8] are masked.
+# tokens whose ratio to the recorded sampler leaves [1/8, 8] are masked; a drift penalty to
+# the sampler of DRO's form and default weight (benchmarks/stable_loss.py chose it).
 STABLE_CLIP_HIGH = 2.0
 STABLE_MASK_LOW = 0.125
 STABLE_MASK_HIGH = 8.0
+STABLE_KL_COEFF = 0.05
 
 LOSS_CONFIG: dict[str, dict[str, ConfigKey]] = {
     "cross_entropy": {},
@@ -58,7 +60,9 @@ LOSS_CONFIG: dict[str, dict[str, ConfigKey]] = {
         "mask_high_threshold": ConfigKey(
             STABLE_MASK_HIGH, 1.0, 1e6, "tokens whose ratio rises above it are masked"
         ),
-        "kl_coeff": ConfigKey(0.0, 0.0, 100.0, "weight of the drift penalty to the sampler"),
+        "kl_coeff": ConfigKey(
+            STABLE_KL_COEFF, 0.0, 100.0, "weight of the drift penalty to the sampler"
+        ),
     },
 }
 

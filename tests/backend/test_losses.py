@@ -343,7 +343,8 @@ def test_stable_reinforce_gradient_stays_bounded_where_importance_sampling_explo
         "stable_reinforce", lp, inputs, resolve_config("stable_reinforce", None)
     ).backward()
     assert lp.grad[0] == 0  # ratio 50 is outside the default band [1/8, 8]: masked
-    assert lp.grad[1] == pytest.approx(-1.5)  # inside: the plain importance weight
+    # Inside: the plain importance weight, less the default drift penalty's pull.
+    assert lp.grad[1] == pytest.approx(-(1.5 - 0.05 * math.log(1.5)))
 
 
 def test_stable_reinforce_config_defaults_and_checks():
@@ -352,7 +353,7 @@ def test_stable_reinforce_config_defaults_and_checks():
         "clip_high_threshold": 2.0,
         "mask_low_threshold": 0.125,
         "mask_high_threshold": 8.0,
-        "kl_coeff": 0.0,
+        "kl_coeff": 0.05,
     }
     assert resolve_config("gspo", None) == {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2}
     # loss_fn_config_v2 carries text too: a number written as text is read as the number.

@@ -112,7 +112,7 @@ def stable_reinforce_by_definition(
                 continue
             w = min(r, cfg["clip_high_threshold"])
             truncated += int(w != r)
-            loss -= w * adv * float(l_t)
+            loss -= w * adv * float(l_t) - cfg["kl_coeff"] / 2 * (float(l_t) - q_t) ** 2
     return loss, masked, truncated
 
 
