@@ -2,14 +2,14 @@
 
 The same RL loop, seed and data pipeline twice, changing only the loss: every step samples
 with the snapshot taken `--stale` optimizer steps earlier (as an async trainer does), scores a
-toy reward (the share of sampled tokens in a target set), builds the datums the way
-tinker-cookbook's rl_loop does (provenance spans included) and takes one step. Per step it
-prints, side by side, the batch's reward, how far the learner has moved from the sampler that
-produced the batch (KL estimate on the sampled tokens) and the gradient norm; then the ratios
-of the stability measures. Local engine, CPU by default.
+toy reward (how many of a set of target tokens each sequence contains), builds the datums the
+way tinker-cookbook's rl_loop does (provenance spans included) and takes one step. It prints,
+side by side and averaged over the seeds, each step's reward, how far the learner has moved
+from the sampler that produced the batch (KL on the sampled tokens) and the gradient norm;
+then the stability measures and their ratios. Local engine, CPU by default.
 
 Run from the repo root:
-    .venv/bin/python -m benchmarks.stable_loss [--model tiny-random] [--steps 40] [--stale 4]
+    .venv/bin/python -m benchmarks.stable_loss [--model tiny-random] [--steps 60] [--stale 4]
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ PROMPTS = ("Write anything:", "Say something.", "Go on:", "Tell me a story:")
 class Curve:
     loss: str
     reward: list[float] = field(default_factory=list)
-    kl: list[float] = field(default_factory=list)  # mean over sampled tokens of q - p
+    kl: list[float] = field(default_factory=list)  # 1/2 mean of (log q - log p)^2, sampled
     grad_norm: list[float] = field(default_factory=list)
     masked: list[float] = field(default_factory=list)  # share of sampled tokens masked
     seconds: float = 0.0
@@ -50,7 +50,7 @@ class Curve:
 def target_tokens(
     sampler: LocalSamplingClient, prompts: list[list[int]], args: argparse.Namespace
 ) -> set[int]:
-    """The reward's tokens: those the start policy samples 5th to (5 + count)th most often after
+    """The reward's tokens: those the start policy samples 6th to (5 + count)th most often after
     the prompts, so the reward starts low but each of them is met now and then."""
     params = types.SamplingParams(max_tokens=args.max_tokens, temperature=1.0, seed=7, stop=[])
     counts: dict[int, int] = {}
