@@ -16,7 +16,9 @@ from torch.utils.checkpoint import checkpoint
 
 from runners.engine.dynamic_batch import right_pad
 from runners.engine.lora import LanguageModel
-from runners.engine.losses import check_input_keys, compute_loss
+from runners.engine.losses import check_input_keys, compute_loss, get_loss_spec, loss_metrics
+from runners.engine.provenance import recorded_inputs
+from runners.engine.recorded_sequences import SequenceStore
 
 
 @dataclass
@@ -29,11 +31,17 @@ class DatumBatch:
 
 
 def validate_data(
-    data: list[types.Datum], loss_fn: str, vocab: int, max_positions: int | None
+    data: list[types.Datum],
+    loss_fn: str,
+    vocab: int,
+    max_positions: int | None,
+    sequences: SequenceStore | None = None,
 ) -> DatumBatch:
-    """Check every datum against the loss (keys, lengths, token ranges) before any work."""
+    """Check every datum against the loss (keys, lengths, token ranges; for a loss that reads
+    recorded sequences, its spans against `sequences`) before any work."""
     if not data:
         raise ValueError("data is empty: give at least one Datum")
+    spec = get_loss_spec(loss_fn)
     batch = DatumBatch([], [], [])
     for i, datum in enumerate(data):
         where = f"data[{i}]"
@@ -61,6 +69,12 @@ def validate_data(
             raise ValueError(f"{where}.loss_fn_inputs['target_tokens'] must be int64")
         if int(targets.min()) < 0 or int(targets.max()) >= vocab:
             raise ValueError(f"{where} has target_tokens outside [0, {vocab})")
+        for key in spec.ignored:
+            inputs.pop(key, None)
+        if spec.reads_recorded:
+            if sequences is None:
+                raise ValueError(f"loss {loss_fn!r} needs recorded sequences; none are kept here")
+            inputs.update(recorded_inputs(datum, where, sequences, targets, inputs["advantages"]))
         batch.tokens.append(tokens)
         batch.targets.append(targets.long())
         batch.inputs.append({k: v.float() for k, v in inputs.items()})
@@ -138,6 +152,7 @@ def run_loss(
     lengths = [len(t) for t in batch.tokens]
     logprobs: list[torch.Tensor | None] = [None] * len(lengths)
     total = torch.zeros((), device=device)
+    sums: dict[str, torch.Tensor] = {}  # the loss's own metrics, summed over micro-batches
     decoder, head = model.get_decoder(), model.get_output_embeddings()
     autocast = _bf16_autocast(device, model)
     with _adapter_inputs_kept(model, autocast):
@@ -156,10 +171,12 @@ def run_loss(
                     key: torch.cat([batch.inputs[i][key] for i in group]).to(device)
                     for key in batch.inputs[group[0]]
                 }
-                loss = compute_loss(loss_fn, token_lp, inputs, config)
+                loss = compute_loss(loss_fn, token_lp, inputs, config, [lengths[i] for i in group])
             if backward:
                 loss.backward()
             total += loss.detach()
+            for key, value in loss_metrics(loss_fn, token_lp, inputs, config).items():
+                sums[key] = sums[key] + value if key in sums else value
             for i, piece in zip(
                 group, token_lp.detach().split([lengths[i] for i in group]), strict=True
             ):
@@ -174,5 +191,5 @@ def run_loss(
     return types.ForwardBackwardOutput(
         loss_fn_output_type="ArrayRecord",
         loss_fn_outputs=outputs,
-        metrics={"loss:sum": float(total)},
+        metrics={"loss:sum": float(total), **{key: float(v) for key, v in sums.items()}},
     )

@@ -20,6 +20,7 @@ from runners.engine import lora, microbatch_budget
 from runners.engine.bases import BaseModels, weight_files_bytes
 from runners.engine.futures import LocalFuture, resolved, submit
 from runners.engine.host import ModelHost
+from runners.engine.recorded_sequences import SequenceStore
 from runners.engine.sampler import LocalSamplingClient
 from runners.engine.training import LocalTrainingClient
 from runners.models import loading
@@ -31,7 +32,9 @@ class LocalServiceClient:
     """Creates LoRA training clients and sampling clients on this machine (CPU or CUDA).
 
     `tokens_per_microbatch`: padded tokens per training forward/backward pass; None picks it
-    per base model from the device's memory and the model's shape (microbatch_budget.py)."""
+    per base model from the device's memory and the model's shape (microbatch_budget.py).
+    `sequences`: where samplers made with record_stability_info record what they sample for
+    stable_reinforce (a day's lifetime, 512 MiB by default; recorded_sequences.py)."""
 
     def __init__(
         self,
@@ -45,6 +48,7 @@ class LocalServiceClient:
         sampling_dtype: str = "auto",
         tokens_per_microbatch: int | None = None,
         memory_budget_bytes: int | None = None,
+        sequences: SequenceStore | None = None,
     ) -> None:
         validate_device_dtype(device, dtype)
         validate_device_dtype(device, sampling_dtype)
@@ -60,6 +64,8 @@ class LocalServiceClient:
         }
         self.bases = BaseModels(self._load, host_options, memory_budget_bytes, self._estimate)
         self._tokens_per_microbatch = tokens_per_microbatch
+        # Session-scoped: every client of this service records into and reads from it.
+        self.sequences = SequenceStore() if sequences is None else sequences
         self._lock = threading.Lock()
         self._training_clients: list[LocalTrainingClient] = []
         # Model loading is slow (seconds); it runs here so the caller gets a future at once.
@@ -99,16 +105,24 @@ class LocalServiceClient:
     # ----- sampling clients -----------------------------------------------------------------
 
     def create_sampling_client(
-        self, model_path: str | None = None, base_model: str | None = None, **_: Any
+        self,
+        model_path: str | None = None,
+        base_model: str | None = None,
+        retry_config: Any = None,
+        record_stability_info: bool = False,
+        **_: Any,
     ) -> LocalFuture[LocalSamplingClient]:
-        """A sampler over saved sampler weights (`model_path`) or over the bare `base_model`."""
+        """A sampler over saved sampler weights (`model_path`) or over the bare `base_model`;
+        with `record_stability_info`, it records what it samples for stable_reinforce."""
         self._check_open()
         if model_path is not None:
             folder, record = ckpt.find_sampler(model_path)
-            return submit(self._loader, self._sampler_from_folder, folder, record)
+            return submit(
+                self._loader, self._sampler_from_folder, folder, record, record_stability_info
+            )
         if base_model is None:
             raise ValueError("create_sampling_client needs model_path or base_model")
-        return submit(self._loader, self._base_sampler, base_model)
+        return submit(self._loader, self._base_sampler, base_model, record_stability_info)
 
     def forget(self, client: LocalTrainingClient, cancel_pending: bool = False) -> None:
         """Close a training client (after its queued requests, or dropping them) and free
@@ -165,9 +179,12 @@ class LocalServiceClient:
                 host=host,
                 spec=spec,
                 seed=seed,
-                open_sampler=lambda path: self.create_sampling_client(model_path=path),
+                open_sampler=lambda path, record: self.create_sampling_client(
+                    model_path=path, record_stability_info=record
+                ),
                 checkpoint_dir=self.checkpoint_dir,
                 tokens_per_microbatch=self._microbatch_budget(host),
+                sequences=self.sequences,
             )
         except Exception:
             host.release()
@@ -212,7 +229,9 @@ class LocalServiceClient:
 
         return submit(self._loader, create)
 
-    def _sampler_from_folder(self, folder: Path, record: dict[str, Any]) -> LocalSamplingClient:
+    def _sampler_from_folder(
+        self, folder: Path, record: dict[str, Any], record_stability_info: bool
+    ) -> LocalSamplingClient:
         self._check_open()
         tensors, config = lora.load_adapter(folder)
         host = self.bases.host_for_config(record["base_model"], config)
@@ -221,9 +240,22 @@ class LocalServiceClient:
         except Exception:
             host.release()
             raise
-        return LocalSamplingClient(host, adapter, model_path=str(folder), release=host.release)
+        return LocalSamplingClient(
+            host,
+            adapter,
+            model_path=str(folder),
+            release=host.release,
+            record_stability_info=record_stability_info,
+            sequences=self.sequences,
+        )
 
-    def _base_sampler(self, base_model: str) -> LocalSamplingClient:
+    def _base_sampler(self, base_model: str, record_stability_info: bool) -> LocalSamplingClient:
         self._check_open()
         host = self.bases.bare_host(base_model)
-        return LocalSamplingClient(host, None, release=host.release)
+        return LocalSamplingClient(
+            host,
+            None,
+            release=host.release,
+            record_stability_info=record_stability_info,
+            sequences=self.sequences,
+        )

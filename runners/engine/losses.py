@@ -2,11 +2,13 @@
 
 Every loss is `-(per-token objective).sum()` over all positions of all datums in a call
 (notes/tinker.md section 2); length or batch normalisation belongs in advantages or weights.
+The objectives' equations are in docs/tinker-api.md ("Losses").
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -16,38 +18,58 @@ from core import loss_config
 Tensor = torch.Tensor
 
 
+# objective(target_logprobs, inputs, config, lengths) -> per-token objective (to be maximised);
+# `lengths` splits the positions into datums, in order.
+Objective = Callable[[Tensor, Mapping[str, Tensor], Mapping[str, float], Sequence[int]], Tensor]
+# metrics(detached target_logprobs, inputs, config) -> sums to add to the call's metrics
+Metrics = Callable[[Tensor, Mapping[str, Tensor], Mapping[str, float]], dict[str, Tensor]]
+
+# Inputs the engine adds from recorded sequences (runners/engine/provenance.py), never sent.
+RECORDED_LOGPROBS = "recorded_logprobs"  # the sampler's logprob of each sampled target
+RECORDED_MASK = "recorded_mask"  # 1 where the target is a recorded sampled token
+
+
 @dataclass(frozen=True)
 class LossSpec:
     """One loss: its loss_fn_inputs keys and its objective (config keys: core.loss_config)."""
 
     name: str
-    inputs: tuple[str, ...]
-    # objective(target_logprobs, inputs, config) -> per-token objective (to be maximised)
-    objective: Callable[[Tensor, Mapping[str, Tensor], Mapping[str, float]], Tensor]
+    inputs: tuple[str, ...]  # required
+    objective: Objective
+    ignored: tuple[str, ...] = ()  # accepted (clients send them), not used
+    metrics: Metrics | None = None
+    # Its datums name recorded sequences (Datum.with_provenance), read into RECORDED_* inputs.
+    reads_recorded: bool = False
 
 
 def _ratio(target_lp: Tensor, inputs: Mapping[str, Tensor]) -> Tensor:
     return torch.exp(target_lp - inputs["logprobs"])
 
 
-def _cross_entropy(lp: Tensor, inputs: Mapping[str, Tensor], cfg: Mapping[str, float]) -> Tensor:
+def _cross_entropy(
+    lp: Tensor, inputs: Mapping[str, Tensor], cfg: Mapping[str, float], lengths: Sequence[int]
+) -> Tensor:
     return inputs["weights"] * lp
 
 
 def _importance_sampling(
-    lp: Tensor, inputs: Mapping[str, Tensor], cfg: Mapping[str, float]
+    lp: Tensor, inputs: Mapping[str, Tensor], cfg: Mapping[str, float], lengths: Sequence[int]
 ) -> Tensor:
     return _ratio(lp, inputs) * inputs["advantages"]
 
 
-def _ppo(lp: Tensor, inputs: Mapping[str, Tensor], cfg: Mapping[str, float]) -> Tensor:
+def _ppo(
+    lp: Tensor, inputs: Mapping[str, Tensor], cfg: Mapping[str, float], lengths: Sequence[int]
+) -> Tensor:
     ratio = _ratio(lp, inputs)
     adv = inputs["advantages"]
     clipped = torch.clamp(ratio, cfg["clip_low_threshold"], cfg["clip_high_threshold"])
     return torch.minimum(ratio * adv, clipped * adv)
 
 
-def _cispo(lp: Tensor, inputs: Mapping[str, Tensor], cfg: Mapping[str, float]) -> Tensor:
+def _cispo(
+    lp: Tensor, inputs: Mapping[str, Tensor], cfg: Mapping[str, float], lengths: Sequence[int]
+) -> Tensor:
     # The clipped ratio is a constant weight (stop-gradient); the gradient flows through lp.
     weight = torch.clamp(
         _ratio(lp, inputs), cfg["clip_low_threshold"], cfg["clip_high_threshold"]
@@ -55,7 +77,9 @@ def _cispo(lp: Tensor, inputs: Mapping[str, Tensor], cfg: Mapping[str, float]) -
     return weight * lp * inputs["advantages"]
 
 
-def _dro(lp: Tensor, inputs: Mapping[str, Tensor], cfg: Mapping[str, float]) -> Tensor:
+def _dro(
+    lp: Tensor, inputs: Mapping[str, Tensor], cfg: Mapping[str, float], lengths: Sequence[int]
+) -> Tensor:
     # The drift penalty belongs to sampled tokens only. Prompt positions carry no sampler
     # logprob (0 by the datum convention) and no advantage; penalising them would pull the
     # prompt's logprobs towards 0, i.e. train on the prompt. A sampled token whose logprob is
@@ -63,6 +87,83 @@ def _dro(lp: Tensor, inputs: Mapping[str, Tensor], cfg: Mapping[str, float]) -> 
     sampled = (inputs["logprobs"] != 0) | (inputs["advantages"] != 0)
     drift = (lp - inputs["logprobs"]) * sampled
     return lp * inputs["advantages"] - 0.5 * cfg["beta"] * drift * drift
+
+
+def _per_datum_mean(values: Tensor, counted: Tensor, lengths: Sequence[int]) -> Tensor:
+    """Each position gets the mean of `values` over its datum's `counted` positions (0 for a
+    datum with none)."""
+    datum = torch.repeat_interleave(
+        torch.arange(len(lengths), device=values.device),
+        torch.tensor(list(lengths), device=values.device),
+    )
+    zeros = torch.zeros(len(lengths), device=values.device, dtype=values.dtype)
+    sums = zeros.index_add(0, datum, values * counted)
+    counts = zeros.index_add(0, datum, counted)
+    return (sums / counts.clamp(min=1))[datum]
+
+
+def _gspo(
+    lp: Tensor, inputs: Mapping[str, Tensor], cfg: Mapping[str, float], lengths: Sequence[int]
+) -> Tensor:
+    """GSPO-token, as Tinker documents it. Per datum, the sequence log-ratio is the mean of
+    sg(lp) - q over the positions `sequence_ratio_mask` marks (nonzero); every position's
+    ratio takes that value with its own logprob's gradient, s_t = sg(s) * exp(lp - sg(lp));
+    then PPO's min(s_t A, clip(s_t, low, high) A). A datum that marks no position has s = 1."""
+    counted = (inputs["sequence_ratio_mask"] != 0).to(lp.dtype)
+    sequence_log_ratio = _per_datum_mean(lp.detach() - inputs["logprobs"], counted, lengths)
+    ratio = torch.exp(sequence_log_ratio + lp - lp.detach())
+    adv = inputs["advantages"]
+    clipped = torch.clamp(ratio, cfg["clip_low_threshold"], cfg["clip_high_threshold"])
+    return torch.minimum(ratio * adv, clipped * adv)
+
+
+def _kept_tokens(
+    log_ratio: Tensor, inputs: Mapping[str, Tensor], cfg: Mapping[str, float]
+) -> Tensor:
+    """1 on recorded sampled tokens whose ratio lies in [mask_low, mask_high], else 0."""
+    low, high = cfg["mask_low_threshold"], cfg["mask_high_threshold"]
+    log_low = math.log(low) if low > 0 else -math.inf
+    in_band = (log_ratio >= log_low) & (log_ratio <= math.log(high))
+    return (inputs[RECORDED_MASK] != 0) & in_band
+
+
+def _stable_reinforce(
+    lp: Tensor, inputs: Mapping[str, Tensor], cfg: Mapping[str, float], lengths: Sequence[int]
+) -> Tensor:
+    """REINFORCE with truncated importance weights against the recorded sampler logprobs q
+    (never the client's copies), tokens far off the sampler masked (docs/tinker-api.md):
+
+        r_t = exp(sg(lp_t) - q_t)
+        m_t = 1 if t is a recorded sampled token and mask_low <= r_t <= mask_high, else 0
+        w_t = clip(r_t, clip_low, clip_high)                       (a constant weight)
+        objective_t = m_t * (w_t * A_t * lp_t - kl_coeff / 2 * (lp_t - q_t)^2)
+
+    The gradient is m_t (w_t A_t - kl_coeff (lp_t - q_t)) d lp_t: bounded by clip_high and by
+    the band, however stale the sampler."""
+    q = inputs[RECORDED_LOGPROBS]
+    log_ratio = lp.detach() - q
+    kept = _kept_tokens(log_ratio, inputs, cfg).to(lp.dtype)
+    # exp may overflow to inf on a masked token: clamp first, then the mask zeroes it.
+    weight = torch.clamp(
+        torch.exp(log_ratio), cfg["clip_low_threshold"], cfg["clip_high_threshold"]
+    )
+    drift = (lp - q) * kept
+    return kept * weight * inputs["advantages"] * lp - 0.5 * cfg["kl_coeff"] * drift * drift
+
+
+def _stable_reinforce_metrics(
+    lp: Tensor, inputs: Mapping[str, Tensor], cfg: Mapping[str, float]
+) -> dict[str, Tensor]:
+    log_ratio = lp - inputs[RECORDED_LOGPROBS]
+    sampled = inputs[RECORDED_MASK] != 0
+    kept = _kept_tokens(log_ratio, inputs, cfg)
+    ratio = torch.exp(log_ratio)
+    truncated = kept & ((ratio < cfg["clip_low_threshold"]) | (ratio > cfg["clip_high_threshold"]))
+    return {
+        "sampled_tokens:sum": sampled.sum(),
+        "masked_tokens:sum": (sampled & ~kept).sum(),
+        "truncated_tokens:sum": truncated.sum(),
+    }
 
 
 _RL_INPUTS = ("target_tokens", "logprobs", "advantages")
@@ -75,6 +176,17 @@ LOSSES: dict[str, LossSpec] = {
         LossSpec("ppo", _RL_INPUTS, _ppo),
         LossSpec("cispo", _RL_INPUTS, _cispo),
         LossSpec("dro", _RL_INPUTS, _dro),
+        LossSpec("gspo", (*_RL_INPUTS, "sequence_ratio_mask"), _gspo),
+        # The client's `logprobs` (the cookbook sends them) are accepted and not used: the
+        # sampler's come from the recorded sequences the datum's spans name.
+        LossSpec(
+            "stable_reinforce",
+            ("target_tokens", "advantages"),
+            _stable_reinforce,
+            ignored=("logprobs",),
+            metrics=_stable_reinforce_metrics,
+            reads_recorded=True,
+        ),
     )
 }
 
@@ -97,8 +209,8 @@ def check_input_keys(loss_fn: str, keys: Iterable[str], where: str = "loss_fn_in
     """Reject unknown and missing loss_fn_inputs keys, as the hosted service does."""
     spec = get_loss_spec(loss_fn)
     present = set(keys)
-    allowed = ", ".join(spec.inputs)
-    for key in sorted(present - set(spec.inputs)):
+    allowed = ", ".join((*spec.inputs, *spec.ignored))
+    for key in sorted(present - set(spec.inputs) - set(spec.ignored)):
         raise ValueError(
             f"{where}: unknown key {key!r} for loss {loss_fn!r}; allowed keys: {allowed}"
         )
@@ -106,7 +218,7 @@ def check_input_keys(loss_fn: str, keys: Iterable[str], where: str = "loss_fn_in
         if key not in present:
             raise ValueError(
                 f"{where}: missing required key {key!r} for loss {loss_fn!r}; "
-                f"required keys: {allowed}"
+                f"required keys: {', '.join(spec.inputs)}"
             )
 
 
@@ -115,7 +227,20 @@ def compute_loss(
     target_logprobs: Tensor,
     inputs: Mapping[str, Tensor],
     config: Mapping[str, float],
+    lengths: Sequence[int] | None = None,
 ) -> Tensor:
-    """The summed loss (a scalar) for already-validated inputs aligned with target_logprobs."""
+    """The summed loss (a scalar) for already-validated inputs aligned with target_logprobs;
+    `lengths` splits the positions into datums (one datum when None)."""
     spec = get_loss_spec(loss_fn)
-    return -spec.objective(target_logprobs, inputs, config).sum()
+    split = [len(target_logprobs)] if lengths is None else lengths
+    return -spec.objective(target_logprobs, inputs, config, split).sum()
+
+
+def loss_metrics(
+    loss_fn: str, target_logprobs: Tensor, inputs: Mapping[str, Tensor], config: Mapping[str, float]
+) -> dict[str, Tensor]:
+    """The loss's own metrics besides loss:sum (sums over the positions given), if any."""
+    spec = get_loss_spec(loss_fn)
+    if spec.metrics is None:
+        return {}
+    return spec.metrics(target_logprobs.detach(), inputs, config)

@@ -1,6 +1,7 @@
 """The local sampling client: checks a sample() call and hands it to the model's engine.
 
 Settings follow tinker's SamplingParams; logprobs are those of the raw model distribution.
+With `record_stability_info`, every sampled sequence is recorded for stable_reinforce.
 """
 
 from __future__ import annotations
@@ -9,16 +10,18 @@ import concurrent.futures
 import hashlib
 import random
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import partial
 from itertools import count
 from typing import Any
 
+import numpy as np
 from tinker import types
 
 from runners.engine.batch import Row
 from runners.engine.futures import LocalFuture
 from runners.engine.host import AdapterWeights, ModelHost
+from runners.engine.recorded_sequences import RecordedSequence, SequenceStore
 from runners.engine.scheduler import SampleRequest, engine_for
 
 # Used when SamplingParams.max_tokens is None (tinker advises always setting it).
@@ -89,10 +92,16 @@ class LocalSamplingClient:
         *,
         model_path: str | None = None,
         release: Callable[[], None] | None = None,
+        record_stability_info: bool = False,
+        sequences: SequenceStore | None = None,
     ) -> None:
+        if record_stability_info and sequences is None:
+            raise ValueError("record_stability_info needs a SequenceStore to record into")
         self._host = host
         self._adapter = adapter
         self.model_path = model_path
+        # Where sampled sequences are recorded (stable_reinforce reads them); None: nowhere.
+        self._recording = sequences if record_stability_info else None
         self._release = release  # gives back the host this sampler holds (close)
         self._tag = f"local{next(_client_ids)}"
         self._vocab = int(host.model.get_output_embeddings().weight.shape[0])
@@ -113,11 +122,14 @@ class LocalSamplingClient:
         deadline: float | None = None,
         cancel: threading.Event | None = None,
         on_token: Callable[[int, int, float], None] | None = None,
+        sequence_ids: Sequence[str] | None = None,
     ) -> LocalFuture[types.SampleResponse]:
         """tinker's sample(), plus local extensions: `deadline` (a time.monotonic() value)
         after which every sequence stops where it is, with stop_reason "length", `cancel`,
-        an event that does the same at the next decode step once set, and `on_token`, called
-        with (sample index, token, logprob) on the engine thread as each token is picked."""
+        an event that does the same at the next decode step once set, `on_token`, called
+        with (sample index, token, logprob) on the engine thread as each token is picked, and
+        `sequence_ids`, the samples' ids when the caller fixed them at submission (the Tinker
+        API does); by default each gets a new one."""
         unsupported = {
             "topk_prompt_logprobs": topk_prompt_logprobs,
             "topk_sample_logprobs": topk_sample_logprobs,
@@ -129,6 +141,15 @@ class LocalSamplingClient:
                 raise ValueError(f"{name} is not supported by the local backend")
         if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
             raise ValueError(f"num_samples must be a positive integer, got {num_samples!r}")
+        if sequence_ids is not None:
+            sequence_ids = list(sequence_ids)
+            if len(sequence_ids) != num_samples or len(set(sequence_ids)) != num_samples:
+                raise ValueError(
+                    f"sequence_ids: give {num_samples} distinct ids, one per sample; "
+                    f"got {len(sequence_ids)}"
+                )
+            if not all(isinstance(i, str) and i for i in sequence_ids):
+                raise ValueError("sequence_ids must be non-empty strings")
         wants_prompt_lp = include_prompt_logprobs or prompt_logprobs_last_n is not None
         return self._submit(
             prompt,
@@ -138,6 +159,7 @@ class LocalSamplingClient:
             deadline,
             cancel,
             on_token,
+            sequence_ids,
         )
 
     def compute_logprobs(
@@ -171,6 +193,7 @@ class LocalSamplingClient:
         deadline: float | None = None,
         cancel: threading.Event | None = None,
         on_token: Callable[[int, int, float], None] | None = None,
+        sequence_ids: list[str] | None = None,
     ) -> LocalFuture[types.SampleResponse]:
         tokens = _prompt_tokens(prompt, self._vocab)
         limit = self._host.max_positions
@@ -205,9 +228,38 @@ class LocalSamplingClient:
                 )
             )
         future: LocalFuture[types.SampleResponse] = LocalFuture()
-        request = SampleRequest(self._adapter, tokens, rows, prompt_lp, self._tag, future)
+        request = SampleRequest(
+            self._adapter,
+            tokens,
+            rows,
+            prompt_lp,
+            self._tag,
+            future,
+            sequence_ids=sequence_ids,
+            record=self._recorder(tokens) if self._recording is not None and rows else None,
+        )
         engine_for(self._host).submit(request)
         return future
+
+    def _recorder(self, prompt: list[int]) -> Callable[[types.SampleResponse], None]:
+        """Records a response's sequences under their ids (run on the engine thread)."""
+        store = self._recording
+        assert store is not None
+        shared_prompt = np.asarray(prompt, dtype=np.int32)  # one copy for all the samples
+
+        def record(response: types.SampleResponse) -> None:
+            for sequence in response.sequences:
+                tokens = np.asarray(sequence.tokens_np, dtype=np.int32)
+                logprobs = np.asarray(sequence.logprobs_np, dtype=np.float32)
+                store.record(
+                    sequence.sequence_id, RecordedSequence(shared_prompt, tokens, logprobs)
+                )
+
+        return record
+
+    @property
+    def record_stability_info(self) -> bool:
+        return self._recording is not None
 
     def get_tokenizer(self) -> Any:
         return self._host.tokenizer

@@ -14,6 +14,7 @@ import threading
 import time
 import weakref
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import count
 from typing import Any
@@ -45,6 +46,10 @@ class SampleRequest:
     prompt_logprobs_last_n: int  # -1: none wanted, 0: all of them, n: the last n
     tag: str
     future: LocalFuture
+    sequence_ids: list[str] | None = None  # one per row; None: made up here
+    # Called with the response before the caller sees it (recorded sequences: a datum may
+    # name them as soon as the future resolves).
+    record: Callable[[types.SampleResponse], None] | None = None
 
 
 def _settle(future: LocalFuture, value: Any = None, error: BaseException | None = None) -> None:
@@ -145,7 +150,10 @@ class SamplingEngine:
                 done = [r for r in in_flight if all(row.stop_reason for row in r.rows)]
                 for request in done:
                     in_flight.remove(request)
-                    _settle(request.future, value=self._response(adapter, request))
+                    response = self._response(adapter, request)
+                    if request.record is not None:
+                        request.record(response)
+                    _settle(request.future, value=response)
             except Exception as exc:
                 if idle and not in_flight:
                     # Nothing could start on this adapter: its requests fail rather than retry.
@@ -262,14 +270,15 @@ class SamplingEngine:
     def _response(
         self, adapter: AdapterWeights | None, request: SampleRequest
     ) -> types.SampleResponse:
+        ids = request.sequence_ids or [f"{request.tag}-{next(_sequence_ids)}" for _ in request.rows]
         sequences = [
             types.SampledSequence(
                 stop_reason=row.stop_reason or "length",
-                sequence_id=f"{request.tag}-{next(_sequence_ids)}",
+                sequence_id=sequence_id,
                 tokens_np=np.asarray(row.tokens, dtype=np.int32),
                 logprobs_np=np.asarray(row.logprobs, dtype=np.float32),
             )
-            for row in request.rows
+            for row, sequence_id in zip(request.rows, ids, strict=True)
         ]
         prompt_logprobs = None
         if request.prompt_logprobs_last_n >= 0:

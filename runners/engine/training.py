@@ -26,6 +26,7 @@ from runners.engine.futures import LocalFuture, submit
 from runners.engine.host import AdapterWeights, LiveAdapter, ModelHost
 from runners.engine.losses import resolve_config
 from runners.engine.microbatch_budget import SMALL_BUDGET
+from runners.engine.recorded_sequences import SequenceStore
 from runners.engine.sampler import LocalSamplingClient
 
 OPTIMIZER_FILE = "optimizer.pt"
@@ -40,9 +41,10 @@ class LocalTrainingClient:
         host: ModelHost,
         spec: lora.LoraSpec,
         seed: int | None,
-        open_sampler: Callable[[str], LocalFuture[LocalSamplingClient]],
+        open_sampler: Callable[[str, bool], LocalFuture[LocalSamplingClient]],
         checkpoint_dir: Path,
         tokens_per_microbatch: int = SMALL_BUDGET,
+        sequences: SequenceStore | None = None,
     ) -> None:
         self._host = host  # acquired for this client; released by close()
         self._spec = spec
@@ -50,9 +52,12 @@ class LocalTrainingClient:
         self._adapter = LiveAdapter(lora.init_tensors(host.params, seed))
         with host.training(self._adapter):
             pass  # in place from the start: the host's parameters are this client's tensors
-        # The service's create_sampling_client(model_path=...): saved weights get a host of
-        # their own when they do not fit this one.
+        # The service's create_sampling_client(model_path=..., record_stability_info=...):
+        # saved weights get a host of their own when they do not fit this one.
         self._open_sampler = open_sampler
+        # The service's recorded sequences: this client's samplers record into them and
+        # stable_reinforce datums are read against them.
+        self._sequences = SequenceStore() if sequences is None else sequences
         # Where save_state and save_weights_for_sampler write `<name>/<kind>` (settable).
         self.checkpoint_dir = Path(checkpoint_dir)
         self._tokens_per_microbatch = max(1, tokens_per_microbatch)
@@ -98,7 +103,7 @@ class LocalTrainingClient:
     ) -> LocalFuture[types.ForwardBackwardOutput]:
         # Bad input fails here, at the call, as the hosted service refuses it at submission.
         config = resolve_config(loss_fn, loss_fn_config)
-        batch = validate_data(data, loss_fn, self._vocab, self._host.max_positions)
+        batch = validate_data(data, loss_fn, self._vocab, self._host.max_positions, self._sequences)
         return submit(self._worker, self._run_forward, batch, loss_fn, config, backward)
 
     def optim_step(
@@ -144,15 +149,24 @@ class LocalTrainingClient:
         return submit(self._worker, self._run_save_sampler, folder, user_metadata or {})
 
     def save_weights_and_get_sampling_client(
-        self, name: str | None = None, retry_config: Any = None, **_: Any
+        self,
+        name: str | None = None,
+        retry_config: Any = None,
+        record_stability_info: bool = False,
+        **_: Any,
     ) -> LocalFuture[LocalSamplingClient]:
-        """A sampler over a snapshot of the current adapter (nothing is written to disk)."""
-        return submit(self._worker, self._snapshot_sampler)
+        """A sampler over a snapshot of the current adapter (nothing is written to disk); with
+        `record_stability_info`, it records what it samples for stable_reinforce."""
+        return submit(self._worker, self._snapshot_sampler, record_stability_info)
 
     def create_sampling_client(
-        self, model_path: str, retry_config: Any = None, **_: Any
+        self,
+        model_path: str,
+        retry_config: Any = None,
+        record_stability_info: bool = False,
+        **_: Any,
     ) -> LocalFuture[LocalSamplingClient]:
-        return self._open_sampler(model_path)
+        return self._open_sampler(model_path, record_stability_info)
 
     def load_state(self, path: str) -> LocalFuture[None]:
         """Adapter weights from a state checkpoint (the optimizer starts fresh)."""
@@ -258,11 +272,17 @@ class LocalTrainingClient:
     def _live_tensors(self) -> dict[str, torch.Tensor]:
         return {name: t.detach() for name, t in self._adapter.tensors.items()}
 
-    def _snapshot_sampler(self) -> LocalSamplingClient:
+    def _snapshot_sampler(self, record_stability_info: bool) -> LocalSamplingClient:
         with self._host.lock, torch.no_grad():
             frozen = AdapterWeights({n: t.clone() for n, t in self._adapter.tensors.items()})
         self._host.acquire()  # the sampler's own hold: it may outlive this client
-        return LocalSamplingClient(self._host, frozen, release=self._host.release)
+        return LocalSamplingClient(
+            self._host,
+            frozen,
+            release=self._host.release,
+            record_stability_info=record_stability_info,
+            sequences=self._sequences,
+        )
 
     def _run_save_state(
         self, folder: Path, user_metadata: dict[str, str], exclusive: bool = False

@@ -1,4 +1,4 @@
-"""The local losses against values worked by hand, gradient signs, and strict key checks."""
+"""The local losses against values worked by hand or their definitions, and strict key checks."""
 
 from __future__ import annotations
 
@@ -8,7 +8,14 @@ import pytest
 import torch
 
 from core.loss_config import DRO_DEFAULT_BETA
-from runners.engine.losses import check_input_keys, compute_loss, resolve_config
+from runners.engine.losses import (
+    LOSSES,
+    check_input_keys,
+    compute_loss,
+    loss_metrics,
+    resolve_config,
+)
+from tests.standins.tinker_standin import LOSS_INPUT_KEYS
 
 # A three-token example: learner logprobs p, sampler logprobs q, advantages A, weights w.
 P = [-1.0, -2.0, -0.5]
@@ -186,3 +193,202 @@ def test_defaults_match_the_hosted_service():
         "clip_low_threshold": 0.0,
         "clip_high_threshold": 2.0,
     }
+
+
+# ----- gspo and stable_reinforce against their definitions ---------------------------------
+
+
+def _random_datums(seed: int, lengths: list[int], prompt: list[int]) -> dict[str, torch.Tensor]:
+    """Concatenated datums of the given lengths; the first prompt[i] positions of datum i are
+    its prompt (sampler logprob 0, advantage 0, outside the sequence ratio), as clients send."""
+    g = torch.Generator().manual_seed(seed)
+    n = sum(lengths)
+    lp = -torch.rand(n, generator=g, dtype=torch.float64) * 3
+    q = lp + (torch.rand(n, generator=g, dtype=torch.float64) - 0.5) * 1.2
+    adv = torch.randn(n, generator=g, dtype=torch.float64)
+    sampled = torch.ones(n, dtype=torch.float64)
+    start = 0
+    for length, p in zip(lengths, prompt, strict=True):
+        sampled[start : start + p] = 0
+        start += length
+    return {"lp": lp, "q": q * sampled, "adv": adv * sampled, "sampled": sampled}
+
+
+def _gspo_by_definition(d: dict, lengths: list[int], low: float, high: float):
+    """Per datum, by loops: value sum_t min(s A_t, clip(s) A_t) with s the geometric mean ratio
+    over the marked tokens, and d loss / d lp_t = -s A_t where the unclipped branch is taken
+    (s < high for A > 0, s > low for A < 0), else 0: s's value is constant in GSPO-token."""
+    loss, grad, start = 0.0, [], 0
+    for length in lengths:
+        rows = range(start, start + length)
+        marked = [t for t in rows if d["sampled"][t] != 0]
+        s = math.exp(sum(float(d["lp"][t] - d["q"][t]) for t in marked) / max(1, len(marked)))
+        for t in rows:
+            a = float(d["adv"][t])
+            loss -= min(s * a, min(max(s, low), high) * a)
+            unclipped = (a > 0 and s < high) or (a < 0 and s > low)
+            grad.append(-s * a if unclipped else 0.0)
+        start += length
+    return loss, torch.tensor(grad, dtype=torch.float64)
+
+
+@pytest.mark.parametrize(("low", "high"), [(0.8, 1.2), (0.95, 1.02), (1.0 - 3e-4, 1.0 + 4e-4)])
+def test_gspo_equals_its_definition(low, high):
+    lengths, prompt = [7, 3, 12, 5], [3, 1, 4, 0]
+    d = _random_datums(1, lengths, prompt)
+    lp = d["lp"].clone().requires_grad_(True)
+    inputs = {"logprobs": d["q"], "advantages": d["adv"], "sequence_ratio_mask": d["sampled"]}
+    config = resolve_config("gspo", {"clip_low_threshold": low, "clip_high_threshold": high})
+    loss = compute_loss("gspo", lp, inputs, config, lengths)
+    loss.backward()
+    expected, expected_grad = _gspo_by_definition(d, lengths, low, high)
+    assert float(loss.detach()) == pytest.approx(expected, rel=1e-12)
+    assert torch.allclose(lp.grad, expected_grad, rtol=1e-12, atol=1e-12)
+
+
+def test_gspo_ratio_is_per_sequence():
+    # Two datums: the same tokens, but the second datum's learner moved away from the sampler.
+    # Each datum's tokens carry its own sequence's ratio; one datum alone gives the same loss.
+    lp = torch.tensor([-1.0, -1.0, -2.0, -2.0])
+    q = torch.tensor([-1.0, -1.0, -1.0, -1.0])
+    adv = torch.tensor([1.0, 1.0, 1.0, 1.0])
+    inputs = {"logprobs": q, "advantages": adv, "sequence_ratio_mask": torch.ones(4)}
+    config = resolve_config("gspo", None)
+    # datum 0: s = 1 -> 1 + 1; datum 1: s = e^-1, below 0.8, and with A > 0 the min takes the
+    # unclipped s A -> 2 e^-1
+    expected = -(2.0 + 2 * math.exp(-1.0))
+    assert float(compute_loss("gspo", lp, inputs, config, [2, 2])) == pytest.approx(expected)
+    # Read as one sequence instead, the ratio is exp(-1/2) for all four.
+    assert float(compute_loss("gspo", lp, inputs, config)) == pytest.approx(-4 * math.exp(-0.5))
+
+
+def test_gspo_with_no_marked_token_has_ratio_one():
+    lp = torch.tensor([-1.0, -3.0], requires_grad=True)
+    inputs = {
+        "logprobs": torch.tensor([-2.0, -2.0]),
+        "advantages": torch.tensor([1.0, -1.0]),
+        "sequence_ratio_mask": torch.zeros(2),
+    }
+    loss = compute_loss("gspo", lp, inputs, resolve_config("gspo", None))
+    loss.backward()
+    assert float(loss.detach()) == pytest.approx(0.0)  # -(1 * 1 + 1 * -1)
+    assert torch.equal(lp.grad, torch.tensor([-1.0, 1.0]))
+
+
+def _stable_inputs(d: dict) -> dict[str, torch.Tensor]:
+    return {
+        "advantages": d["adv"],
+        "recorded_logprobs": d["q"],
+        "recorded_mask": d["sampled"],
+    }
+
+
+def _stable_by_definition(d: dict, cfg: dict):
+    """Token by token: m_t (w_t A_t lp_t - kl/2 (lp_t - q_t)^2) with r_t = exp(lp_t - q_t),
+    m_t = sampled and mask_low <= r_t <= mask_high, w_t = clip(r_t, clip_low, clip_high);
+    gradient of the loss -m_t (w_t A_t - kl (lp_t - q_t))."""
+    loss, grad, masked, truncated = 0.0, [], 0, 0
+    for lp, q, a, s in zip(d["lp"], d["q"], d["adv"], d["sampled"], strict=True):
+        lp, q, a = float(lp), float(q), float(a)
+        r = math.exp(lp - q)
+        kept = s != 0 and cfg["mask_low_threshold"] <= r <= cfg["mask_high_threshold"]
+        masked += int(s != 0 and not kept)
+        if not kept:
+            grad.append(0.0)
+            continue
+        w = min(max(r, cfg["clip_low_threshold"]), cfg["clip_high_threshold"])
+        truncated += int(w != r)
+        loss -= w * a * lp - cfg["kl_coeff"] / 2 * (lp - q) ** 2
+        grad.append(-(w * a - cfg["kl_coeff"] * (lp - q)))
+    return loss, torch.tensor(grad, dtype=torch.float64), masked, truncated
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        None,
+        {"mask_low_threshold": 0.6, "mask_high_threshold": 1.5, "clip_high_threshold": 1.2},
+        {"kl_coeff": 0.3, "clip_low_threshold": 0.9, "clip_high_threshold": 1.1},
+    ],
+)
+def test_stable_reinforce_equals_its_definition(config):
+    lengths, prompt = [9, 4, 14], [2, 0, 5]
+    d = _random_datums(2, lengths, prompt)
+    # Push a few sampled tokens far from the sampler, both ways: masked by the default band.
+    d["q"][[3, 10, 20]] += torch.tensor([3.0, -3.0, 2.5], dtype=torch.float64)
+    lp = d["lp"].clone().requires_grad_(True)
+    cfg = resolve_config("stable_reinforce", config)
+    loss = compute_loss("stable_reinforce", lp, _stable_inputs(d), cfg, lengths)
+    loss.backward()
+    expected, expected_grad, masked, truncated = _stable_by_definition(d, cfg)
+    assert float(loss.detach()) == pytest.approx(expected, rel=1e-12)
+    assert torch.allclose(lp.grad, expected_grad, rtol=1e-12, atol=1e-12)
+    metrics = loss_metrics("stable_reinforce", lp, _stable_inputs(d), cfg)
+    assert float(metrics["sampled_tokens:sum"]) == sum(lengths) - sum(prompt)
+    assert float(metrics["masked_tokens:sum"]) == masked
+    assert float(metrics["truncated_tokens:sum"]) == truncated
+    assert masked >= 3 and (config is None or truncated > 0)
+
+
+def test_stable_reinforce_gradient_stays_bounded_where_importance_sampling_explodes():
+    # A sampled token the learner now likes 50 times more than the stale sampler did.
+    lp = torch.tensor([-0.5, -1.0], requires_grad=True)
+    q = torch.tensor([-0.5 - math.log(50.0), -1.0 - math.log(1.5)])
+    adv = torch.tensor([1.0, 1.0])
+    compute_loss("importance_sampling", lp, {"logprobs": q, "advantages": adv}, {}).backward()
+    assert lp.grad[0] == pytest.approx(-50.0)
+    lp.grad = None
+    inputs = {"advantages": adv, "recorded_logprobs": q, "recorded_mask": torch.ones(2)}
+    compute_loss(
+        "stable_reinforce", lp, inputs, resolve_config("stable_reinforce", None)
+    ).backward()
+    assert lp.grad[0] == 0  # ratio 50 is outside the default band [1/8, 8]: masked
+    # Inside: the plain importance weight, less the default drift penalty's pull.
+    assert lp.grad[1] == pytest.approx(-(1.5 - 0.05 * math.log(1.5)))
+
+
+def test_stable_reinforce_config_defaults_and_checks():
+    assert resolve_config("stable_reinforce", None) == {
+        "clip_low_threshold": 0.0,
+        "clip_high_threshold": 2.0,
+        "mask_low_threshold": 0.125,
+        "mask_high_threshold": 8.0,
+        "kl_coeff": 0.05,
+    }
+    assert resolve_config("gspo", None) == {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2}
+    # loss_fn_config_v2 carries text too: a number written as text is read as the number.
+    assert resolve_config("stable_reinforce", {"kl_coeff": " 0.25"})["kl_coeff"] == 0.25
+    with pytest.raises(ValueError, match=r"kl_coeff'\] must be a number, got 'some'"):
+        resolve_config("stable_reinforce", {"kl_coeff": "some"})
+    with pytest.raises(ValueError, match=r"mask_low_threshold'\] = 1.5 is outside \[0, 1\]"):
+        resolve_config("stable_reinforce", {"mask_low_threshold": 1.5})
+    with pytest.raises(ValueError, match=r"mask_high_threshold'\] = 0.5 is outside \[1, 1e\+06\]"):
+        resolve_config("stable_reinforce", {"mask_high_threshold": 0.5})
+    with pytest.raises(ValueError, match="unknown loss_fn_config key 'beta'.*kl_coeff"):
+        resolve_config("stable_reinforce", {"beta": 0.1})
+    with pytest.raises(ValueError, match="must not exceed"):
+        resolve_config("gspo", {"clip_low_threshold": 1.3})
+
+
+# ----- the new losses' inputs are what the SDK's users send ------------------------------
+
+
+def test_gspo_inputs_are_the_hosted_services():
+    # The stand-in encodes the hosted service's rule: exactly these keys.
+    required, _ = LOSS_INPUT_KEYS["gspo"]
+    assert set(LOSSES["gspo"].inputs) == required and not LOSSES["gspo"].ignored
+    check_input_keys("gspo", required)
+    with pytest.raises(ValueError, match="missing required key 'sequence_ratio_mask'"):
+        check_input_keys("gspo", ["target_tokens", "logprobs", "advantages"])
+
+
+def test_stable_reinforce_inputs_are_what_the_cookbook_sends():
+    # tinker-cookbook 0.6.1 builds its datums with target_tokens, logprobs, advantages (and a
+    # "mask" it strips before sending: rl/train.py _remove_mask; recipes/rl_loop.py the same
+    # three), plus provenance spans. The sampler logprobs it sends are accepted, not used.
+    check_input_keys("stable_reinforce", ["target_tokens", "logprobs", "advantages"])
+    check_input_keys("stable_reinforce", ["target_tokens", "advantages"])
+    with pytest.raises(ValueError, match="unknown key 'mask'.*target_tokens, advantages, logprobs"):
+        check_input_keys("stable_reinforce", ["target_tokens", "logprobs", "advantages", "mask"])
+    with pytest.raises(ValueError, match="missing required key 'advantages'"):
+        check_input_keys("stable_reinforce", ["target_tokens", "logprobs"])

@@ -86,11 +86,14 @@ def test_refusals_leave_the_session_and_others_as_they_were(
     )
     with pytest.raises(tinker.RequestFailedError, match=r"expected \(3,\)"):
         training.forward_backward([short], "cross_entropy").result(WAIT_S)
-    for loss in ("gspo", "stable_reinforce"):
-        with pytest.raises(
-            tinker.RequestFailedError, match=f"unknown loss_fn '{loss}'.*cross_entropy, dro"
-        ):
-            training.forward_backward(datums("ppo"), loss).result(WAIT_S)
+    with pytest.raises(
+        tinker.RequestFailedError, match="unknown loss_fn 'custom'.*cross_entropy, dro, gspo"
+    ):
+        training.forward_backward(datums("ppo"), "custom").result(WAIT_S)
+    with pytest.raises(tinker.RequestFailedError, match="missing required key 'sequence_ratio"):
+        training.forward_backward(datums("ppo"), "gspo").result(WAIT_S)
+    with pytest.raises(tinker.RequestFailedError, match="'stable_reinforce' needs provenance"):
+        training.forward_backward(datums("ppo"), "stable_reinforce").result(WAIT_S)
     with pytest.raises(tinker.RequestFailedError, match="AdamW only"):
         training.optim_step(types.DimuonParams(learning_rate=0.01)).result(WAIT_S)
     sampler = training.save_weights_and_get_sampling_client().result(WAIT_S)
