@@ -19,7 +19,7 @@ from tinker import types
 from runners.engine.batch import Row
 from runners.engine.futures import LocalFuture
 from runners.engine.host import AdapterWeights, ModelHost
-from runners.engine.scheduler import SampleRequest, engine_for
+from runners.engine.scheduler import SampleRequest, scheduler_for
 
 # Used when SamplingParams.max_tokens is None (tinker advises always setting it).
 DEFAULT_MAX_TOKENS = 1024
@@ -117,7 +117,7 @@ class LocalSamplingClient:
         """tinker's sample(), plus local extensions: `deadline` (a time.monotonic() value)
         after which every sequence stops where it is, with stop_reason "length", `cancel`,
         an event that does the same at the next decode step once set, and `on_token`, called
-        with (sample index, token, logprob) on the engine thread as each token is picked."""
+        with (sample index, token, logprob) on the scheduler's thread as each token is picked."""
         unsupported = {
             "topk_prompt_logprobs": topk_prompt_logprobs,
             "topk_sample_logprobs": topk_sample_logprobs,
@@ -206,7 +206,7 @@ class LocalSamplingClient:
             )
         future: LocalFuture[types.SampleResponse] = LocalFuture()
         request = SampleRequest(self._adapter, tokens, rows, prompt_lp, self._tag, future)
-        engine_for(self._host).submit(request)
+        scheduler_for(self._host).submit(request)
         return future
 
     def get_tokenizer(self) -> Any:
@@ -223,6 +223,6 @@ class LocalSamplingClient:
             release()
 
     def sampling_stats(self) -> dict[str, int]:
-        """Batches decoded and sequences sampled by this model's engine so far."""
-        engine = engine_for(self._host)
-        return {"batches": engine.batches, "sequences": engine.sequences}
+        """Batches decoded and sequences sampled by this model's scheduler so far."""
+        scheduler = scheduler_for(self._host)
+        return {"batches": scheduler.batches, "sequences": scheduler.sequences}
