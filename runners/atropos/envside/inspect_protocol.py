@@ -18,10 +18,10 @@ from typing import Any, TextIO
 
 PARENT_PID_VARIABLE = "RLCS_PARENT_PID"  # as core.procs names it (core is not importable here)
 
-Answer = dict[str, Any]
+Message = dict[str, Any]
 
 
-def plain_error(err: Any) -> Answer:
+def plain_error(err: Any) -> Message:
     """A pydantic validation error with only JSON in it (`ctx` may hold exception objects)."""
     out = {"loc": list(err.get("loc", ())), "msg": str(err.get("msg", "invalid"))}
     if "input" in err:
@@ -48,7 +48,7 @@ def private_stdout() -> TextIO:
     return channel
 
 
-def send(channel: TextIO, answer: Answer) -> None:
+def send(channel: TextIO, answer: Message) -> None:
     channel.write(json.dumps(answer) + "\n")
     channel.flush()
 
@@ -67,7 +67,7 @@ def exit_with_parent(every_s: float = 0.5) -> None:
     threading.Thread(target=watch, daemon=True, name="parent-watch").start()
 
 
-def serve(describe: Callable[[], tuple[Answer, Callable[[Answer], Answer]]]) -> int:
+def serve(describe: Callable[[], tuple[Message, Callable[[Message], Message]]]) -> int:
     """The whole exchange: `describe()` imports the file and gives the first line (a
     "described" answer) and the answerer of requests ({"values": ...} in, a "validated" or
     "invalid" answer out); what the file raises, at import or later, is a "failed" answer."""
@@ -88,5 +88,5 @@ def serve(describe: Callable[[], tuple[Answer, Callable[[Answer], Answer]]]) -> 
     return 0
 
 
-def failed(exc: BaseException) -> Answer:
+def failed(exc: BaseException) -> Message:
     return {"kind": "failed", "error": describe_failure(exc)}
