@@ -157,10 +157,13 @@ class Child(Generic[In]):
                         line,
                     )
                     continue
-                if self._on_message is not None:
-                    self._on_message(message)
-                else:
+                if self._on_message is None:
                     self._lines.put(message)
+                    continue
+                try:
+                    self._on_message(message)
+                except Exception:  # the reading must go on: its end is what reports a death
+                    log.exception("%s: handling a message failed", self.name)
         self._lines.put(None)  # end of output: the child is gone, or going
         if self._on_end is not None:
             self._on_end(self._proc.wait())

@@ -150,7 +150,7 @@ class TinkerService:
         model_id = paths.model_id(session.id, body.model_seq_id)
         lora = body.lora_config
         model = Model(model_id, body.model_seq_id, body.base_model, lora.rank, body.user_metadata)
-        session.models[model.seq] = model
+        session.add_model(model)
         request = CreateModel(
             model_id=model_id,
             base_model=body.base_model,
@@ -245,7 +245,7 @@ class TinkerService:
                 "makes a sampler and needs its sequence id"
             )
         sampler_id = _sampler_id(session.id, body.sampling_session_seq_id)
-        session.samplers.setdefault(sampler_id, Sampler(sampler_id, model.base_model, None))
+        session.add_sampler(Sampler(sampler_id, model.base_model, None))
         reply = {"sampling_session_id": sampler_id, "type": "save_weights_for_sampler"}
         return await self._model_op(
             session,
@@ -295,7 +295,7 @@ class TinkerService:
         base = body.base_model or str(record.get("base_model", ""))
         rank = (record.get("lora") or {}).get("rank")
         model = Model(model_id, body.model_seq_id, base, rank, body.user_metadata)
-        session.models[model.seq] = model
+        session.add_model(model)
         reply = {"path": body.path, "model_id": model_id, "type": "load_weights"}
         request = LoadModel(
             model_id=model_id,
@@ -353,7 +353,7 @@ class TinkerService:
                 "save_weights_for_sampler returned) or base_model"
             )
         await self._hub.call(session, request)  # it loads meanwhile; samples asked wait for it
-        session.samplers[sampler_id] = Sampler(sampler_id, base, body.model_path)
+        session.add_sampler(Sampler(sampler_id, base, body.model_path))
         return {"type": "create_sampling_session", "sampling_session_id": sampler_id}
 
     def sampler(self, sampler_id: str) -> JsonObject:

@@ -125,6 +125,17 @@ class Session:
         answer.set_result(made)
         return made
 
+    # Its models and samplers -------------------------------------------------------------
+
+    def add_model(self, model: Model) -> None:
+        """A model being made (ready once the worker answers; a retried request replaces
+        nothing: its sequence id is its key)."""
+        self.models[model.seq] = model
+
+    def add_sampler(self, sampler: Sampler) -> None:
+        """A sampler, unless one of its id is there already (a retried request)."""
+        self.samplers.setdefault(sampler.sampler_id, sampler)
+
     # Its story ----------------------------------------------------------------------------
 
     def note(self, line: str) -> None:
