@@ -476,7 +476,7 @@ def measure_backend(
 def print_floor(trainer, count, prompts, new, figures, ceilings: gpu.Ceilings) -> None:
     """Each route's ms per step against the memory floor: the sampler's weights (base and
     adapter) and the mean cached context read once per step at the measured bandwidth."""
-    sampling = scheduler.engine_for(trainer._host)._sampling_model()
+    sampling = scheduler.scheduler_for(trainer._host)._sampling_model()
     weights = gpu.module_bytes(sampling.module)
     context = sum(len(p) for p in prompts) / count + new / 2
     kv = int(count * context * gpu.kv_bytes_per_token(trainer._host.model.config))

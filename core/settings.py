@@ -147,11 +147,12 @@ class Settings(BaseSettings):
         "activations fit in a third of the GPU's memory (16384 for a 1.5B model on an H200)",
     )
 
-    # The Tinker API (server.tinker_api): Tinker SDK scripts trained by the local engine.
+    # The Tinker API (server.tinker_api): Tinker SDK scripts trained by the local engine, in
+    # the Tinker worker process (runners.tinker_worker).
     tinker_memory_budget_gb: float = Field(
         8.0,
         gt=0,
-        description="Weights of the base models the Tinker engine may hold at once (GiB); a "
+        description="Weights of the base models the Tinker worker may hold at once (GiB); a "
         "session asking for one more model past it is refused, saying what is loaded",
     )
     tinker_session_timeout_s: float = Field(
@@ -176,8 +177,8 @@ class Settings(BaseSettings):
         description="Larger /api/v1 bodies get 413; the SDK is told to cut forward_backward "
         "requests to a quarter of it",
     )
-    tinker_engine_module: str = Field(
-        "runners.tinker_engine", description="python -m <this>: the Tinker API's engine"
+    tinker_worker_module: str = Field(
+        "runners.tinker_worker", description="python -m <this>: the Tinker API's worker process"
     )
 
     # Inference worker.

@@ -1,4 +1,5 @@
-"""An import-linter contract the built-in ones lack: no two of our modules on an import cycle.
+"""Import-linter contracts the built-in ones lack: no two of our modules on an import cycle,
+and a package that may import only the modules it names.
 
 import-linter's own `acyclic_siblings` counts a subpackage as one node, and our server has
 package-level loops by design (each domain's routes import `server.deps`, whose Services
@@ -9,7 +10,7 @@ The graph is the one grimp builds for every contract: every import, those inside
 from __future__ import annotations
 
 from grimp import ImportGraph
-from importlinter import Contract, ContractCheck, output
+from importlinter import Contract, ContractCheck, fields, output
 
 
 class AcyclicModulesContract(Contract):
@@ -37,3 +38,30 @@ def _rotated(cycle: tuple[str, ...]) -> tuple[str, ...]:
     """The cycle starting at its smallest name, so each is reported once."""
     start = cycle.index(min(cycle))
     return cycle[start:] + cycle[:start]
+
+
+class AllowedImportsContract(Contract):
+    """Kept when the modules of `source_modules` (and their descendants) import, of our
+    packages, only `allowed_modules` and their descendants: a room that names what it may
+    touch, rather than what it may not. Direct imports: what a module reaches through another
+    is the other's business."""
+
+    type_name = "allowed_imports"
+    source_modules = fields.ListField(subfield=fields.ModuleField())
+    allowed_modules = fields.ListField(subfield=fields.ModuleField())
+
+    def check(self, graph: ImportGraph, verbose: bool) -> ContractCheck:
+        allowed = [module.name for module in self.allowed_modules]  # type: ignore[attr-defined]
+        outside: set[tuple[str, str]] = set()
+        for source in self.source_modules:  # type: ignore[attr-defined]
+            for importer in {source.name} | graph.find_descendants(source.name):
+                for imported in graph.find_modules_directly_imported_by(importer):
+                    if not any(imported == a or imported.startswith(f"{a}.") for a in allowed):
+                        outside.add((importer, imported))
+        output.verbose_print(verbose, f"{len(outside)} imports outside the allowed modules.")
+        return ContractCheck(kept=not outside, warnings=[], metadata={"outside": sorted(outside)})
+
+    def render_broken_contract(self, check: ContractCheck) -> None:
+        for importer, imported in check.metadata["outside"]:
+            output.print_error(f"{importer} -> {imported} (not allowed)")
+            output.new_line()

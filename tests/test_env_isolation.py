@@ -154,10 +154,19 @@ def test_an_inspector_stuck_in_an_import_ends_with_its_server(tmp_path: Path, fo
     assert not inspectors_of(folder)
 
 
-def test_the_inspectors_watch_the_parent_the_server_names() -> None:
-    """runners/inspector/protocol.py cannot import core (the Atropos inspector loads it by
-    path), so it spells the variable itself: the two must agree."""
+def test_the_atropos_inspectors_copy_of_the_protocol_agrees_with_ours() -> None:
+    """runners/atropos/envside/inspect_protocol.py cannot import core (the Atropos inspector
+    loads it by path, in an interpreter with nothing of ours), so it spells the protocol
+    itself: its answers must read as core.inspect_wire's, and its parent variable be ours."""
+    from core.inspect_wire import ANSWER, Failed, plain_error
     from core.procs import PARENT_PID_VARIABLE
-    from runners.inspector import protocol
+    from runners.atropos.envside import inspect_protocol
 
-    assert protocol.PARENT_PID_VARIABLE == PARENT_PID_VARIABLE
+    assert inspect_protocol.PARENT_PID_VARIABLE == PARENT_PID_VARIABLE
+    try:
+        raise RuntimeError("boom")
+    except RuntimeError as exc:
+        failed = ANSWER.validate_python(inspect_protocol.failed(exc))
+    assert isinstance(failed, Failed) and failed.error.startswith("RuntimeError: boom (")
+    error = {"loc": ("group_size",), "msg": "bad", "input": object(), "ctx": {"e": ValueError()}}
+    assert inspect_protocol.plain_error(error) == plain_error(error)

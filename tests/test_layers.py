@@ -59,6 +59,18 @@ PLANTED = [
     ("layers", "runners/train/report.py", "import server.errors", "runners.train.report -> server"),
     ("cli-alone", "cli/output.py", "import core.settings", "cli.output -> core.settings"),
     ("nothing-imports-cli", "runners/train/report.py", "import cli.main", "report -> cli.main"),
+    (
+        "routes-mounted-only",
+        "server/mcp/tools.py",
+        "from server.health.routes import health",
+        "server.mcp.tools -> server.health.routes",
+    ),
+    (
+        "tinker-api-imports",
+        "server/tinker_api/rest.py",
+        "import server.runs.service",
+        "server.tinker_api.rest -> server.runs.service",
+    ),
     ("acyclic", "core/models.py", "import core.lifecycle", "core.lifecycle -> core.models ->"),
 ]
 

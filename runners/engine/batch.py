@@ -28,7 +28,7 @@ class Row:
     seed: int
     deadline: float | None = None  # time.monotonic() after which the row stops ("length")
     cancel: threading.Event | None = None  # set: the row stops at the next step ("length")
-    # Told of each token as it is picked (on the engine thread: keep it quick), for streaming.
+    # Told of each token as it is picked (on the scheduler's thread: keep it quick), for streaming.
     on_token: Callable[[int, float], None] | None = None
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
@@ -65,7 +65,7 @@ def finished(row: Row, decode: Callable[[list[int]], str], max_positions: int | 
 
 
 class DecodeBatch(Protocol):
-    """The rows decoding now; the engine adds rows between steps and takes finished ones."""
+    """The rows decoding now; the scheduler adds rows between steps and takes finished ones."""
 
     def __len__(self) -> int:
         """Rows decoding now."""

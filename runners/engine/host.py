@@ -80,8 +80,8 @@ class ModelHost:
         self.max_batch_sequences = max_batch_sequences
         self.batch_window_s = batch_window_s
         self.sampling_dtype = sampling_dtype  # see sampling_model.resolve_sampling_dtype
-        # What runs on this host and must end with it (its sampling engine, see
-        # engine.engine_for): the host itself does not know engines.
+        # What runs on this host and must end with it (its decode scheduler, see
+        # scheduler.scheduler_for): the host itself does not know schedulers.
         self._closers: list[Callable[[], None]] = []
         self._closers_lock = threading.Lock()
 

@@ -22,7 +22,7 @@ from runners.engine.batch import Row
 from runners.engine.futures import LocalFuture
 from runners.engine.host import AdapterWeights, ModelHost
 from runners.engine.recorded_sequences import RecordedSequence, SequenceStore
-from runners.engine.scheduler import SampleRequest, engine_for
+from runners.engine.scheduler import SampleRequest, scheduler_for
 
 # Used when SamplingParams.max_tokens is None (tinker advises always setting it).
 DEFAULT_MAX_TOKENS = 1024
@@ -127,9 +127,9 @@ class LocalSamplingClient:
         """tinker's sample(), plus local extensions: `deadline` (a time.monotonic() value)
         after which every sequence stops where it is, with stop_reason "length", `cancel`,
         an event that does the same at the next decode step once set, `on_token`, called
-        with (sample index, token, logprob) on the engine thread as each token is picked, and
-        `sequence_ids`, the samples' ids when the caller fixed them at submission (the Tinker
-        API does); by default each gets a new one."""
+        with (sample index, token, logprob) on the scheduler's thread as each token is picked,
+        and `sequence_ids`, the samples' ids when the caller fixed them at submission (the
+        Tinker API does); by default each gets a new one."""
         unsupported = {
             "topk_prompt_logprobs": topk_prompt_logprobs,
             "topk_sample_logprobs": topk_sample_logprobs,
@@ -238,11 +238,11 @@ class LocalSamplingClient:
             sequence_ids=sequence_ids,
             record=self._recorder(tokens) if self._recording is not None and rows else None,
         )
-        engine_for(self._host).submit(request)
+        scheduler_for(self._host).submit(request)
         return future
 
     def _recorder(self, prompt: list[int]) -> Callable[[types.SampleResponse], None]:
-        """Records a response's sequences under their ids (run on the engine thread)."""
+        """Records a response's sequences under their ids (run on the scheduler's thread)."""
         store = self._recording
         assert store is not None
         shared_prompt = np.asarray(prompt, dtype=np.int32)  # one copy for all the samples
@@ -275,6 +275,6 @@ class LocalSamplingClient:
             release()
 
     def sampling_stats(self) -> dict[str, int]:
-        """Batches decoded and sequences sampled by this model's engine so far."""
-        engine = engine_for(self._host)
-        return {"batches": engine.batches, "sequences": engine.sequences}
+        """Batches decoded and sequences sampled by this model's scheduler so far."""
+        scheduler = scheduler_for(self._host)
+        return {"batches": scheduler.batches, "sequences": scheduler.sequences}

@@ -1,4 +1,4 @@
-"""The sampling engine's own copy of a model: plain modules in the sampling dtype, where each
+"""The decode scheduler's own copy of a model: plain modules in the sampling dtype, where each
 LoRA layer is the frozen base layer plus a low-rank update held in buffers.
 
 Loading an adapter is a `copy_` into those buffers (no new tensors, so captured CUDA graphs stay

@@ -1,4 +1,4 @@
-"""The sampling engine behind sampling clients: one thread per model, continuous batching.
+"""The decode scheduler behind sampling clients: one thread per model, continuous batching.
 
 Requests that share a weights snapshot decode as one running batch: a request that arrives
 while the batch decodes joins it at the next step (its prefill done alongside), and each
@@ -63,23 +63,23 @@ def _settle(future: LocalFuture, value: Any = None, error: BaseException | None 
         pass
 
 
-_engines: weakref.WeakKeyDictionary[ModelHost, SamplingEngine] = weakref.WeakKeyDictionary()
-_engines_lock = threading.Lock()
+_schedulers: weakref.WeakKeyDictionary[ModelHost, DecodeScheduler] = weakref.WeakKeyDictionary()
+_schedulers_lock = threading.Lock()
 
 
-def engine_for(host: ModelHost) -> SamplingEngine:
-    """The host's one sampling engine, started on first use and closed with the host."""
-    with _engines_lock:
-        engine = _engines.get(host)
-        if engine is None or engine.closed:
-            engine = SamplingEngine(
+def scheduler_for(host: ModelHost) -> DecodeScheduler:
+    """The host's one decode scheduler, started on first use and closed with the host."""
+    with _schedulers_lock:
+        scheduler = _schedulers.get(host)
+        if scheduler is None or scheduler.closed:
+            scheduler = DecodeScheduler(
                 host,
                 max_batch_sequences=host.max_batch_sequences,
                 batch_window_s=host.batch_window_s,
             )
-            _engines[host] = engine
-            host.on_close(engine.close)
-        return engine
+            _schedulers[host] = scheduler
+            host.on_close(scheduler.close)
+        return scheduler
 
 
 def slots_wanted(device: torch.device) -> bool:
@@ -87,7 +87,7 @@ def slots_wanted(device: torch.device) -> bool:
     return device.type == "cuda"
 
 
-class SamplingEngine:
+class DecodeScheduler:
     """A daemon thread that batches sample requests for one ModelHost."""
 
     def __init__(
@@ -101,7 +101,7 @@ class SamplingEngine:
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._backlog: deque[SampleRequest] = deque()
         self._closed = False
-        self._model: SamplingModel | None = None  # built by the engine thread on first use
+        self._model: SamplingModel | None = None  # built by the scheduler's thread on first use
         self._batch: DecodeBatch | None = None
         self._thread = threading.Thread(target=self._run, name="local-sampler", daemon=True)
         self._thread.start()
@@ -128,7 +128,7 @@ class SamplingEngine:
             batch = self._batch
             idle = batch is None or not len(batch)
             if not self._pull(block=idle and not self._backlog):
-                self._fail(in_flight, RuntimeError("the sampling engine was closed"))
+                self._fail(in_flight, RuntimeError("the decode scheduler was closed"))
                 return self._fail_backlog()
             if idle and not self._backlog:
                 continue
@@ -205,11 +205,11 @@ class SamplingEngine:
             _settle(request.future, error=error)
 
     def _fail_backlog(self) -> None:
-        self._fail(list(self._backlog), RuntimeError("the sampling engine was closed"))
+        self._fail(list(self._backlog), RuntimeError("the decode scheduler was closed"))
         self._backlog.clear()
 
     def _sampling_model(self) -> SamplingModel:
-        """The engine's copy of the model in the sampling dtype (built once)."""
+        """The scheduler's copy of the model in the sampling dtype (built once)."""
         if self._model is None:
             host = self.host
             dtype = resolve_sampling_dtype(
@@ -220,7 +220,7 @@ class SamplingEngine:
         return self._model
 
     def _batch_for(self, adapter: AdapterWeights | None) -> DecodeBatch:
-        """The engine's batch (built once, kept across adapters), `adapter` loaded."""
+        """The scheduler's batch (built once, kept across adapters), `adapter` loaded."""
         sampling = self._sampling_model()
         sampling.load(adapter)
         if self._batch is None:

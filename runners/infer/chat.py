@@ -15,7 +15,7 @@ from core.spec import ChatJob, ChatMessage
 from runners.episodes.policy import bounded
 from runners.episodes.render import Renderer
 
-Emit = Callable[[dict[str, Any]], None]
+Emit = Callable[[int, str], None]  # a choice's index, its new text
 TINKER_MARGIN_S = 5.0  # a hosted call may take this long past the budget before it is an error
 
 
@@ -154,7 +154,7 @@ class ChatCompletion:
             for index in sorted({index for index, _ in items}):
                 delta = streams[index].take()
                 if delta:
-                    emit({"index": index, "delta": delta})
+                    emit(index, delta)
             if pending.done():
                 return pending.result()
 

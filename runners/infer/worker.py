@@ -1,11 +1,11 @@
 """The inference worker: `python -m runners.infer`, started by the server (at start-up to warm
 the default model, or on first use).
 
-It keeps models and adapters loaded between requests. Protocol: one JSON request per line on
-stdin, one JSON answer per line on stdout (a streamed chat request's answer is preceded by
-`{"id", "partial": true, "index", "delta"}` lines of new text). `{"cancel": id}` on stdin
-stops that request's local sampling at the next decode step. It exits the moment stdin
-closes, busy or not: the server is gone (however it died) and nobody waits for the answer.
+It keeps models and adapters loaded between requests. Protocol (core.infer_wire, over
+core.child's LineChannel): one job per line in, its answer out (a streamed chat's answer
+preceded by partial lines of new text); a cancel stops that job's local sampling at the next
+decode step. It exits the moment its input closes, busy or not: the server is gone (however
+it died) and nobody waits for the answer. What a library prints goes to the log.
 A request may carry a `deadline` (epoch seconds): local sampling stops there and the answer
 says which responses were cut short, so a client with its own timeout gets an answer.
 """
@@ -13,9 +13,7 @@ says which responses were cut short, so a client with its own timeout gets an an
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-import os
 import sys
 import threading
 import time
@@ -23,8 +21,10 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import ValidationError
 
+from core.child import LineChannel
+from core.infer_wire import TO_WORKER, Cancel, Done, Job, Partial, ToWorker
 from core.settings import Settings
 from core.spec import ChatJob, InferenceJob, WarmJob
 from environments.base import BaseEnv, EnvConfig, EnvContext, SingleTurnEnv, Unscorable
@@ -38,13 +38,6 @@ from runners.infer.chat import ChatCompletion, Emit
 
 log = logging.getLogger("infer")
 MAX_CACHED_SAMPLERS = 4
-
-
-class Envelope(BaseModel):
-    """One line on stdin: a job and the id its answer carries back."""
-
-    id: int
-    job: InferenceJob | ChatJob | WarmJob = Field(discriminator="op")
 
 
 class Worker:
@@ -312,87 +305,70 @@ def error_answer(exc: BaseException) -> dict[str, Any]:
 
 
 class Inbox:
-    """stdin, read by a thread so that its end is seen even mid-request: requests queue up
-    for the event loop, cancels set the request's event, end of input ends the process."""
+    """The worker's input, read on core.child's reading thread, so that a cancel or the end of
+    input is seen even mid-job: jobs queue up for the event loop (a line that is not one, as
+    its error), cancels set their job's event at once."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
-        self.requests: asyncio.Queue[str] = asyncio.Queue()
+        self.jobs: asyncio.Queue[Job | ValidationError] = asyncio.Queue()
         self._cancels: dict[int, threading.Event] = {}
-        self._last_done = 0  # request ids only grow: a late cancel of an answered one is moot
+        self._last_done = 0  # job ids only grow: a late cancel of an answered one is moot
         self._lock = threading.Lock()
-        threading.Thread(target=self._read, name="infer-stdin", daemon=True).start()
 
-    def cancel_event(self, request_id: int) -> threading.Event:
+    def take(self, message: ToWorker) -> None:
+        match message:
+            case Cancel(id=job_id):
+                if job_id > self._last_done:
+                    log.info("request %s cancelled by the server", job_id)
+                    self.cancel_event(job_id).set()
+            case Job():
+                self._loop.call_soon_threadsafe(self.jobs.put_nowait, message)
+
+    def not_a_job(self, _line: str, error: ValidationError) -> None:
+        self._loop.call_soon_threadsafe(self.jobs.put_nowait, error)
+
+    def cancel_event(self, job_id: int) -> threading.Event:
         with self._lock:
-            return self._cancels.setdefault(request_id, threading.Event())
+            return self._cancels.setdefault(job_id, threading.Event())
 
-    def forget(self, request_id: int) -> None:
+    def forget(self, job_id: int) -> None:
         with self._lock:
-            self._cancels.pop(request_id, None)
-            self._last_done = max(self._last_done, request_id)
-
-    def _read(self) -> None:
-        for line in sys.stdin:
-            cancel = _cancel_id(line)
-            if cancel is not None:
-                if cancel > self._last_done:
-                    log.info("request %s cancelled by the server", cancel)
-                    self.cancel_event(cancel).set()
-            else:
-                self._loop.call_soon_threadsafe(self.requests.put_nowait, line)
-        # The server closed our stdin or died: stop now, even in the middle of a request.
-        log.info("stdin closed: the server is gone or done with us; exiting")
-        logging.shutdown()
-        os._exit(0)
+            self._cancels.pop(job_id, None)
+            self._last_done = max(self._last_done, job_id)
 
 
-def _cancel_id(line: str) -> int | None:
-    try:
-        message = json.loads(line)
-    except ValueError:
-        return None
-    if isinstance(message, dict) and set(message) == {"cancel"}:
-        value = message["cancel"]
-        return value if isinstance(value, int) and not isinstance(value, bool) else None
-    return None
-
-
-async def serve(worker: Worker) -> None:
+async def serve(worker: Worker, channel: LineChannel) -> None:
     inbox = Inbox(asyncio.get_running_loop())
+    channel.serve_lines_in_background(TO_WORKER, inbox.take, inbox.not_a_job)
     while True:
-        line = await inbox.requests.get()
-        envelope: Envelope | None = None
+        item = await inbox.jobs.get()
+        if isinstance(item, ValidationError):
+            channel.send(Done(id=None, body=error_answer(item)))
+            continue
         try:
-            envelope = Envelope.model_validate_json(line)
-            answer = await worker.handle(
-                envelope.job, inbox.cancel_event(envelope.id), partial_writer(envelope.id)
+            body = await worker.handle(
+                item.job, inbox.cancel_event(item.id), partial_writer(channel, item.id)
             )
         except Exception as exc:
             log.error("request failed:\n%s", traceback.format_exc())
-            answer = error_answer(exc)
+            body = error_answer(exc)
         finally:
-            if envelope is not None:
-                inbox.forget(envelope.id)
-        answer["id"] = envelope.id if envelope is not None else None
-        write_line(answer)
+            inbox.forget(item.id)
+        channel.send(Done(id=item.id, body=body))
 
 
-def write_line(message: dict[str, Any]) -> None:
-    sys.stdout.write(json.dumps(message) + "\n")
-    sys.stdout.flush()
-
-
-def partial_writer(request_id: int) -> Emit:
-    """Lines of a request's text so far (streamed chat), each before its answer line."""
-    return lambda message: write_line({**message, "id": request_id, "partial": True})
+def partial_writer(channel: LineChannel, job_id: int) -> Emit:
+    """Lines of a job's text so far (streamed chat), each before its answer line."""
+    return lambda index, delta: channel.send(Partial(id=job_id, index=index, delta=delta))
 
 
 def main() -> int:
+    channel = LineChannel(prints="log")  # a library's print lands in the log, not the protocol
     logging.basicConfig(
         level=logging.INFO,
         stream=sys.stderr,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    asyncio.run(serve(Worker(Settings())))
+    asyncio.run(serve(Worker(Settings()), channel))
     return 0

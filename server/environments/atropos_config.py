@@ -10,7 +10,6 @@ use_wandb, wandb_name) are ours to edit; the environment gets values derived fro
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,7 +21,8 @@ from core.atropos import (
     AtroposTrainingConfig,
     locked_env_values,
 )
-from server.environments.inspector import ConfigInvalid, ConfigSchema, InspectFailed
+from core.inspect_wire import Described, Failed, Invalid, Validated, plain_error
+from server.environments.inspector import Ask, ConfigInvalid, ConfigSchema, InspectFailed
 
 TRAINING_FIELDS = frozenset(AtroposTrainingConfig.model_fields)
 # Training fields whose default the environment's config_init() gives, when it sets one.
@@ -60,16 +60,22 @@ class AtroposConfigSchema(ConfigSchema):
         try:
             trained = AtroposTrainingConfig.model_validate(training, strict=True)
         except ValidationError as exc:
-            errors += [_plain(e) for e in exc.errors(include_url=False)]
-        answer = self._ask({"values": env})
-        if not answer.get("ok") and "errors" not in answer:
-            raise InspectFailed(f"its config's validation failed: {answer.get('error')}")
-        errors += answer.get("errors", [])
+            errors += [plain_error(e) for e in exc.errors(include_url=False)]
+        theirs: dict[str, Any] = {}
+        match self._ask(env):
+            case Validated(values=values):
+                theirs = values
+            case Invalid(errors=invalid):
+                errors += invalid
+            case Failed(error=error):
+                raise InspectFailed(f"its config's validation failed: {error}")
+            case other:
+                raise InspectFailed(f"its inspector answered a validation with {other.kind}")
         if errors or trained is None:
             raise ConfigInvalid(errors)
         # Training fields first, as for ours; the environment's own after them.
         out = trained.model_dump(mode="json")
-        out.update({k: v for k, v in answer["values"].items() if k not in out})
+        out.update({k: v for k, v in theirs.items() if k not in out})
         out.update(locked_env_values(int(out["group_size"]), trained.groups_per_step))
         return out
 
@@ -77,17 +83,15 @@ class AtroposConfigSchema(ConfigSchema):
         return LOCKED_REASONS.get(name, super().locked_reason(name))
 
 
-def describe_atropos(
-    first: dict[str, Any], ask: Callable[[dict[str, Any]], dict[str, Any]]
-) -> ConfigSchema:
+def describe_atropos(first: Described, ask: Ask) -> ConfigSchema:
     """The Atropos inspector's first answer as the config the user sees."""
-    env_fields = frozenset(first["fields"])
+    env_fields = frozenset(first.fields)
     if "group_size" not in env_fields or "total_steps" not in env_fields:
         raise InspectFailed("its config_init() config lacks group_size or total_steps")
     return AtroposConfigSchema(
         fields=env_fields | TRAINING_FIELDS | LOCKED_ENV_FIELDS,
         locked=LOCKED_ENV_FIELDS | AtroposTrainingConfig.locked_fields(),
-        schema=merged_schema(first["schema"]),
+        schema=merged_schema(first.config_schema),
         defaults={
             "model_name": AtroposTrainingConfig.model_fields["model_name"].default,
             "backend": AtroposTrainingConfig.model_fields["backend"].default,
@@ -95,8 +99,8 @@ def describe_atropos(
         _ask=ask,
         framework="atropos",
         env_fields=env_fields,
-        env_defaults=dict(first["defaults"]),
-        servers=dict(first.get("servers") or {}),
+        env_defaults=dict(first.defaults),
+        servers=dict(first.servers or {}),
     )
 
 
@@ -120,14 +124,3 @@ def merged_schema(env_schema: dict[str, Any]) -> dict[str, Any]:
     if defs:
         merged["$defs"] = defs
     return merged
-
-
-def _plain(err: Any) -> dict[str, Any]:
-    out: dict[str, Any] = {"loc": list(err.get("loc", ())), "msg": str(err.get("msg", "invalid"))}
-    if "input" in err:
-        try:
-            json.dumps(err["input"])
-            out["input"] = err["input"]
-        except (TypeError, ValueError):
-            out["input"] = repr(err["input"])[:200]
-    return out

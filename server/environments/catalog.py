@@ -19,6 +19,7 @@ from typing import Any
 from core.spec import EnvSource, Framework
 from server.environments import discovery
 from server.environments.inspector import ConfigSchema, InspectFailed, Inspectors
+from server.environments.schemas import EnvironmentOut
 from server.errors import Conflict, InvalidValue, NotFound
 
 # Letters, digits, '_', '-' and single dots between them: nothing that walks a path.
@@ -69,6 +70,10 @@ class Catalog:
         self._inspecting: dict[tuple[Path, str, Framework], threading.Lock] = {}
         self._clock = clock
         self._count: tuple[float, int] | None = None  # (when, how many) of the last scan
+
+    def listing(self) -> list[EnvironmentOut]:
+        """What GET /environments (and /mcp's rl_list_environments) answers."""
+        return [EnvironmentOut.model_validate(e, from_attributes=True) for e in self.list()]
 
     def list(self) -> list[EnvEntry]:
         entries = [self._entry(found) for found in discovery.scan(self._dirs)]

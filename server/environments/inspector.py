@@ -5,12 +5,8 @@ whose import hangs, raises, exits or floods its output costs its own process onl
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-import queue
-import signal
-import subprocess
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
@@ -20,10 +16,19 @@ from typing import Any
 
 from core import procs
 from core.atropos import INSPECT_SCRIPT, offline_environment
+from core.child import Child
+from core.inspect_wire import (
+    ANSWER,
+    Described,
+    Failed,
+    InspectorAnswer,
+    Invalid,
+    Validate,
+    Validated,
+)
 from core.settings import PROJECT_ROOT, Settings
 from core.spec import Framework
 from server.environments.discovery import ATROPOS
-from server.line_pipe import read_lines, send_line
 
 log = logging.getLogger(__name__)
 INSPECTOR_MODULE = "runners.inspector"
@@ -42,6 +47,9 @@ class ConfigInvalid(Exception):
         self.errors = errors
 
 
+Ask = Callable[[dict[str, Any]], InspectorAnswer]  # values to the inspector, its answer
+
+
 @dataclass
 class ConfigSchema:
     """What the server knows of an environment's Config, learnt from its inspector."""
@@ -50,18 +58,20 @@ class ConfigSchema:
     locked: frozenset[str]
     schema: dict[str, Any]
     defaults: dict[str, Any]
-    _ask: Callable[[dict[str, Any]], dict[str, Any]] = field(repr=False)
+    _ask: Ask = field(repr=False)
     framework: Framework = "rlcs"
 
     def validate(self, values: dict[str, Any]) -> dict[str, Any]:
         """The values as the Config validates and dumps them (strict); ConfigInvalid else."""
-        answer = self._ask({"values": values})
-        if answer.get("ok"):
-            valid: dict[str, Any] = answer["values"]
-            return valid
-        if "errors" in answer:
-            raise ConfigInvalid(answer["errors"])
-        raise InspectFailed(f"its Config's validation failed: {answer.get('error')}")
+        match self._ask(values):
+            case Validated(values=valid):
+                return valid
+            case Invalid(errors=errors):
+                raise ConfigInvalid(errors)
+            case Failed(error=error):
+                raise InspectFailed(f"its Config's validation failed: {error}")
+            case other:
+                raise InspectFailed(f"its inspector answered a validation with {other.kind}")
 
     def locked_reason(self, name: str) -> str:
         """Why a locked field cannot be edited (for the 4xx that refuses an edit)."""
@@ -80,7 +90,7 @@ class InspectorCommand:
     def for_file(
         cls, settings: Settings, path: Path, class_name: str, framework: Framework
     ) -> InspectorCommand:
-        env = {**settings.inspector_environment(), procs.PARENT_PID_VARIABLE: str(os.getpid())}
+        env = settings.inspector_environment()
         if framework != ATROPOS:
             argv = [settings.python_executable, "-m", INSPECTOR_MODULE, str(path), class_name]
             return cls(argv, PROJECT_ROOT, env)
@@ -93,89 +103,69 @@ class InspectorCommand:
             )
         # By path in the Atropos interpreter, in the file's folder, as `python FILE` runs.
         argv = [python, str(INSPECT_SCRIPT), str(path), class_name]
-        parent = {procs.PARENT_PID_VARIABLE: str(os.getpid())}  # offline_environment drops ours
+        # Its stdlib loop watches the server by pid (it reads input only between requests).
+        parent = {procs.PARENT_PID_VARIABLE: str(os.getpid())}
         return cls(argv, path.parent, {**offline_environment(env), **parent})
 
 
 class InspectorProcess:
     """One inspector process (`python -m runners.inspector FILE CLASS`, or the Atropos one):
-    started, asked, ended."""
+    started, asked, ended. Its stderr goes nowhere: a flood of output must not fill a pipe
+    nobody reads, nor a log."""
 
     def __init__(self, settings: Settings, command: InspectorCommand) -> None:
         self.timeout_s = settings.inspect_timeout_s
         self._lock = threading.Lock()
-        self._proc = subprocess.Popen(
-            command.argv,
-            cwd=command.cwd,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,  # a flood of output must not fill a pipe nobody reads
-            text=True,
-            env=command.env,
-            start_new_session=True,
+        self._child = Child(
+            "its inspector process", command.argv, ANSWER, cwd=command.cwd, env=command.env
         )
-        self._answers = read_lines(self._proc, "inspector-read")
 
-    def first_answer(self) -> dict[str, Any]:
+    def first_answer(self) -> InspectorAnswer:
         with self._lock:
             return self._wait("importing it")
 
-    def ask(self, request: dict[str, Any]) -> dict[str, Any]:
+    def ask(self, values: dict[str, Any]) -> InspectorAnswer:
         with self._lock:
-            if not send_line(self._proc, request):
+            if not self._child.send(Validate(values=values)):
                 self.close()
                 raise InspectFailed("its inspector process is gone; try again")
             return self._wait("validating a config")
 
-    def _wait(self, doing: str) -> dict[str, Any]:
+    def _wait(self, doing: str) -> InspectorAnswer:
         try:
-            line = self._answers.get(timeout=self.timeout_s)
-        except queue.Empty:
+            answer = self._child.receive(self.timeout_s)
+        except TimeoutError:
             self.close()
             raise InspectFailed(
                 f"{doing} did not finish within {self.timeout_s:g} s (RLCS_INSPECT_TIMEOUT_S); "
                 "its inspector process was stopped. Look for code that blocks at import time "
                 "(a network call, input(), an endless loop)"
             ) from None
-        if line is None:
-            code = self._proc.wait(timeout=5)
+        if answer is None:
             raise InspectFailed(
-                f"its process ended while {doing} ({procs.describe_exit(code)}): the file "
+                f"its process ended while {doing} ({self._child.exit_status()}): the file "
                 "exits or crashes the interpreter at import (os._exit, a fatal signal)"
             )
-        answer: dict[str, Any] = json.loads(line)  # the inspector answers with JSON objects
         return answer
 
     @property
     def alive(self) -> bool:
-        return self._proc.poll() is None
+        return self._child.alive
 
     def close(self) -> None:
-        if self._proc.poll() is None:
-            procs.signal_group(self._proc.pid, signal.SIGKILL)  # it and anything it started
-        try:
-            self._proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            log.warning("inspector %s did not end after SIGKILL", self._proc.pid)
-        if self._proc.stdin is not None:
-            try:
-                self._proc.stdin.close()
-            except OSError:
-                pass
+        self._child.kill()  # it and anything it started
 
 
 Key = tuple[Path, str, float, Framework]  # file, class, mtime, framework
-Describe = Callable[[dict[str, Any], Callable[[dict[str, Any]], dict[str, Any]]], ConfigSchema]
+Describe = Callable[[Described, Ask], ConfigSchema]
 
 
-def describe_ours(
-    first: dict[str, Any], ask: Callable[[dict[str, Any]], dict[str, Any]]
-) -> ConfigSchema:
+def describe_ours(first: Described, ask: Ask) -> ConfigSchema:
     return ConfigSchema(
-        fields=frozenset(first["fields"]),
-        locked=frozenset(first["locked"]),
-        schema=first["schema"],
-        defaults=first["defaults"],
+        fields=frozenset(first.fields),
+        locked=frozenset(first.locked),
+        schema=first.config_schema,
+        defaults=first.defaults,
         _ask=ask,
     )
 
@@ -203,9 +193,9 @@ class Inspectors:
             raise InspectFailed(f"this server does not inspect {framework} environments")
         process, first = self._start(key)
         self._keep(key, process)
-        return describe(first, lambda request: self._ask(key, request))
+        return describe(first, lambda values: self._ask(key, values))
 
-    def _start(self, key: Key) -> tuple[InspectorProcess, dict[str, Any]]:
+    def _start(self, key: Key) -> tuple[InspectorProcess, Described]:
         command = InspectorCommand.for_file(self._settings, key[0], key[1], key[3])
         process = InspectorProcess(self._settings, command)
         try:
@@ -213,9 +203,10 @@ class Inspectors:
         except InspectFailed:
             process.close()
             raise
-        if not first.get("ok"):
+        if not isinstance(first, Described):
             process.close()
-            raise InspectFailed(first.get("error", "unknown error"))
+            error = first.error if isinstance(first, Failed) else f"it began with {first.kind}"
+            raise InspectFailed(error)
         return process, first
 
     def _keep(self, key: Key, process: InspectorProcess) -> None:
@@ -228,7 +219,7 @@ class Inspectors:
             if proc is not process:
                 proc.close()
 
-    def _ask(self, key: Key, request: dict[str, Any]) -> dict[str, Any]:
+    def _ask(self, key: Key, values: dict[str, Any]) -> InspectorAnswer:
         with self._lock:
             process = self._alive.get(key)
             if process is not None:
@@ -236,7 +227,7 @@ class Inspectors:
         if process is None or not process.alive:
             process = self._start(key)[0]
             self._keep(key, process)
-        return process.ask(request)
+        return process.ask(values)
 
     def close(self) -> None:
         with self._lock:

@@ -30,7 +30,7 @@ EnvName = Annotated[
 
 @router.get("/environments")
 def list_environments(svc: Svc) -> list[EnvironmentOut]:
-    return [EnvironmentOut.model_validate(e, from_attributes=True) for e in svc.catalog.list()]
+    return svc.catalog.listing()
 
 
 @router.post("/environments/{name}/select")

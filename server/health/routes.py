@@ -9,8 +9,8 @@ from typing import Annotated
 from fastapi import APIRouter, Depends
 from fastapi.responses import HTMLResponse
 
-from server import __version__
 from server.deps import Services, services
+from server.health.report import health_report
 from server.health.schemas import HealthOut
 
 router = APIRouter(tags=["health"])
@@ -18,15 +18,7 @@ router = APIRouter(tags=["health"])
 
 @router.get("/health", response_model=HealthOut)
 def health(svc: Annotated[Services, Depends(services)]) -> HealthOut:
-    return HealthOut(
-        status="ok",
-        version=__version__,
-        backend=svc.settings.default_backend,
-        environments=svc.catalog.count(),
-        active_runs=svc.runs.count_active(),
-        supervisor=svc.supervisor.role,
-        launcher=svc.supervisor.launcher_health(),
-    )
+    return health_report(svc)
 
 
 STATIC = Path(__file__).resolve().parent.parent / "static"

@@ -5,20 +5,18 @@ request whose client went away is cancelled in the worker at its next decode ste
 from __future__ import annotations
 
 import itertools
-import json
 import logging
-import queue
-import subprocess
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from core.child import Child
+from core.infer_wire import FROM_WORKER, Cancel, Done, FromWorker, Job, Partial
 from core.settings import PROJECT_ROOT, Settings
 from core.spec import WorkerJob
 from server.errors import Unavailable
-from server.line_pipe import died_message, end_child, read_lines, send_line
 
 log = logging.getLogger(__name__)
 WORKER_MODULE = "runners.infer"
@@ -29,9 +27,7 @@ class InferenceWorker:
     def __init__(self, settings: Settings) -> None:
         self._settings = settings
         self._lock = threading.Lock()
-        self._proc: subprocess.Popen[str] | None = None
-        self._write_lock = threading.Lock()  # requests and cancels share the worker's stdin
-        self._answers: queue.Queue[str | None] = queue.Queue()
+        self._child: Child[FromWorker] | None = None
         self._ids = itertools.count(1)
         self._closed = False
         self.starts = 0
@@ -39,7 +35,8 @@ class InferenceWorker:
 
     @property
     def pid(self) -> int | None:
-        return self._proc.pid if self._proc is not None and self._proc.poll() is None else None
+        child = self._child
+        return child.pid if child is not None and child.alive else None
 
     def request(
         self,
@@ -47,7 +44,7 @@ class InferenceWorker:
         timeout_s: float,
         queue_s: float | None = None,
         abandoned: threading.Event | None = None,
-        on_partial: Callable[[dict[str, Any]], None] | None = None,
+        on_partial: Callable[[Partial], None] | None = None,
     ) -> dict[str, Any]:
         """Send one request and wait for its answer; a missed deadline restarts the worker.
 
@@ -72,19 +69,19 @@ class InferenceWorker:
         job: WorkerJob,
         timeout_s: float,
         abandoned: threading.Event | None,
-        on_partial: Callable[[dict[str, Any]], None] | None = None,
+        on_partial: Callable[[Partial], None] | None = None,
     ) -> dict[str, Any]:
-        proc = self._ensure_started()
-        request_id = next(self._ids)
-        if not self._send(proc, {"id": request_id, "job": job.model_dump(mode="json")}):
+        child = self._ensure_started()
+        job_id = next(self._ids)
+        if not child.send(Job(id=job_id, job=job)):
             self._stop_locked()
-            raise Unavailable(self._died("it exited before taking the request"))
+            raise Unavailable(self._died(child, "it exited before taking the request"))
         deadline = time.monotonic() + timeout_s
         cancelled = False
         while True:
             if abandoned is not None and abandoned.is_set() and not cancelled:
-                cancelled = self._send(proc, {"cancel": request_id})
-                log.info("inference request %s cancelled: its client went away", request_id)
+                cancelled = child.send(Cancel(id=job_id))
+                log.info("inference request %s cancelled: its client went away", job_id)
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 # A stuck model must not hold the next request hostage.
@@ -95,60 +92,54 @@ class InferenceWorker:
                     "RLCS_INFERENCE_TIMEOUT_S."
                 )
             try:
-                line = self._answers.get(timeout=min(remaining, POLL_S))
-            except queue.Empty:
+                message = child.receive(timeout=min(remaining, POLL_S))
+            except TimeoutError:
                 continue
-            if line is None:
-                self._stop_locked()
-                raise Unavailable(self._died("it exited while answering"))
-            answer: dict[str, Any] = json.loads(line)  # the worker answers with JSON objects
-            if answer.get("id") != request_id:
-                continue  # a late line of a request that was given up on
-            if not answer.get("partial"):
-                return answer
-            if on_partial is not None:
-                on_partial(answer)
-
-    def _send(self, proc: subprocess.Popen[str], message: dict[str, Any]) -> bool:
-        with self._write_lock:
-            return send_line(proc, message)
+            match message:
+                case None:
+                    self._stop_locked()
+                    raise Unavailable(self._died(child, "it exited while answering"))
+                case Done(id=answered, body=body) if answered == job_id:
+                    return body
+                case Partial(id=answered) if answered == job_id and on_partial is not None:
+                    on_partial(message)
+                case _:
+                    continue  # a late line of a request that was given up on
 
     def stop(self) -> None:
         """End the worker now, even while a request (say the warm-up) holds it: that request
         then fails at once instead of keeping the server's shutdown waiting."""
         self._closed = True
-        proc = self._proc
-        if proc is not None:
-            end_child(proc)
+        child = self._child
+        if child is not None:
+            child.stop()
 
-    def _ensure_started(self) -> subprocess.Popen[str]:
+    def _ensure_started(self) -> Child[FromWorker]:
         if self._closed:
             raise Unavailable("the server is shutting down; the inference worker is stopped.")
-        if self._proc is not None and self._proc.poll() is None:
-            return self._proc
-        if self._proc is not None:
-            log.warning("inference worker exited (%s); starting a new one", self._proc.returncode)
-            end_child(self._proc)  # closes its pipes
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with self.log_path.open("a") as log_file:
-            self._proc = subprocess.Popen(
-                [self._settings.python_executable, "-m", WORKER_MODULE],
-                cwd=PROJECT_ROOT,
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=log_file,
-                text=True,
-                env=self._settings.child_environment(),
-                start_new_session=True,
-            )
+        child = self._child
+        if child is not None and child.alive:
+            return child
+        if child is not None:
+            log.warning("inference worker exited (%s); starting a new one", child.exit_status())
+            child.stop()  # closes its pipes
+        self._child = Child(
+            "the inference worker",
+            [self._settings.python_executable, "-m", WORKER_MODULE],
+            FROM_WORKER,
+            cwd=PROJECT_ROOT,
+            env=self._settings.child_environment(),
+            log_path=self.log_path,
+        )
         self.starts += 1
-        self._answers = read_lines(self._proc, "infer-read")
-        return self._proc
+        return self._child
 
     def _stop_locked(self) -> None:
-        proc, self._proc = self._proc, None
-        if proc is not None:
-            end_child(proc)
+        child, self._child = self._child, None
+        if child is not None:
+            child.stop()
 
-    def _died(self, when: str) -> str:
-        return died_message("the inference worker", when, self.log_path, self._closed)
+    def _died(self, child: Child[FromWorker], when: str) -> str:
+        if self._closed:
+            return "the server is shutting down; the inference worker was stopped"
+        return child.failure(when)

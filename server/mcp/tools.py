@@ -1,5 +1,5 @@
-"""The reference client's eleven tools, same names and arguments, answered by the code paths
-of the REST routes they stand for (GET /environments, POST /runs, ...)."""
+"""The reference client's eleven tools, same names and arguments, answered by the services the
+REST routes they stand for call (GET /environments, POST /runs, ...)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,8 @@ import threading
 from typing import Any
 
 from core.settings import Settings
-from server.environments.routes import list_environments
 from server.environments.schemas import ConfigEditIn, ConfigOut, SelectOut
-from server.health.routes import health
+from server.health.report import health_report
 from server.health.schemas import HealthOut
 from server.inference.schemas import InferenceIn, InferenceOut, inference_in
 from server.mcp.models import (
@@ -33,7 +32,7 @@ WAIT_HINT = (
 
 
 async def _environments(call: Call, _args: NoArgs) -> EnvironmentsOut:
-    found = await asyncio.to_thread(list_environments, call.svc)
+    found = await asyncio.to_thread(call.svc.catalog.listing)
     return EnvironmentsOut(environments=found, count=len(found))
 
 
@@ -84,7 +83,7 @@ async def _infer(call: Call, args: InferenceIn) -> InferenceOut:
 
 
 async def _health(call: Call, _args: NoArgs) -> HealthOut:
-    return await asyncio.to_thread(health, call.svc)
+    return await asyncio.to_thread(health_report, call.svc)
 
 
 def _env_text(data: dict[str, Any]) -> str:

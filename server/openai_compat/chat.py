@@ -11,6 +11,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from core.infer_wire import Partial
 from core.settings import Settings
 from core.spec import ChatJob, ChatMessage
 from server.errors import InvalidValue, Unavailable
@@ -76,7 +77,7 @@ class ChatService:
         self,
         prepared: Prepared,
         abandoned: threading.Event | None = None,
-        on_partial: Callable[[dict[str, Any]], None] | None = None,
+        on_partial: Callable[[Partial], None] | None = None,
     ) -> dict[str, Any]:
         """The worker's answer for `prepared` (blocking); a failure raises its 4xx/503."""
         budget = self._budget_s()

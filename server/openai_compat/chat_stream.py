@@ -11,6 +11,7 @@ import threading
 from collections.abc import AsyncIterator
 from typing import Any
 
+from core.infer_wire import Partial
 from server.errors import DomainError, status_for
 from server.openai_compat.chat import ChatService, Prepared, usage
 from server.openai_compat.errors import error_body
@@ -59,10 +60,10 @@ async def stream(service: ChatService, prepared: Prepared) -> AsyncIterator[str]
     """The events of one streamed completion; the worker stops decoding if the client leaves
     (the response is cancelled, which ends this generator)."""
     loop = asyncio.get_running_loop()
-    partials: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+    partials: asyncio.Queue[Partial] = asyncio.Queue()
     abandoned = threading.Event()
 
-    def on_partial(line: dict[str, Any]) -> None:
+    def on_partial(line: Partial) -> None:
         loop.call_soon_threadsafe(partials.put_nowait, line)
 
     writer = ChunkWriter(prepared)
@@ -80,8 +81,8 @@ async def stream(service: ChatService, prepared: Prepared) -> AsyncIterator[str]
             while not partials.empty():
                 lines.append(partials.get_nowait())
             for line in lines:
-                sent[line["index"]] += line["delta"]
-                yield writer.choice(line["index"], {"content": line["delta"]})
+                sent[line.index] += line.delta
+                yield writer.choice(line.index, {"content": line.delta})
             if task.done():
                 break
         try:

@@ -1,8 +1,8 @@
 """Tinker sessions as a launcher kind ("tinker-api") for the supervisor: never started from the
 queue (a script's create_session starts one), stopped by ending the session, and watched by
 the liveness of the server holding it. A session lives in that server's memory and its
-engine process ends with it, so a run whose holder is gone is settled as lost; the holder
-itself settles the sessions that finish, go quiet or lose their engine (service.py)."""
+Tinker worker process ends with it, so a run whose holder is gone is settled as lost; the
+holder itself settles the sessions that finish, go quiet or lose their worker (sessions/)."""
 
 from __future__ import annotations
 
@@ -63,7 +63,7 @@ class TinkerLauncher:
                     stop_details="stopped; the server holding the Tinker session is gone",
                     failure_kind="lost",
                     summary="lost: the server holding this Tinker session stopped (a session "
-                    "lives in its server, and its engine ends with it)",
+                    "lives in its server, and its Tinker worker ends with it)",
                 ),
                 same_attempt=_held_by(run.pid),
             )

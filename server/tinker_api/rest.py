@@ -13,9 +13,9 @@ from core.checkpoint_check import RECORDS, SAMPLER_KIND
 from core.models import Checkpoint, Run, iso
 from server.errors import BadRequest, NotFound
 from server.tinker_api import paths
-from server.tinker_api.records import SessionRecords
+from server.tinker_api.schemas import JsonObject
+from server.tinker_api.sessions.records import SessionRecords
 
-Answer = dict[str, Any]
 MAX_RUNS = 1000  # sessions read to list models; older ones are not listed
 
 
@@ -23,7 +23,7 @@ class TinkerRest:
     def __init__(self, records: SessionRecords) -> None:
         self._records = records
 
-    def training_runs(self, limit: int, offset: int) -> Answer:
+    def training_runs(self, limit: int, offset: int) -> JsonObject:
         runs, _ = self._records.runs(MAX_RUNS, 0)
         models = [(run, model) for run in runs for model in _models(run).values()]
         rows = self._records.checkpoints([run.id for run in runs])
@@ -33,16 +33,16 @@ class TinkerRest:
             "cursor": {"offset": offset, "limit": limit, "total_count": len(page)},
         }
 
-    def training_run(self, model_id: str) -> Answer:
+    def training_run(self, model_id: str) -> JsonObject:
         run, model = self._find(model_id)
         return self._training_run(run, model, self._records.checkpoints([run.id]))
 
-    def checkpoints(self, model_id: str) -> Answer:
+    def checkpoints(self, model_id: str) -> JsonObject:
         run, model = self._find(model_id)
         rows = self._records.checkpoints([run.id])
         return {"checkpoints": [c for c in _views(run.id, rows) if _of(c, model)]}
 
-    def user_checkpoints(self, limit: int, offset: int) -> Answer:
+    def user_checkpoints(self, limit: int, offset: int) -> JsonObject:
         views = []
         for row in self._records.checkpoints():
             views.extend(_views(row.run_id, [row]))
@@ -62,7 +62,7 @@ class TinkerRest:
             folder.parent.rmdir()
         self._records.forget_checkpoint(run.id, str(folder))
 
-    def weights_info(self, tinker_path: str) -> Answer:
+    def weights_info(self, tinker_path: str) -> JsonObject:
         ref = _ref(tinker_path, "tinker_path")
         run = self._records.run(ref.session_id)
         folder = ref.folder(Path(run.run_dir)) if run is not None else None
@@ -89,7 +89,7 @@ class TinkerRest:
             raise NotFound(f"training_run_id: no training run {model_id[:100]} here")
         return run, model
 
-    def _training_run(self, run: Run, model: dict[str, Any], rows: list[Checkpoint]) -> Answer:
+    def _training_run(self, run: Run, model: dict[str, Any], rows: list[Checkpoint]) -> JsonObject:
         views = [c for c in _views(run.id, rows) if _of(c, model)]
         last = {
             kind: next((c for c in views if c["checkpoint_type"] == kind), None)
@@ -118,7 +118,7 @@ def _models(run: Run) -> dict[str, dict[str, Any]]:
     return models if isinstance(models, dict) else {}
 
 
-def _views(run_id: str, rows: list[Checkpoint]) -> list[Answer]:
+def _views(run_id: str, rows: list[Checkpoint]) -> list[JsonObject]:
     """Checkpoint rows as the RestClient's Checkpoint objects, newest first."""
     views = []
     for row in sorted(rows, key=lambda r: _time(r.created_at), reverse=True):
@@ -141,7 +141,7 @@ def _views(run_id: str, rows: list[Checkpoint]) -> list[Answer]:
     return views
 
 
-def _of(view: Answer, model: dict[str, Any]) -> bool:
+def _of(view: JsonObject, model: dict[str, Any]) -> bool:
     return bool(view["model_id"] == model.get("model_id"))
 
 

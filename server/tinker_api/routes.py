@@ -7,7 +7,7 @@ future with category "user", not an HTTP error (a 4xx on a POST poisons the SDK'
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query, Request, Response
 
@@ -15,11 +15,11 @@ from server.deps import Services, services
 from server.errors import BadRequest
 from server.tinker_api import schemas
 from server.tinker_api.auth import check_key
-from server.tinker_api.futures import Outcome
+from server.tinker_api.schemas import JsonObject
 from server.tinker_api.service import TinkerService
+from server.tinker_api.sessions.futures import Outcome
 
 PROTOBUF = "application/x-protobuf"
-Answer = dict[str, Any]
 
 
 def tinker_key(request: Request) -> None:
@@ -41,37 +41,37 @@ Svc = Annotated[Services, Depends(services)]
 
 
 @router.post("/client/config")
-async def client_config(tk: Tk) -> Answer:
+async def client_config(tk: Tk) -> JsonObject:
     return tk.client_config()
 
 
 @router.post("/client/dynamic_config")
-async def dynamic_config() -> Answer:
+async def dynamic_config() -> JsonObject:
     return {}
 
 
 @router.get("/healthz")
-async def healthz() -> Answer:
+async def healthz() -> JsonObject:
     return {"status": "ok"}
 
 
 @router.post("/create_session")
-async def create_session(body: schemas.CreateSessionIn, tk: Tk) -> Answer:
+async def create_session(body: schemas.CreateSessionIn, tk: Tk) -> JsonObject:
     return await tk.create_session(body)
 
 
 @router.post("/session_heartbeat")
-async def session_heartbeat(body: schemas.SessionIn, tk: Tk) -> Answer:
+async def session_heartbeat(body: schemas.SessionIn, tk: Tk) -> JsonObject:
     return tk.heartbeat(body.session_id)
 
 
 @router.post("/telemetry")
-async def telemetry() -> Answer:
+async def telemetry() -> JsonObject:
     return {"status": "accepted"}  # not kept: the SDK's telemetry is for its own service
 
 
 @router.post("/sessions/{session_id}/finish")
-async def finish_session(session_id: str, body: schemas.FinishIn, tk: Tk) -> Answer:
+async def finish_session(session_id: str, body: schemas.FinishIn, tk: Tk) -> JsonObject:
     return await tk.finish(session_id, body)
 
 
@@ -79,17 +79,17 @@ async def finish_session(session_id: str, body: schemas.FinishIn, tk: Tk) -> Ans
 
 
 @router.post("/create_model")
-async def create_model(body: schemas.CreateModelIn, tk: Tk) -> Answer:
+async def create_model(body: schemas.CreateModelIn, tk: Tk) -> JsonObject:
     return await tk.create_model(body)
 
 
 @router.post("/get_info")
-async def get_info(body: schemas.ModelIn, tk: Tk) -> Answer:
+async def get_info(body: schemas.ModelIn, tk: Tk) -> JsonObject:
     return tk.get_info(body.model_id)
 
 
 @router.post("/forward_backward")
-async def forward_backward(request: Request, tk: Tk) -> Answer:
+async def forward_backward(request: Request, tk: Tk) -> JsonObject:
     kind = request.headers.get("content-type", "")
     if PROTOBUF not in kind:
         raise BadRequest(
@@ -102,22 +102,22 @@ async def forward_backward(request: Request, tk: Tk) -> Answer:
 
 
 @router.post("/optim_step")
-async def optim_step(body: schemas.OptimStepIn, tk: Tk) -> Answer:
+async def optim_step(body: schemas.OptimStepIn, tk: Tk) -> JsonObject:
     return await tk.optim_step(body)
 
 
 @router.post("/save_weights")
-async def save_weights(body: schemas.SaveWeightsIn, tk: Tk) -> Answer:
+async def save_weights(body: schemas.SaveWeightsIn, tk: Tk) -> JsonObject:
     return await tk.save_weights(body)
 
 
 @router.post("/save_weights_for_sampler")
-async def save_weights_for_sampler(body: schemas.SaveSamplerIn, tk: Tk) -> Answer:
+async def save_weights_for_sampler(body: schemas.SaveSamplerIn, tk: Tk) -> JsonObject:
     return await tk.save_weights_for_sampler(body)
 
 
 @router.post("/load_weights")
-async def load_weights(body: schemas.LoadWeightsIn, tk: Tk) -> Answer:
+async def load_weights(body: schemas.LoadWeightsIn, tk: Tk) -> JsonObject:
     return await tk.load_weights(body)
 
 
@@ -125,17 +125,17 @@ async def load_weights(body: schemas.LoadWeightsIn, tk: Tk) -> Answer:
 
 
 @router.post("/create_sampling_session")
-async def create_sampling_session(body: schemas.CreateSamplerIn, tk: Tk) -> Answer:
+async def create_sampling_session(body: schemas.CreateSamplerIn, tk: Tk) -> JsonObject:
     return await tk.create_sampling_session(body)
 
 
 @router.get("/samplers/{sampler_id}")
-async def get_sampler(sampler_id: str, tk: Tk) -> Answer:
+async def get_sampler(sampler_id: str, tk: Tk) -> JsonObject:
     return tk.sampler(sampler_id)
 
 
 @router.post("/asample")
-async def asample(body: schemas.SampleIn, tk: Tk) -> Answer:
+async def asample(body: schemas.SampleIn, tk: Tk) -> JsonObject:
     return await tk.asample(body)
 
 
@@ -143,7 +143,9 @@ async def asample(body: schemas.SampleIn, tk: Tk) -> Answer:
 
 
 @router.post("/retrieve_future", response_model=None)
-async def retrieve_future(body: schemas.RetrieveIn, request: Request, tk: Tk) -> Response | Answer:
+async def retrieve_future(
+    body: schemas.RetrieveIn, request: Request, tk: Tk
+) -> Response | JsonObject:
     # A held poll ends early when its client goes away (a killed script's socket closes).
     outcome = await tk.retrieve(body, request.is_disconnected)
     if not isinstance(outcome, Outcome):
@@ -157,7 +159,7 @@ async def retrieve_future(body: schemas.RetrieveIn, request: Request, tk: Tk) ->
 
 
 @router.get("/get_server_capabilities")
-def get_server_capabilities(tk: Tk) -> Answer:
+def get_server_capabilities(tk: Tk) -> JsonObject:
     return tk.capabilities()
 
 
@@ -166,22 +168,22 @@ def list_training_runs(
     svc: Svc,
     limit: Annotated[int, Query(ge=1, le=1000)] = 20,
     offset: Annotated[int, Query(ge=0)] = 0,
-) -> Answer:
+) -> JsonObject:
     return svc.tinker_rest.training_runs(limit, offset)
 
 
 @router.get("/training_runs/{model_id}")
-def get_training_run(model_id: str, svc: Svc) -> Answer:
+def get_training_run(model_id: str, svc: Svc) -> JsonObject:
     return svc.tinker_rest.training_run(model_id)
 
 
 @router.get("/training_runs/{model_id}/checkpoints")
-def list_checkpoints(model_id: str, svc: Svc) -> Answer:
+def list_checkpoints(model_id: str, svc: Svc) -> JsonObject:
     return svc.tinker_rest.checkpoints(model_id)
 
 
 @router.delete("/training_runs/{model_id}/checkpoints/{checkpoint_id:path}")
-def delete_checkpoint(model_id: str, checkpoint_id: str, svc: Svc) -> Answer:
+def delete_checkpoint(model_id: str, checkpoint_id: str, svc: Svc) -> JsonObject:
     svc.tinker_rest.delete_checkpoint(model_id, checkpoint_id)
     return {}
 
@@ -191,10 +193,10 @@ def list_user_checkpoints(
     svc: Svc,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     offset: Annotated[int, Query(ge=0)] = 0,
-) -> Answer:
+) -> JsonObject:
     return svc.tinker_rest.user_checkpoints(limit, offset)
 
 
 @router.post("/weights_info")
-def weights_info(body: schemas.WeightsInfoIn, svc: Svc) -> Answer:
+def weights_info(body: schemas.WeightsInfoIn, svc: Svc) -> JsonObject:
     return svc.tinker_rest.weights_info(body.tinker_path)

@@ -10,6 +10,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+JsonObject = dict[str, Any]  # what the routes answer: the SDK's JSON, as its types read it
+
 
 class WireIn(BaseModel):
     model_config = ConfigDict(extra="ignore", protected_namespaces=())

@@ -1,38 +1,56 @@
 """The Tinker SDK 0.38's operations, as the routes call them: the handshake, training clients
 (create, forward_backward, optim_step, save, load), samplers and sampling, futures and the
-server's capabilities. Requests go to the engine through the hub; a retried POST (same model
-and sequence id) gets the first one's answer.
+server's capabilities. Each sends its typed request (core.tinker_wire) to the Tinker worker
+through the hub, and says how the worker's answer settles the SDK's future; a retried POST
+(same model and sequence id) gets the first one's answer.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
+import contextlib
 import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
+from pydantic import BaseModel
 from sqlalchemy.engine import Engine
 
 from core.checkpoint_check import RECORDS, SAMPLER_KIND, STATE_KIND
 from core.model_names import context_length, known_models
 from core.models import RunStatus
 from core.settings import Settings
+from core.tinker_wire import (
+    CreateModel,
+    ForwardBackward,
+    LoadModel,
+    LoadState,
+    LoraSpec,
+    Op,
+    OpenSampler,
+    OptimStep,
+    Sample,
+    SaveSampler,
+    SaveState,
+    Snapshot,
+)
 from server.errors import BadRequest, Gone, NotFound
-from server.tinker_api import answers, paths, schemas
-from server.tinker_api.engine_client import Message
-from server.tinker_api.futures import Outcome
-from server.tinker_api.hub import SessionHub, no_session
+from server.tinker_api import paths, schemas
 from server.tinker_api.proto_header import ProtoHeaderError, model_and_seq
-from server.tinker_api.records import SessionRecords
-from server.tinker_api.sessions import Model, Sampler, Session
-from server.tinker_api.sweeper import SessionSweeper
+from server.tinker_api.schemas import JsonObject
+from server.tinker_api.sessions import answers
+from server.tinker_api.sessions.futures import FutureRegistry, Outcome
+from server.tinker_api.sessions.hub import SessionHub, no_session
+from server.tinker_api.sessions.records import SessionRecords
+from server.tinker_api.sessions.session import Model, Sampler, Session
+from server.tinker_api.sessions.sweeper import SessionSweeper
+from server.tinker_api.worker_client import TinkerWorkerProcess
 
 log = logging.getLogger(__name__)
-Answer = dict[str, Any]
+A = TypeVar("A", bound=BaseModel)
 # The flags that keep the SDK on the paths served here (the rest keep its defaults): plain
 # httpx, no JWT exchange, per-request future polling, client-side custom losses, plain
 # protobuf bodies sent one chunk after another.
@@ -56,8 +74,8 @@ class TinkerService:
         self._hub = SessionHub(settings, engine, clock)
         self._sweeper = SessionSweeper(self._hub)
         self.records: SessionRecords = self._hub.records
-        self.futures = self._hub.futures
-        self.engine = self._hub.engine
+        self.futures: FutureRegistry = self._hub.futures
+        self.worker: TinkerWorkerProcess = self._hub.worker
 
     # Running in the lifespan -------------------------------------------------------------
 
@@ -79,7 +97,7 @@ class TinkerService:
 
     # Handshake ----------------------------------------------------------------------------
 
-    def client_config(self) -> Answer:
+    def client_config(self) -> JsonObject:
         chunk = self._settings.tinker_max_body_bytes // 4  # the SDK's size is an estimate
         return {
             **CLIENT_CONFIG,
@@ -87,24 +105,22 @@ class TinkerService:
             "sample_max_concurrent_requests": SAMPLE_CONCURRENCY,
         }
 
-    async def create_session(self, body: schemas.CreateSessionIn) -> Answer:
-        info = body.model_dump(mode="json")
-        run_id, run_dir = await self._hub.in_db(self._hub.records.create, info)
-        self._hub.sessions[run_id] = Session(run_id, run_dir, last_seen=self._hub.clock())
-        self._hub.note(run_dir, f"session started: tinker SDK {body.sdk_version or '?'}")
-        log.info("Tinker session %s started", run_id)
-        return {"type": "create_session", "session_id": run_id}
+    async def create_session(self, body: schemas.CreateSessionIn) -> JsonObject:
+        session = await self._hub.open(body.model_dump(mode="json"))
+        session.note(f"session started: tinker SDK {body.sdk_version or '?'}")
+        log.info("Tinker session %s started", session.id)
+        return {"type": "create_session", "session_id": session.id}
 
-    def heartbeat(self, session_id: str) -> Answer:
+    def heartbeat(self, session_id: str) -> JsonObject:
         session = self._hub.sessions.get(session_id)
         if session is None:
             raise Gone(no_session(session_id))  # 410 stops the SDK's heartbeat loop
         if session.ended is not None:
             raise Gone(session.ended)
-        session.last_seen = self._hub.clock()
+        session.seen()
         return {"type": "session_heartbeat"}
 
-    async def finish(self, session_id: str, body: schemas.FinishIn) -> Answer:
+    async def finish(self, session_id: str, body: schemas.FinishIn) -> JsonObject:
         session = self._hub.sessions.get(session_id)
         if session is None:
             raise NotFound(no_session(session_id))
@@ -118,115 +134,108 @@ class TinkerService:
                 "interrupted": (RunStatus.stopped, None),
             }.get(kind, (RunStatus.failed, "script"))
             self._hub.end(session, status, failure, f"this session was closed ({kind})", detail)
-            await self._hub.written()  # a script that reads its run next sees it ended
+            await self._hub.recorder.written()  # a script that reads its run next sees it ended
         return {}
 
     # Models -------------------------------------------------------------------------------
 
-    async def create_model(self, body: schemas.CreateModelIn) -> Answer:
+    async def create_model(self, body: schemas.CreateModelIn) -> JsonObject:
         session = self._hub.session(body.session_id)
         return await session.once(
             ("model", body.model_seq_id), lambda: self._create_model(session, body)
         )
 
-    async def _create_model(self, session: Session, body: schemas.CreateModelIn) -> Answer:
+    async def _create_model(self, session: Session, body: schemas.CreateModelIn) -> JsonObject:
         await self._hub.check_base_model(body.base_model, "base_model")
         model_id = paths.model_id(session.id, body.model_seq_id)
         lora = body.lora_config
         model = Model(model_id, body.model_seq_id, body.base_model, lora.rank, body.user_metadata)
-        session.models[model.seq] = model
-        pending = await self._hub.to_engine(
-            session,
-            "create_model",
-            "create_model",
-            lambda message: answers.model_ready(
-                self._hub, session, model, message, {"model_id": model_id, "type": "create_model"}
-            ),
+        session.add_model(model)
+        request = CreateModel(
             model_id=model_id,
             base_model=body.base_model,
-            lora=lora.model_dump(),
+            lora=LoraSpec(**lora.model_dump()),
             checkpoint_dir=str(paths.model_folder(session.run_dir, model.seq)),
+        )
+        reply = {"model_id": model_id, "type": "create_model"}
+        pending = await self._hub.submit(
+            session,
+            "create_model",
+            request,
+            lambda ready: answers.model_ready(session, model, ready, reply),
         )
         return {"request_id": pending.request_id, "model_id": model_id}
 
-    def get_info(self, model_id: str) -> Answer:
+    def get_info(self, model_id: str) -> JsonObject:
         _, model = self._hub.model(model_id)
         return {
             "type": "get_info",
             "model_id": model.model_id,
             "model_data": {
-                "arch": model.info.get("arch"),
+                "arch": model.arch,
                 "model_name": model.base_model,
-                "tokenizer_id": model.info.get("tokenizer_id") or model.base_model,
+                "tokenizer_id": model.tokenizer_id or model.base_model,
             },
             "is_lora": True,
             "lora_rank": model.lora_rank,
             "model_name": model.base_model,
         }
 
-    async def forward_backward(self, body: bytes) -> Answer:
+    async def forward_backward(self, body: bytes) -> JsonObject:
         try:
             model_id, seq_id = model_and_seq(body)
         except ProtoHeaderError as exc:
             raise BadRequest(str(exc)) from None
         session, model = self._hub.model(model_id)
-        encoded = base64.b64encode(body).decode("ascii")
+        request = ForwardBackward(model_id=model_id, body=body)
+        return await self._model_op(
+            session, model, seq_id, "train", request, lambda out: answers.trained(session, out)
+        )
 
-        async def submit() -> Answer:
-            pending = await self._hub.to_engine(
-                session,
-                "train",
-                "forward_backward",
-                lambda message: answers.trained(session, message),
-                model_id=model_id,
-                body=encoded,
-            )
-            return {"request_id": pending.request_id, "model_id": model_id}
-
-        return await session.once((model_id, seq_id), submit)
-
-    async def optim_step(self, body: schemas.OptimStepIn) -> Answer:
+    async def optim_step(self, body: schemas.OptimStepIn) -> JsonObject:
         session, model = self._hub.model(body.model_id)
+        request = OptimStep(model_id=model.model_id, params=body.params())
         return await self._model_op(
             session,
             model,
             body.seq_id,
             "train",
-            "optim_step",
-            lambda message: answers.stepped(self._hub, session, message),
-            params=body.params(),
+            request,
+            lambda stepped: answers.stepped(session, stepped),
         )
 
-    async def save_weights(self, body: schemas.SaveWeightsIn) -> Answer:
+    async def save_weights(self, body: schemas.SaveWeightsIn) -> JsonObject:
         session, model = self._hub.model(body.model_id)
         name = body.path or f"state-{session.step:06d}"
+        request = SaveState(
+            model_id=model.model_id,
+            name=name,
+            overwrite=body.overwrite,
+            user_metadata=body.user_metadata,
+        )
         return await self._model_op(
             session,
             model,
             body.seq_id,
             "save",
-            "save_state",
-            lambda message: answers.saved(self._hub, session, model, STATE_KIND, name, message),
-            name=name,
-            overwrite=body.overwrite,
-            user_metadata=body.user_metadata,
+            request,
+            lambda saved: answers.saved(session, model, STATE_KIND, name, saved),
         )
 
-    async def save_weights_for_sampler(self, body: schemas.SaveSamplerIn) -> Answer:
+    async def save_weights_for_sampler(self, body: schemas.SaveSamplerIn) -> JsonObject:
         session, model = self._hub.model(body.model_id)
         if body.path:
             name = body.path
+            request = SaveSampler(
+                model_id=model.model_id, name=name, user_metadata=body.user_metadata
+            )
             return await self._model_op(
                 session,
                 model,
                 body.seq_id,
                 "save",
-                "save_sampler",
-                lambda message: answers.saved(
-                    self._hub, session, model, SAMPLER_KIND, name, message
-                ),
-                name=name,
-                user_metadata=body.user_metadata,
+                request,
+                lambda saved: answers.saved(session, model, SAMPLER_KIND, name, saved),
             )
         # No name: a sampler over the weights as they are (save_weights_and_get_sampling_
         # client); "inflight" is served as a snapshot.
@@ -236,19 +245,18 @@ class TinkerService:
                 "makes a sampler and needs its sequence id"
             )
         sampler_id = _sampler_id(session.id, body.sampling_session_seq_id)
-        session.samplers.setdefault(sampler_id, Sampler(sampler_id, model.base_model, None))
-        answer = {"sampling_session_id": sampler_id, "type": "save_weights_for_sampler"}
+        session.add_sampler(Sampler(sampler_id, model.base_model, None))
+        reply = {"sampling_session_id": sampler_id, "type": "save_weights_for_sampler"}
         return await self._model_op(
             session,
             model,
             body.seq_id,
             "save",
-            "snapshot",
-            lambda message: answers.json_outcome(answer),
-            sampler_id=sampler_id,
+            Snapshot(model_id=model.model_id, sampler_id=sampler_id),
+            lambda _: answers.json_outcome(reply),
         )
 
-    async def load_weights(self, body: schemas.LoadWeightsIn) -> Answer:
+    async def load_weights(self, body: schemas.LoadWeightsIn) -> JsonObject:
         if body.model_id:  # the deprecated form: into an existing model
             session, model = self._hub.model(body.model_id)
             return await session.once(
@@ -266,23 +274,18 @@ class TinkerService:
 
     async def _load_into(
         self, session: Session, model: Model, body: schemas.LoadWeightsIn
-    ) -> Answer:
-        answer = {"path": body.path, "model_id": model.model_id, "type": "load_weights"}
+    ) -> JsonObject:
+        reply = {"path": body.path, "model_id": model.model_id, "type": "load_weights"}
         folder = await self._hub.state_folder(body.path)
         if isinstance(folder, Outcome):
             return self._hub.failed_now(session, folder)
-        pending = await self._hub.to_engine(
-            session,
-            "load_weights",
-            "load_state",
-            lambda message: answers.json_outcome(answer),
-            model_id=model.model_id,
-            folder=str(folder),
-            optimizer=body.optimizer,
+        request = LoadState(model_id=model.model_id, folder=str(folder), optimizer=body.optimizer)
+        pending = await self._hub.submit(
+            session, "load_weights", request, lambda _: answers.json_outcome(reply)
         )
         return {"request_id": pending.request_id, "model_id": model.model_id}
 
-    async def _load_new(self, session: Session, body: schemas.LoadWeightsIn) -> Answer:
+    async def _load_new(self, session: Session, body: schemas.LoadWeightsIn) -> JsonObject:
         assert body.model_seq_id is not None
         model_id = paths.model_id(session.id, body.model_seq_id)
         folder = await self._hub.state_folder(body.path)
@@ -292,18 +295,20 @@ class TinkerService:
         base = body.base_model or str(record.get("base_model", ""))
         rank = (record.get("lora") or {}).get("rank")
         model = Model(model_id, body.model_seq_id, base, rank, body.user_metadata)
-        session.models[model.seq] = model
-        answer = {"path": body.path, "model_id": model_id, "type": "load_weights"}
-        pending = await self._hub.to_engine(
-            session,
-            "load_weights",
-            "load_model",
-            lambda message: answers.model_ready(self._hub, session, model, message, answer),
+        session.add_model(model)
+        reply = {"path": body.path, "model_id": model_id, "type": "load_weights"}
+        request = LoadModel(
             model_id=model_id,
             folder=str(folder),
             optimizer=body.optimizer,
             base_model=body.base_model,
             checkpoint_dir=str(paths.model_folder(session.run_dir, model.seq)),
+        )
+        pending = await self._hub.submit(
+            session,
+            "load_weights",
+            request,
+            lambda ready: answers.model_ready(session, model, ready, reply),
         )
         return {"request_id": pending.request_id, "model_id": model_id}
 
@@ -313,14 +318,13 @@ class TinkerService:
         model: Model,
         seq_id: int | None,
         kind: str,
-        op: str,
-        encode: Callable[[Message], Outcome],
-        **fields: Any,
-    ) -> Answer:
-        async def submit() -> Answer:
-            pending = await self._hub.to_engine(
-                session, kind, op, encode, model_id=model.model_id, **fields
-            )
+        request: Op[A],
+        encode: Callable[[A], Outcome],
+    ) -> JsonObject:
+        """A request on a model, applied once per sequence id (a retry gets its answer)."""
+
+        async def submit() -> JsonObject:
+            pending = await self._hub.submit(session, kind, request, encode)
             return {"request_id": pending.request_id, "model_id": model.model_id}
 
         if seq_id is None:
@@ -329,7 +333,7 @@ class TinkerService:
 
     # Sampling -----------------------------------------------------------------------------
 
-    async def create_sampling_session(self, body: schemas.CreateSamplerIn) -> Answer:
+    async def create_sampling_session(self, body: schemas.CreateSamplerIn) -> JsonObject:
         session = self._hub.session(body.session_id)
         sampler_id = _sampler_id(session.id, body.sampling_session_seq_id)
         if sampler_id in session.samplers:  # a retried request
@@ -338,20 +342,21 @@ class TinkerService:
             folder = await self._hub.checkpoint_folder(body.model_path, "model_path")
             record = await asyncio.to_thread(_read_record, folder, None)
             base = str(record.get("base_model", ""))
-            opened: dict[str, Any] = {"folder": str(folder)}
+            request = OpenSampler(sampler_id=sampler_id, folder=str(folder))
         elif body.base_model:
             await self._hub.check_base_model(body.base_model, "base_model")
-            base, opened = body.base_model, {"base_model": body.base_model}
+            base = body.base_model
+            request = OpenSampler(sampler_id=sampler_id, base_model=body.base_model)
         else:
             raise BadRequest(
                 "create_sampling_session: give model_path (a tinker:// path that "
                 "save_weights_for_sampler returned) or base_model"
             )
-        await self._hub.call_engine(session, "open_sampler", sampler_id=sampler_id, **opened)
-        session.samplers[sampler_id] = Sampler(sampler_id, base, body.model_path)
+        await self._hub.call(session, request)  # it loads meanwhile; samples asked wait for it
+        session.add_sampler(Sampler(sampler_id, base, body.model_path))
         return {"type": "create_sampling_session", "sampling_session_id": sampler_id}
 
-    def sampler(self, sampler_id: str) -> Answer:
+    def sampler(self, sampler_id: str) -> JsonObject:
         session = self._hub.session(sampler_id.partition(":sample:")[0])
         sampler = session.samplers.get(sampler_id)
         if sampler is None:
@@ -362,7 +367,7 @@ class TinkerService:
             "model_path": sampler.model_path,
         }
 
-    async def asample(self, body: schemas.SampleIn) -> Answer:
+    async def asample(self, body: schemas.SampleIn) -> JsonObject:
         if not body.sampling_session_id:
             raise BadRequest(
                 "sampling_session_id: missing; sample through a sampling client (from "
@@ -373,18 +378,16 @@ class TinkerService:
             raise NotFound(
                 f"sampling_session_id: no sampler {body.sampling_session_id[:100]} in this session"
             )
-        request = body.model_dump(
-            mode="json", exclude={"sampling_session_id", "seq_id", "base_model", "model_path"}
+        request = Sample(
+            sampler_id=body.sampling_session_id,
+            **body.model_dump(
+                mode="json", exclude={"sampling_session_id", "seq_id", "base_model", "model_path"}
+            ),
         )
 
-        async def submit() -> Answer:
-            pending = await self._hub.to_engine(
-                session,
-                "sample",
-                "sample",
-                lambda message: answers.sampled(session, message),
-                sampler_id=body.sampling_session_id,
-                request=request,
+        async def submit() -> JsonObject:
+            pending = await self._hub.submit(
+                session, "sample", request, lambda sampled: answers.sampled(session, sampled)
             )
             ids = [f"{pending.request_id}:{i}" for i in range(body.num_samples)]
             return {"request_id": pending.request_id, "sample_sequence_ids": ids}
@@ -397,7 +400,7 @@ class TinkerService:
 
     async def retrieve(
         self, body: schemas.RetrieveIn, gone: Callable[[], Awaitable[bool]] | None = None
-    ) -> Outcome | Answer:
+    ) -> Outcome | JsonObject:
         pending = self._hub.futures.get(body.request_id)
         if pending is None:
             # 410: the SDK sends a sampling request again; a training one it reports.
@@ -407,22 +410,16 @@ class TinkerService:
                 "restart)"
             )
         session = self._hub.sessions.get(pending.session_id)
-        if session is not None:
-            session.waiting += 1
-        try:
-            hold = self._settings.tinker_poll_hold_s
+        hold = self._settings.tinker_poll_hold_s
+        with session.busy() if session is not None else contextlib.nullcontext():
             outcome = await self._hub.futures.wait(body.request_id, hold, gone)
-        finally:
-            if session is not None:
-                session.waiting -= 1
-                session.last_seen = self._hub.clock()
         if outcome is None:
             return {"type": "try_again", "request_id": body.request_id, "queue_state": "active"}
         return outcome
 
     # Capabilities -------------------------------------------------------------------------
 
-    def capabilities(self) -> Answer:
+    def capabilities(self) -> JsonObject:
         names = list(known_models())
         for session in self._hub.sessions.values():
             for model in session.models.values():

@@ -14,7 +14,7 @@ import pytest
 import torch
 from tinker import types
 
-from runners.engine import scheduler as engine
+from runners.engine import scheduler
 from runners.engine.sampling_model import SamplingModel
 from runners.engine.slot_batch import SlotBatch
 from tests.backend.conftest import local_service
@@ -82,11 +82,11 @@ def test_cuda_sampler_logprobs_agree_with_the_trainer(cuda_trainer):
     _, trainer = cuda_trainer
     train_steps(trainer, ce_batch(trainer), 3)
     sampler = trainer.save_weights_and_get_sampling_client().result()
-    assert isinstance(engine.engine_for(trainer._host)._batch, type(None) | SlotBatch)
+    assert isinstance(scheduler.scheduler_for(trainer._host)._batch, type(None) | SlotBatch)
     tokens = trainer.get_tokenizer().encode("on the gpu")
     params = types.SamplingParams(max_tokens=24, temperature=1.0, seed=3, stop=[])
     sequences = sampler.sample(prompt(tokens), 8, params).result().sequences
-    assert isinstance(engine.engine_for(trainer._host)._batch, SlotBatch)
+    assert isinstance(scheduler.scheduler_for(trainer._host)._batch, SlotBatch)
     out = trainer.forward([ce_datum(tokens + s.tokens) for s in sequences], "cross_entropy")
     worst = 0.0
     for record, seq in zip(out.result().loss_fn_outputs, sequences, strict=True):
@@ -137,7 +137,7 @@ def test_buckets_are_captured_while_the_trainer_trains_on_another_thread(cuda_tr
     tokens = trainer.get_tokenizer().encode("side by side")
     params = types.SamplingParams(max_tokens=12, temperature=1.0, seed=5, stop=[])
     want = [sampler.sample(prompt(tokens), n, params).result().sequences for n in (3, 5)]
-    trainer._host.close()  # a fresh engine: every bucket is captured again below
+    trainer._host.close()  # a fresh scheduler: every bucket is captured again below
     stop, errors, steps = threading.Event(), [], []
 
     def train() -> None:
@@ -156,7 +156,7 @@ def test_buckets_are_captured_while_the_trainer_trains_on_another_thread(cuda_tr
         stop.set()
         thread.join(timeout=120)
     assert not errors and steps
-    batch = engine.engine_for(trainer._host)._batch
+    batch = scheduler.scheduler_for(trainer._host)._batch
     assert isinstance(batch, SlotBatch) and batch.captures >= 2
     for a, b in zip(want, got, strict=True):
         assert [s.tokens for s in a] == [s.tokens for s in b]

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from runners.engine import scheduler as engine
+from runners.engine import scheduler
 from runners.engine.batch import Row
 from runners.engine.dynamic_batch import DynamicCacheBatch
 from runners.engine.sampling_model import SamplingModel
@@ -110,10 +110,10 @@ def test_engine_with_slot_batches_samples_as_before(trainer, monkeypatch):
     sampler = trainer.save_weights_and_get_sampling_client().result()
     tokens = trainer.get_tokenizer().encode("slots")
     want = sampler.sample(prompt(tokens), 3, params(7, 16)).result(timeout=60)
-    trainer._host.close()  # a fresh engine, built the other way
-    monkeypatch.setattr(engine, "slots_wanted", lambda device: True)
+    trainer._host.close()  # a fresh scheduler, built the other way
+    monkeypatch.setattr(scheduler, "slots_wanted", lambda device: True)
     got = sampler.sample(prompt(tokens), 3, params(7, 16)).result(timeout=60)
-    assert isinstance(engine.engine_for(trainer._host)._batch, SlotBatch)
+    assert isinstance(scheduler.scheduler_for(trainer._host)._batch, SlotBatch)
     for a, b in zip(want.sequences, got.sequences, strict=True):
         assert a.tokens == b.tokens
         np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-4)

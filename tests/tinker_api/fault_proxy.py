@@ -1,10 +1,12 @@
 """A loopback proxy in front of a live server that passes every request on and, for the
 endpoints told, drops the answer of the first one (the server did the work; the client sees
-a 503 and sends the request again): what a lost response looks like to the SDK."""
+a 503 and sends the request again): what a lost response looks like to the SDK. It keeps
+every exchange it passed on, for tests that read what the SDK was answered."""
 
 from __future__ import annotations
 
 import threading
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler
 from typing import Any
 
@@ -13,6 +15,18 @@ import httpx
 from tests.standins.loopback import LoopbackServer
 
 HOP_HEADERS = {"host", "content-length", "connection", "transfer-encoding", "keep-alive"}
+
+
+@dataclass(frozen=True)
+class Exchange:
+    """One request passed on and the answer its client saw."""
+
+    method: str
+    path: str
+    body: bytes
+    status: int
+    content_type: str
+    answer: bytes
 
 
 class FaultProxy(LoopbackServer):
@@ -26,6 +40,7 @@ class FaultProxy(LoopbackServer):
         self._drop: dict[str, int] = {}
         self.dropped: list[tuple[str, bytes]] = []  # (path, the answer the client never saw)
         self.passed: list[tuple[str, bytes]] = []
+        self.exchanges: list[Exchange] = []  # every request passed on and its answer, in order
 
     def drop_next(self, path: str, count: int = 1) -> None:
         with self._lock:
@@ -43,6 +58,10 @@ class FaultProxy(LoopbackServer):
                 self.dropped.append((handler.path, answer.content))
             else:
                 self.passed.append((handler.path, answer.content))
+                kind = answer.headers.get("content-type", "")
+                self.exchanges.append(
+                    Exchange(method, handler.path, body, answer.status_code, kind, answer.content)
+                )
         status, content = (
             (503, b'{"detail": "injected: answer lost"}')
             if drop

@@ -1,6 +1,6 @@
 """How sessions end: closed by the script (succeeded, or failed when it raised), stopped
 through our API (the script's next call says so), or settled when the script is killed
-mid-step (its heartbeats stop: its models are freed, nothing of it runs on) or the engine
+mid-step (its heartbeats stop: its models are freed, nothing of it runs on) or the Tinker worker
 process dies under it; the quiet-session rule with an injected clock."""
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ def test_a_script_that_raises_fails_its_run(server: LiveServer) -> None:
 
 @pytest.fixture(scope="module")
 def fragile(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
-    """A server of its own (its engine gets killed), whose sessions go quiet after 2 s."""
+    """A server of its own (its Tinker worker gets killed), whose sessions go quiet after 2 s."""
     var = tmp_path_factory.mktemp("tinker-fragile")
     with tinker_server(var, RLCS_TINKER_SESSION_TIMEOUT_S="2") as live:
         yield live
@@ -94,18 +94,20 @@ def test_a_script_killed_mid_step_is_settled_and_freed(fragile: LiveServer) -> N
     assert not pid_alive(script.pid)
 
 
-def test_sessions_of_a_dead_engine_are_settled(fragile: LiveServer) -> None:
+def test_sessions_of_a_dead_worker_are_settled(fragile: LiveServer) -> None:
     service = tinker.ServiceClient(base_url=fragile.url)
     training = service.create_lora_training_client("tiny-random", rank=4).result(WAIT_S)
     run_id = training.model_id.split(":")[0]
     assert fragile.proc is not None
-    (engine,) = processes_with("runners.tinker_engine", parent=fragile.proc.pid)
-    os.kill(engine, signal.SIGKILL)
+    (worker,) = processes_with("runners.tinker_worker", parent=fragile.proc.pid)
+    os.kill(worker, signal.SIGKILL)
     run = wait_for(lambda: (r := run_of(fragile, run_id))["status"] == "failed" and r, 30)
+    # The failure kind runs have recorded for it since the process was "the engine".
     assert run["failure_kind"] == "engine" and "exited" in run["details"]
-    with pytest.raises(tinker.BadRequestError, match="engine process exited"):
+    assert "Last lines of its log" in run["details"]
+    with pytest.raises(tinker.BadRequestError, match="worker process exited"):
         training.optim_step(ADAM).result(WAIT_S)
-    # A new session gets a new engine.
+    # A new session gets a new worker.
     again = tinker.ServiceClient(base_url=fragile.url)
     fresh = again.create_lora_training_client("tiny-random", rank=4).result(WAIT_S)
     assert fresh.forward(datums("cross_entropy"), "cross_entropy").result(WAIT_S)

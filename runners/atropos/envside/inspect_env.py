@@ -2,8 +2,8 @@
 Atropos interpreter (stdlib, pydantic and atroposlib only: nothing of the project imports
 there), in the file's folder. It imports one Atropos environment file in a process of its own
 and answers questions about the config its `config_init()` gives, as the server's inspector
-protocol asks (server.environments.inspector): a first line describing the config (or the
-import error), then one JSON answer per JSON request line. What the file prints goes nowhere.
+protocol asks (core.inspect_wire): a first line describing the config (or the import error),
+then one JSON answer per JSON request line. What the file prints goes nowhere.
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ def load_class(path: Path, class_name: str) -> Any:
 def describe(config: Any, servers: Any) -> dict[str, Any]:
     listed = servers if isinstance(servers, list) else [servers]
     return {
-        "ok": True,
+        "kind": "described",
         "fields": sorted(type(config).model_fields),
         "schema": type(config).model_json_schema(),
         "defaults": config.model_dump(mode="json"),
@@ -85,20 +85,20 @@ def validate(config: Any, values: dict[str, Any]) -> dict[str, Any]:
             if not e.get("loc") or e["loc"][0] in values
         ]
         if errors:
-            return {"ok": False, "errors": errors}
+            return {"kind": "invalid", "errors": errors}
     try:
         merged = config_cls.model_validate({**config.model_dump(), **values})
     except ValidationError as exc:
         errors = [protocol.plain_error(e) for e in exc.errors(include_url=False)]
-        return {"ok": False, "errors": errors}
-    return {"ok": True, "values": merged.model_dump(mode="json")}
+        return {"kind": "invalid", "errors": errors}
+    return {"kind": "validated", "values": merged.model_dump(mode="json")}
 
 
 def load_protocol() -> Any:
-    """runners/inspector/protocol.py (stdlib only), loaded by path: nothing of the project is
-    importable in this interpreter, and the project's root on sys.path could shadow the
-    environment's own modules (Atropos has an `environments` package too)."""
-    path = Path(__file__).resolve().parents[2] / "inspector" / "protocol.py"
+    """inspect_protocol.py beside this file (stdlib only), loaded by path: nothing of the
+    project is importable in this interpreter, and the project's root on sys.path could shadow
+    the environment's own modules (Atropos has an `environments` package too)."""
+    path = Path(__file__).resolve().parent / "inspect_protocol.py"
     spec = importlib.util.spec_from_file_location("rlcs_inspector_protocol", path)
     if spec is None or spec.loader is None:
         raise ImportError(f"cannot import {path}")

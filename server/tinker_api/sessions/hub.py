@@ -1,9 +1,9 @@
 """What the Tinker API's parts share: the live sessions, the futures of their requests, the
-engine process that does the work, and the session's run in the database (written by one
-thread, in order: a step is recorded before the next). Also how a session ends, whatever ends
-it: its waiting requests fail, its models are freed, its run records the end.
+Tinker worker process that does the work, and the sessions' runs in the database (a Recorder).
+Also how a session ends, whatever ends it: it records its end, its waiting requests fail, its
+models are freed in the worker.
 
-Everything here runs on the server's event loop, but for the database thread.
+Everything here runs on the server's event loop, but for the Recorder's thread.
 """
 
 from __future__ import annotations
@@ -12,25 +12,27 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
+from pydantic import BaseModel
 from sqlalchemy.engine import Engine
 
 from core.checkpoint_check import RECORDS, STATE_KIND
 from core.model_names import known_models, model_available
 from core.models import RunStatus
 from core.settings import Settings
+from core.tinker_wire import Answer, Failed, Op, Release, Released
 from server.errors import BadRequest, DomainError, NotFound, Unavailable
 from server.tinker_api import paths
-from server.tinker_api.engine_client import EngineProcess, Message
-from server.tinker_api.futures import FutureRegistry, Outcome, Pending
-from server.tinker_api.records import SessionRecords
-from server.tinker_api.sessions import Model, Session
+from server.tinker_api.schemas import JsonObject
+from server.tinker_api.sessions.futures import FutureRegistry, Outcome, Pending
+from server.tinker_api.sessions.records import Recorder, SessionRecords
+from server.tinker_api.sessions.session import Model, Session
+from server.tinker_api.worker_client import OnAnswer, TinkerWorkerProcess
 
 log = logging.getLogger(__name__)
-Answer = dict[str, Any]
+A = TypeVar("A", bound=BaseModel)
 MIB = 1 << 20
 
 
@@ -41,13 +43,13 @@ class SessionHub:
         self.settings = settings
         self.clock = clock
         self.records = SessionRecords(engine, settings.runs_dir)
+        self.recorder = Recorder(self.records)
         self.futures = FutureRegistry(clock, settings.tinker_future_ttl_s)
-        self.engine = EngineProcess(settings, self._engine_exited)
+        self.worker = TinkerWorkerProcess(settings, self._worker_exited)
         self.sessions: dict[str, Session] = {}
-        self._db = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tinker-db")
 
     def close(self) -> None:
-        """The server stops: its sessions end with it (their engine too)."""
+        """The server stops: its sessions end with it (their worker too)."""
         for session in list(self.sessions.values()):
             self.end(
                 session,
@@ -56,19 +58,22 @@ class SessionHub:
                 "the server stopped; a Tinker session does not outlive the server holding it",
                 release=False,
             )
-        self.engine.stop()
-        self._db.shutdown(wait=True)
+        self.worker.stop()
+        self.recorder.close()
 
     def holds(self, run_id: str) -> bool:
         """Is this a live session of this server? (the supervisor's thread asks)"""
         session = self.sessions.get(run_id)
         return session is not None and session.ended is None
 
-    def write(self, fn: Callable[..., Any], *args: Any) -> None:
-        """A database write, after those before it."""
-        self._db.submit(fn, *args)
+    # Beginnings and ends ------------------------------------------------------------------
 
-    # Ends --------------------------------------------------------------------------------
+    async def open(self, created: JsonObject) -> Session:
+        """A new session and its run (`created`: what create_session sent)."""
+        run_id, run_dir = await self.recorder.read(self.records.create, created)
+        session = Session(run_id, run_dir, self.recorder, self.clock)
+        self.sessions[run_id] = session
+        return session
 
     def end(
         self,
@@ -81,49 +86,38 @@ class SessionHub:
         category: str = "user",
         release: bool = True,
     ) -> None:
-        """End a session once: its waiting futures fail, its models and samplers are freed,
-        its run records the end. `told`: what its script's later requests are told."""
-        if session.ended is not None:
+        """End a session once: it records its end, its waiting futures fail, its models and
+        samplers are freed. `told`: what its script's later requests are told."""
+        message = session.end(status, failure_kind, told, details)
+        if message is None:
             return
-        message = f"This Tinker session (run {session.id}) has ended: {told}."
-        session.ended, session.ended_at = message, self.clock()
         self.futures.fail_session(session.id, message, category)
-        if release and session.uses_engine and self.engine.pid is not None:
-            models = [m.model_id for m in session.models.values()]
-            samplers = list(session.samplers)
-            release_call = self.call_engine(
-                session,
-                "release",
-                lambda answer: self._released(session, answer),
-                ended_ok=True,
-                models=models,
-                samplers=samplers,
+        if release and session.uses_worker and self.worker.pid is not None:
+            freed = Release(
+                models=[m.model_id for m in session.models.values()],
+                samplers=list(session.samplers),
+            )
+            release_call = self.call(
+                session, freed, lambda answer: _released(session, answer), ended_ok=True
             )
             asyncio.ensure_future(release_call).add_done_callback(_log_failure)
-        why = details or told
-        self.note(session.run_dir, f"session ended ({status.value}): {why}")
-        self.write(self.records.end, session.id, status, failure_kind, why)
-        log.info("Tinker session %s ended (%s): %s", session.id, status.value, why)
 
-    def _released(self, session: Session, answer: Message) -> None:
-        if "error" in answer:
-            self.note(session.run_dir, f"freeing its models failed: {answer['error']}")
-            return
-        held = answer["json"]["loaded"]
-        what = ", ".join(
-            f"{m['model']} ({m['bytes'] / MIB:.0f} MiB, {m['users']} user(s))" for m in held
-        )
-        self.note(session.run_dir, f"models freed; the engine now holds {what or 'no model'}")
-
-    def _engine_exited(self, why: str) -> None:
+    def forget_ended(self) -> None:
+        """Sessions ended longer ago than a result is kept: nothing of theirs is asked again."""
+        now, keep = self.clock(), self.settings.tinker_future_ttl_s
         for session in list(self.sessions.values()):
-            if session.uses_engine and session.ended is None:
-                session.uses_engine = False  # its models died with the engine
+            if session.ended_at is not None and now - session.ended_at > keep:
+                del self.sessions[session.id]
+
+    def _worker_exited(self, why: str) -> None:
+        for session in list(self.sessions.values()):
+            if session.uses_worker and session.ended is None:
+                session.uses_worker = False  # its models died with the worker
                 self.end(
                     session,
                     RunStatus.failed,
-                    "engine",
-                    "the Tinker engine process exited; its models are lost",
+                    "engine",  # the failure kind runs record for it (kept since issue 28)
+                    "the Tinker worker process exited; its models are lost",
                     why,
                     category="server",
                     release=False,
@@ -137,7 +131,7 @@ class SessionHub:
             raise NotFound(no_session(session_id))
         if session.ended is not None:
             raise BadRequest(session.ended)
-        session.last_seen = self.clock()
+        session.seen()
         return session
 
     def model(self, model_id: str) -> tuple[Session, Model]:
@@ -153,67 +147,66 @@ class SessionHub:
             )
         return session, model
 
-    async def to_engine(
-        self,
-        session: Session,
-        kind: str,
-        op: str,
-        encode: Callable[[Message], Outcome],
-        **fields: Any,
+    async def submit(
+        self, session: Session, kind: str, request: Op[A], encode: Callable[[A], Outcome]
     ) -> Pending:
-        """A future for a request the engine works on; settled from its answer."""
+        """A future for a request the worker works on, settled from its answer: `encode`
+        turns the request's kind of answer into the future's outcome."""
         pending = self.futures.new(session.id, kind)
 
-        def answered(message: Message) -> None:
-            if "error" in message:
-                outcome = Outcome(error=str(message["error"]), category=message["category"])
+        def answered(answer: Answer) -> None:
+            outcome: Outcome
+            expected = request.answered_by(answer)
+            if isinstance(answer, Failed):
+                outcome = Outcome(error=answer.error, category=answer.category)
+            elif expected is None:
+                what = f"{type(request).__name__} with {answer.kind}"
+                outcome = Outcome(error=f"the Tinker worker answered {what}", category="server")
             else:
                 try:
-                    outcome = encode(message)
+                    outcome = encode(expected)
                 except Exception as exc:
-                    log.exception("answer of %s could not be recorded", op)
+                    log.exception("the answer of %s could not be recorded", type(request).__name__)
                     outcome = Outcome(error=f"{type(exc).__name__}: {exc}", category="server")
             self.futures.settle(pending.request_id, outcome)
 
         try:
-            await self.call_engine(session, op, answered, **fields)
+            await self.call(session, request, answered)
         except BaseException:
             self.futures.settle(pending.request_id, Outcome(error="not submitted"))
             raise
         return pending
 
-    async def call_engine(
+    async def call(
         self,
         session: Session,
-        op: str,
-        answer: Callable[[Message], None] | None = None,
+        request: Op[Any],
+        on_answer: OnAnswer | None = None,
         ended_ok: bool = False,
-        **fields: Any,
     ) -> None:
+        """Send a request to the worker for `session`, answering its POST's refusal."""
         if session.ended is not None and not ended_ok:
             raise BadRequest(session.ended)
-        session.uses_engine = True
-        session.waiting += 1
-        try:
-            refusal = await self.engine.call(op, answer, **fields)
-        finally:
-            session.waiting -= 1
-            session.last_seen = self.clock()
+        session.uses_worker = True
+        with session.busy():
+            refusal = await self.worker.call(request, on_answer)
         if refusal is None:
             return
         if refusal.status >= 500 and refusal.status != 500:
             raise Unavailable(refusal.detail)
         if refusal.status == 404:
             raise NotFound(refusal.detail)
-        suffix = "" if refusal.status < 500 else f" (a bug; see {self.engine.log_path})"
+        suffix = "" if refusal.status < 500 else f" (a bug; see {self.worker.log_path})"
         raise BadRequest(refusal.detail + suffix)
 
-    def failed_now(self, session: Session, outcome: Outcome, model_id: str | None = None) -> Answer:
-        """A request refused before it reached the engine, answered as Tinker does: a failed
+    def failed_now(
+        self, session: Session, outcome: Outcome, model_id: str | None = None
+    ) -> JsonObject:
+        """A request refused before it reached the worker, answered as Tinker does: a failed
         future (category user), not an HTTP error."""
         pending = self.futures.new(session.id, "load_weights")
         self.futures.settle(pending.request_id, outcome)
-        answer = {"request_id": pending.request_id}
+        answer: JsonObject = {"request_id": pending.request_id}
         if model_id is not None:
             answer["model_id"] = model_id
         return answer
@@ -235,7 +228,7 @@ class SessionHub:
                 f"{field}: {path} is a sampler checkpoint; loading a training state needs a "
                 "/weights/ path (save_state makes one)"
             )
-        run = await self.in_db(self.records.run, ref.session_id)
+        run = await self.recorder.read(self.records.run, ref.session_id)
         folder = ref.folder(Path(run.run_dir)) if run is not None else None
         if folder is None or not (folder / RECORDS[ref.kind]).is_file():
             raise BadRequest(f"{field}: no checkpoint at {path} (never saved, or deleted)")
@@ -252,22 +245,25 @@ class SessionHub:
                 "a local folder (GET /api/v1/get_server_capabilities lists them)."
             )
 
-    async def in_db(self, fn: Callable[..., Any], *args: Any) -> Any:
-        return await asyncio.get_running_loop().run_in_executor(self._db, fn, *args)
-
-    async def written(self) -> None:
-        """Once every write submitted so far is done (one writer thread: they run in order)."""
-        await self.in_db(lambda: None)
-
-    def note(self, run_dir: Path, line: str) -> None:
-        self.write(self.records.log, run_dir, line)
-
 
 def no_session(session_id: str) -> str:
     return (
         f"session_id: no Tinker session {session_id[:80]} on this server (it ended long ago, "
         "or the server restarted); start a new ServiceClient"
     )
+
+
+def _released(session: Session, answer: Answer) -> None:
+    match answer:
+        case Released(held=held):
+            what = ", ".join(
+                f"{m.model} ({m.size_bytes / MIB:.0f} MiB, {m.users} user(s))" for m in held
+            )
+            session.note(f"models freed; the worker now holds {what or 'no model'}")
+        case Failed(error=error):
+            session.note(f"freeing its models failed: {error}")
+        case _:
+            session.note(f"freeing its models was answered with {answer.kind}")
 
 
 def _log_failure(task: asyncio.Future[Any]) -> None:

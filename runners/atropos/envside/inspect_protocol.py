@@ -1,6 +1,7 @@
-"""The inspector protocol's side in the inspected process, stdlib only: both inspectors use it,
-ours by import and the Atropos one by path (its interpreter has nothing of the project).
-A first line describes the config (or the import error), then one JSON answer per request line.
+"""The inspector protocol's side in the Atropos inspector (inspect_env.py), stdlib only: its
+interpreter has nothing of the project, so it writes the JSON of core.inspect_wire's models
+itself (a test holds the two together). A first line describes the config (or the import
+error), then one JSON answer per request line. Ours uses core.child's LineChannel instead.
 """
 
 from __future__ import annotations
@@ -17,10 +18,10 @@ from typing import Any, TextIO
 
 PARENT_PID_VARIABLE = "RLCS_PARENT_PID"  # as core.procs names it (core is not importable here)
 
-Answer = dict[str, Any]
+Message = dict[str, Any]
 
 
-def plain_error(err: Any) -> Answer:
+def plain_error(err: Any) -> Message:
     """A pydantic validation error with only JSON in it (`ctx` may hold exception objects)."""
     out = {"loc": list(err.get("loc", ())), "msg": str(err.get("msg", "invalid"))}
     if "input" in err:
@@ -47,7 +48,7 @@ def private_stdout() -> TextIO:
     return channel
 
 
-def send(channel: TextIO, answer: Answer) -> None:
+def send(channel: TextIO, answer: Message) -> None:
     channel.write(json.dumps(answer) + "\n")
     channel.flush()
 
@@ -66,21 +67,26 @@ def exit_with_parent(every_s: float = 0.5) -> None:
     threading.Thread(target=watch, daemon=True, name="parent-watch").start()
 
 
-def serve(describe: Callable[[], tuple[Answer, Callable[[Answer], Answer]]]) -> int:
-    """The whole exchange: `describe()` imports the file and gives the first line and the
-    answerer of requests; what the file raises, at import or later, is an answer, not a crash."""
+def serve(describe: Callable[[], tuple[Message, Callable[[Message], Message]]]) -> int:
+    """The whole exchange: `describe()` imports the file and gives the first line (a
+    "described" answer) and the answerer of requests ({"values": ...} in, a "validated" or
+    "invalid" answer out); what the file raises, at import or later, is a "failed" answer."""
     exit_with_parent()
     channel = private_stdout()
     try:
         first, answer = describe()
     except BaseException as exc:  # SystemExit and all: user code runs at import
-        send(channel, {"ok": False, "error": describe_failure(exc)})
+        send(channel, failed(exc))
         return 0
     send(channel, first)
     for line in sys.stdin:
         try:
             reply = answer(json.loads(line))
         except BaseException as exc:  # a validator may raise anything
-            reply = {"ok": False, "error": describe_failure(exc)}
+            reply = failed(exc)
         send(channel, reply)
     return 0
+
+
+def failed(exc: BaseException) -> Message:
+    return {"kind": "failed", "error": describe_failure(exc)}

@@ -2,16 +2,20 @@
 "tinker-api", its pid is the server holding it), its models in its config, its optimizer
 steps with their metrics, its checkpoints, its log lines and its end.
 
-Blocking database work: the service calls these from one writer thread, in order.
+SessionRecords does the blocking work; the event loop hands it to a Recorder, whose one
+writer thread writes in order (a step is recorded before the next).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import secrets
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import func
 from sqlalchemy.engine import Engine
@@ -22,6 +26,8 @@ from core.db import read_session, write_session
 from core.models import FINISHED, TINKER_API, Checkpoint, Run, RunStatus, iso, utcnow
 from core.run_folder import RunFolder, hash_config
 from core.spec import RunSpec
+
+T = TypeVar("T")
 
 
 class SessionRecords:
@@ -156,3 +162,37 @@ class SessionRecords:
                 query = query.where(col(Checkpoint.run_id).in_(run_ids))
             rows = db.exec(query.order_by(col(Checkpoint.created_at).desc())).all()
         return list(rows)
+
+
+class Recorder:
+    """SessionRecords' writes, from the event loop, done in order by one thread; reads on the
+    same thread, after the writes before them."""
+
+    def __init__(self, records: SessionRecords) -> None:
+        self.records = records
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tinker-db")
+
+    def log(self, run_dir: Path, line: str) -> None:
+        self._thread.submit(self.records.log, run_dir, line)
+
+    def model(self, run_id: str, seq: int, model: dict[str, Any]) -> None:
+        self._thread.submit(self.records.add_model, run_id, seq, model)
+
+    def step(self, run_id: str, step: int, metrics: dict[str, Any]) -> None:
+        self._thread.submit(self.records.step, run_id, step, metrics)
+
+    def checkpoint(self, run_id: str, step: int, kind: str, name: str, folder: str) -> None:
+        self._thread.submit(self.records.checkpoint, run_id, step, kind, name, folder)
+
+    def end(self, run_id: str, status: RunStatus, kind: str | None, details: str) -> None:
+        self._thread.submit(self.records.end, run_id, status, kind, details)
+
+    async def read(self, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._thread, fn, *args)
+
+    async def written(self) -> None:
+        """Once every write submitted so far is done."""
+        await self.read(lambda: None)
+
+    def close(self) -> None:
+        self._thread.shutdown(wait=True)

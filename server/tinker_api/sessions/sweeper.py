@@ -8,12 +8,12 @@ import asyncio
 import logging
 
 from core.models import RunStatus
-from server.tinker_api.hub import SessionHub
-from server.tinker_api.sessions import Session
+from server.tinker_api.sessions.hub import SessionHub
+from server.tinker_api.sessions.session import Session
 
 log = logging.getLogger(__name__)
 # Quiet sessions are counted in tens of seconds, and a stop asked of this server ends its
-# session at once (request_stop): a second between sweeps is enough, and costs the engine's
+# session at once (request_stop): a second between sweeps is enough, and costs the worker's
 # cores nothing worth measuring.
 SWEEP_S = 1.0
 
@@ -48,22 +48,19 @@ class SessionSweeper:
     async def sweep(self) -> None:
         """Sessions whose script went quiet end (lost); those stopped through our API (on any
         server) end (stopped); old results and long-ended sessions are forgotten."""
-        now = self._hub.clock()
-        self._hub.futures.expire()
-        timeout = self._hub.settings.tinker_session_timeout_s
-        live = [s for s in self._hub.sessions.values() if s.ended is None]
+        hub = self._hub
+        hub.futures.expire()
+        timeout = hub.settings.tinker_session_timeout_s
+        live = [s for s in hub.sessions.values() if s.ended is None]
         for session in live:
-            quiet = 0.0 if session.waiting else now - session.last_seen
+            quiet = session.quiet_for()
             if quiet > timeout:
                 self._went_quiet(session, quiet, timeout)
         live_ids = [s.id for s in live if s.ended is None]
         if live_ids:
-            for run_id in await self._hub.in_db(self._hub.records.stopping, live_ids):
+            for run_id in await hub.recorder.read(hub.records.stopping, live_ids):
                 self._stop_if_held(run_id)
-        forget = self._hub.settings.tinker_future_ttl_s
-        for session in list(self._hub.sessions.values()):
-            if session.ended_at is not None and now - session.ended_at > forget:
-                del self._hub.sessions[session.id]
+        hub.forget_ended()
 
     def _went_quiet(self, session: Session, quiet: float, timeout: float) -> None:
         """Its script sent nothing for too long: the SDK heartbeats every 10 s while its

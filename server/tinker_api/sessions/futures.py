@@ -2,7 +2,7 @@
 an error with its category) by request id, a long poll that holds a client until the result
 is there or a while has passed, and a time to live once settled.
 
-Everything here runs on the server's event loop (the engine's answers are handed over with
+Everything here runs on the server's event loop (the worker's answers are handed over with
 call_soon_threadsafe), so it needs no lock.
 """
 

@@ -1,0 +1,53 @@
+"""What the server and its inference worker (runners.infer) say to each other, one JSON line
+each: a job (core.spec) with the id its answer carries back, or the cancel of one; back, a
+streamed chat's new text as it decodes, then the job's answer (a JSON object: the worker's
+results, or `ok: false` with the error's kind).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
+from core.spec import ChatJob, InferenceJob, WarmJob
+
+
+class _Line(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Job(_Line):
+    kind: Literal["job"] = "job"
+    id: int
+    job: InferenceJob | ChatJob | WarmJob = Field(discriminator="op")
+
+
+class Cancel(_Line):
+    """Its client went away: the worker stops the job's local sampling at the next step."""
+
+    kind: Literal["cancel"] = "cancel"
+    id: int
+
+
+class Partial(_Line):
+    """New text of one choice of a streamed chat, before its answer."""
+
+    kind: Literal["partial"] = "partial"
+    id: int
+    index: int
+    delta: str
+
+
+class Done(_Line):
+    """A job's answer; `id` is None for a line that was not a job at all."""
+
+    kind: Literal["done"] = "done"
+    id: int | None
+    body: dict[str, Any]
+
+
+ToWorker = Annotated[Job | Cancel, Field(discriminator="kind")]
+FromWorker = Annotated[Partial | Done, Field(discriminator="kind")]
+TO_WORKER: TypeAdapter[ToWorker] = TypeAdapter(ToWorker)
+FROM_WORKER: TypeAdapter[FromWorker] = TypeAdapter(FromWorker)

@@ -1,0 +1,292 @@
+"""What the Tinker API (server/tinker_api) and its Tinker worker process (runners/tinker_worker)
+say to each other, one JSON line each (core.child).
+
+Server to worker: one request model per operation, a union discriminated on `op`. Worker to
+server: `Ready` once started; for each request, `Accepted` once it is checked and queued (the
+POST that sent it waits for that), or `Refused` with an HTTP status; then, for an accepted one,
+`Done` with its `Answer`: what the operation's `Op[...]` names, or `Failed` with Tinker's
+category. The SDK's protobuf bodies travel as bytes (base64 in the line), decoded and encoded
+by the worker alone: the server never imports tinker.
+
+Adding an operation is a request model here (its `Op[...]` naming its answer), a `case` in
+the worker's dispatch (runners/tinker_worker/worker.py) and a method in the service that sends
+it (server/tinker_api/service.py).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, ClassVar, Generic, Literal, TypeVar, cast
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
+
+class _Line(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid", frozen=True, ser_json_bytes="base64", val_json_bytes="base64"
+    )
+
+
+# Answers ----------------------------------------------------------------------------------
+
+
+class ModelReady(_Line):
+    """A training client exists (create_model, or a model loaded from a state checkpoint)."""
+
+    kind: Literal["model_ready"] = "model_ready"
+    base_model: str
+    arch: str | None
+    lora_rank: int | None
+    tokenizer_id: str
+    steps: int
+
+
+class StateLoaded(_Line):
+    kind: Literal["state_loaded"] = "state_loaded"
+    steps: int
+
+
+class Trained(_Line):
+    """A forward_backward (or forward): the SDK's ForwardBackwardOutput protobuf, and what the
+    session's step counts of it."""
+
+    kind: Literal["trained"] = "trained"
+    output: bytes
+    tokens: int
+    loss: float | None
+    forward_only: bool
+
+
+class Stepped(_Line):
+    kind: Literal["stepped"] = "stepped"
+    metrics: dict[str, float]
+
+
+class Saved(_Line):
+    kind: Literal["saved"] = "saved"
+    folder: str
+    steps: int
+
+
+class SamplerReady(_Line):
+    kind: Literal["sampler_ready"] = "sampler_ready"
+
+
+class Sampled(_Line):
+    """A sample: the SDK's SampleResponse protobuf, and how many tokens it sampled."""
+
+    kind: Literal["sampled"] = "sampled"
+    output: bytes
+    tokens: int
+
+
+class HeldModel(_Line):
+    model: str
+    size_bytes: int
+    users: int
+
+
+class Released(_Line):
+    """Models and samplers dropped; the base models the worker still holds."""
+
+    kind: Literal["released"] = "released"
+    held: list[HeldModel]
+
+
+class Failed(_Line):
+    """The request failed: `user` for what its caller can fix, `server` for the rest."""
+
+    kind: Literal["failed"] = "failed"
+    error: str
+    category: Literal["user", "server"]
+
+
+Answer = Annotated[
+    ModelReady
+    | StateLoaded
+    | Trained
+    | Stepped
+    | Saved
+    | SamplerReady
+    | Sampled
+    | Released
+    | Failed,
+    Field(discriminator="kind"),
+]
+A = TypeVar("A", bound=BaseModel)
+
+
+# Requests ---------------------------------------------------------------------------------
+
+
+class Op(_Line, Generic[A]):
+    """A request whose answer (when it does not fail) is an A. `id` is the worker client's."""
+
+    id: int = 0
+    _answer: ClassVar[type[BaseModel]]
+
+    @classmethod
+    def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
+        super().__pydantic_init_subclass__(**kwargs)
+        for base in cls.__mro__:
+            generic = getattr(base, "__pydantic_generic_metadata__", None)
+            if generic and generic["origin"] is Op and generic["args"]:
+                cls._answer = generic["args"][0]
+                return
+
+    def answered_by(self, answer: BaseModel) -> A | None:
+        """The answer as this request's kind of answer; None for any other kind."""
+        return cast(A, answer) if isinstance(answer, self._answer) else None
+
+
+class LoraSpec(_Line):
+    rank: int
+    seed: int | None = None
+    train_unembed: bool = True
+    train_mlp: bool = True
+    train_attn: bool = True
+
+
+class CreateModel(Op[ModelReady]):
+    op: Literal["create_model"] = "create_model"
+    model_id: str
+    base_model: str
+    lora: LoraSpec
+    checkpoint_dir: str  # where its checkpoints go
+
+
+class LoadModel(Op[ModelReady]):
+    """A new model whose first request loads a state checkpoint (with its optimizer state or
+    not): create_training_client_from_state[_with_optimizer]."""
+
+    op: Literal["load_model"] = "load_model"
+    model_id: str
+    folder: str
+    optimizer: bool
+    base_model: str | None
+    checkpoint_dir: str
+
+
+class LoadState(Op[StateLoaded]):
+    """A state checkpoint into an existing model (the SDK's deprecated load_state)."""
+
+    op: Literal["load_state"] = "load_state"
+    model_id: str
+    folder: str
+    optimizer: bool
+
+
+class ForwardBackward(Op[Trained]):
+    op: Literal["forward_backward"] = "forward_backward"
+    model_id: str
+    body: bytes  # the SDK's ForwardBackwardRequest protobuf, as it came
+
+
+class OptimStep(Op[Stepped]):
+    op: Literal["optim_step"] = "optim_step"
+    model_id: str
+    params: dict[str, Any]  # the SDK's optimizer params, with their `type`
+
+
+class SaveState(Op[Saved]):
+    op: Literal["save_state"] = "save_state"
+    model_id: str
+    name: str
+    overwrite: bool = False
+    user_metadata: dict[str, str] | None = None
+
+
+class SaveSampler(Op[Saved]):
+    op: Literal["save_sampler"] = "save_sampler"
+    model_id: str
+    name: str
+    user_metadata: dict[str, str] | None = None
+
+
+class Snapshot(Op[SamplerReady]):
+    """A sampler over a model's weights as they are now (save_weights_and_get_sampling_client)."""
+
+    op: Literal["snapshot"] = "snapshot"
+    model_id: str
+    sampler_id: str
+
+
+class OpenSampler(Op[SamplerReady]):
+    """A sampler over saved sampler weights (`folder`) or a bare base model."""
+
+    op: Literal["open_sampler"] = "open_sampler"
+    sampler_id: str
+    folder: str | None = None
+    base_model: str | None = None
+
+
+class Sample(Op[Sampled]):
+    """The SDK's sample request (its JSON body, less what names the sampler)."""
+
+    op: Literal["sample"] = "sample"
+    sampler_id: str
+    num_samples: int
+    prompt: dict[str, Any]
+    sampling_params: dict[str, Any]
+    prompt_logprobs: bool | None = None
+    topk_prompt_logprobs: int = 0
+    topk_sample_logprobs: int = 0
+    target_prompt_logprobs: dict[str, Any] | None = None
+    prompt_alt_tokens_k: int = 0
+    prompt_logprobs_last_n: int | None = None
+
+
+class Release(Op[Released]):
+    """A session ended: its models and samplers go, requests still queued on them never run."""
+
+    op: Literal["release"] = "release"
+    models: list[str]
+    samplers: list[str]
+
+
+Request = Annotated[
+    CreateModel
+    | LoadModel
+    | LoadState
+    | ForwardBackward
+    | OptimStep
+    | SaveState
+    | SaveSampler
+    | Snapshot
+    | OpenSampler
+    | Sample
+    | Release,
+    Field(discriminator="op"),
+]
+
+
+# The worker's lines -----------------------------------------------------------------------
+
+
+class Ready(_Line):
+    kind: Literal["ready"] = "ready"
+    pid: int
+
+
+class Accepted(_Line):
+    kind: Literal["accepted"] = "accepted"
+    id: int
+
+
+class Refused(_Line):
+    """A request that could not even be queued, and the HTTP status its POST answers."""
+
+    kind: Literal["refused"] = "refused"
+    id: int | None  # None: the line was not a request at all
+    status: int
+    detail: str
+
+
+class Done(_Line):
+    kind: Literal["done"] = "done"
+    id: int
+    answer: Answer
+
+
+Reply = Annotated[Ready | Accepted | Refused | Done, Field(discriminator="kind")]
+REQUEST: TypeAdapter[Request] = TypeAdapter(Request)
+REPLY: TypeAdapter[Reply] = TypeAdapter(Reply)

@@ -1,0 +1,420 @@
+"""The Tinker worker's work: training clients and samplers of the local engine, by the ids the
+server gave them. Each request (core.tinker_wire) is dispatched by its type, checked and queued
+on the reading thread, then acknowledged (`Accepted`, so the server's POST can answer 400 for
+a body that does not parse, or `Refused`); its `Done` follows from whichever thread finished
+the work: the request's answer, or `Failed` with Tinker's category (`user` for what the
+caller can fix, `server` for the rest).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Generic, TypeVar
+
+from pydantic import BaseModel, ValidationError
+from tinker import types
+
+from core.checkpoint_check import CheckpointUnusable
+from core.model_names import ModelNotAvailable
+from core.tinker_wire import (
+    Accepted,
+    Answer,
+    CreateModel,
+    Done,
+    Failed,
+    ForwardBackward,
+    HeldModel,
+    LoadModel,
+    LoadState,
+    ModelReady,
+    OpenSampler,
+    OptimStep,
+    Refused,
+    Release,
+    Released,
+    Request,
+    Sample,
+    Sampled,
+    SamplerReady,
+    Saved,
+    SaveSampler,
+    SaveState,
+    Snapshot,
+    StateLoaded,
+    Stepped,
+    Trained,
+)
+from runners.engine.futures import LocalFuture
+from runners.engine.local import LocalServiceClient
+from runners.engine.sampler import LocalSamplingClient
+from runners.engine.training import LocalTrainingClient
+from runners.models.loading import tokenizer_folder
+from runners.tinker_worker import proto
+
+log = logging.getLogger("tinker-worker")
+Send = Callable[[BaseModel], None]
+R = TypeVar("R")
+# Failures the caller can fix (bad input, a missing checkpoint, a full memory budget): a
+# failed future with category "user"; anything else is the worker's ("server").
+USER_ERRORS = (ValueError, FileNotFoundError, FileExistsError, CheckpointUnusable)
+
+
+class Refusal(Exception):
+    """A request that cannot even be queued: its acknowledgement says so with an HTTP status."""
+
+    def __init__(self, status: int, detail: str) -> None:
+        super().__init__(detail)
+        self.status = status
+        self.detail = detail
+
+
+@dataclass(frozen=True)
+class Work(Generic[R]):
+    """A queued request: the local engine's future, and how its result becomes the answer."""
+
+    future: Future[R]
+    answer: Callable[[R], Answer]
+
+
+class TinkerWorker:
+    def __init__(self, service: LocalServiceClient, send: Send) -> None:
+        self._service = service
+        self._send = send
+        self._lock = threading.Lock()
+        self._models: dict[str, LocalFuture[LocalTrainingClient]] = {}
+        self._samplers: dict[str, LocalFuture[LocalSamplingClient]] = {}
+        # Closing a client waits for the request it runs: never on the reading thread.
+        self._closer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="worker-release")
+
+    def handle(self, request: Request) -> None:
+        try:
+            work = self._queue(request)
+        except Refusal as exc:
+            self._send(Refused(id=request.id, status=exc.status, detail=exc.detail))
+            return
+        except proto.WireError as exc:
+            self._send(Refused(id=request.id, status=400, detail=str(exc)))
+            return
+        except Exception as exc:  # a bug here must not take the worker down with it
+            log.exception("request %s (%s) failed", request.id, request.op)
+            detail = f"the Tinker worker failed on {request.op}: {type(exc).__name__}"
+            self._send(Refused(id=request.id, status=500, detail=detail))
+            return
+        self._send(Accepted(id=request.id))
+        self._answer_when_done(request.id, work)
+
+    def refuse_line(self, line: str, error: ValidationError) -> None:
+        """A line that is not a request (an operation this worker does not know): refused by
+        its id, so that the POST waiting for it answers at once."""
+        try:
+            request_id = json.loads(line).get("id")
+        except (ValueError, AttributeError):
+            request_id = None
+        if not isinstance(request_id, int) or isinstance(request_id, bool):
+            request_id = None
+        self._send(Refused(id=request_id, status=400, detail=f"request: {_message(error)}"))
+
+    def close(self) -> None:
+        self._closer.shutdown(wait=False, cancel_futures=True)
+        self._service.close()
+
+    def _queue(self, request: Request) -> Work[Any]:
+        match request:
+            case CreateModel():
+                return self._create_model(request)
+            case LoadModel():
+                return self._load_model(request)
+            case LoadState():
+                return self._load_state(request)
+            case ForwardBackward():
+                return self._forward_backward(request)
+            case OptimStep():
+                return self._optim_step(request)
+            case SaveState():
+                return self._save_state(request)
+            case SaveSampler():
+                return self._save_sampler(request)
+            case Snapshot():
+                return self._snapshot(request)
+            case OpenSampler():
+                return self._open_sampler(request)
+            case Sample():
+                return self._sample(request)
+            case Release():
+                return self._release(request)
+
+    # Models ------------------------------------------------------------------------------
+
+    def _create_model(self, request: CreateModel) -> Work[LocalTrainingClient]:
+        lora = request.lora
+        future = _guard(
+            lambda: self._service.create_lora_training_client(
+                request.base_model,
+                rank=lora.rank,
+                seed=lora.seed,
+                train_mlp=lora.train_mlp,
+                train_attn=lora.train_attn,
+                train_unembed=lora.train_unembed,
+            )
+        )
+        return self._new_model(request.model_id, request.base_model, request.checkpoint_dir, future)
+
+    def _load_model(self, request: LoadModel) -> Work[LocalTrainingClient]:
+        create = (
+            self._service.create_training_client_from_state_with_optimizer
+            if request.optimizer
+            else self._service.create_training_client_from_state
+        )
+        future = _guard(lambda: create(request.folder, request.base_model))
+        base = request.base_model or ""
+        return self._new_model(request.model_id, base, request.checkpoint_dir, future)
+
+    def _new_model(
+        self,
+        model_id: str,
+        base_model: str,
+        checkpoint_dir: str,
+        future: LocalFuture[LocalTrainingClient],
+    ) -> Work[LocalTrainingClient]:
+        with self._lock:
+            if model_id in self._models:
+                raise Refusal(409, f"model_id: {model_id} exists")
+            self._models[model_id] = future
+
+        def described(client: LocalTrainingClient) -> ModelReady:
+            client.checkpoint_dir = Path(checkpoint_dir)
+            info = client.get_info()
+            name = info.model_data.model_name or base_model
+            return ModelReady(
+                base_model=name,
+                arch=info.model_data.arch,
+                lora_rank=info.lora_rank,
+                tokenizer_id=tokenizer_folder(name, self._service.models_dir),
+                steps=client.steps,
+            )
+
+        return Work(future, described)
+
+    def _load_state(self, request: LoadState) -> Work[Any]:
+        client = self._model(request.model_id)
+        load = client.load_state_with_optimizer if request.optimizer else client.load_state
+        future = _guard(lambda: load(request.folder))
+        return Work(future, lambda _: StateLoaded(steps=client.steps))
+
+    def _forward_backward(self, request: ForwardBackward) -> Work[types.ForwardBackwardOutput]:
+        body = proto.decode_forward_backward(request.body)
+        if body.model_id != request.model_id:
+            raise Refusal(400, "model_id: the body names another model than its envelope")
+        client = self._model(body.model_id)
+        run = client.forward if body.forward_only else client.forward_backward
+        future = _guard(lambda: run(body.data, body.loss_fn, dict(body.loss_fn_config) or None))
+
+        def trained(output: types.ForwardBackwardOutput) -> Trained:
+            return Trained(
+                output=proto.encode_forward_backward(output),
+                tokens=body.tokens,
+                loss=output.metrics.get("loss:sum"),
+                forward_only=body.forward_only,
+            )
+
+        return Work(future, trained)
+
+    def _optim_step(self, request: OptimStep) -> Work[types.OptimStepResponse]:
+        client = self._model(request.model_id)
+        future = _guard(lambda: client.optim_step(_optimizer_params(request.params)))
+        return Work(future, lambda response: Stepped(metrics=response.metrics or {}))
+
+    def _save_state(self, request: SaveState) -> Work[Any]:
+        client = self._model(request.model_id)
+        future = _guard(
+            lambda: client.save_state(
+                request.name,
+                overwrite=request.overwrite,
+                user_metadata=request.user_metadata,
+                refuse_existing=True,
+            )
+        )
+        return Work(future, lambda saved: Saved(folder=saved.path, steps=client.steps))
+
+    def _save_sampler(self, request: SaveSampler) -> Work[Any]:
+        client = self._model(request.model_id)
+        future = _guard(
+            lambda: client.save_weights_for_sampler(
+                request.name, user_metadata=request.user_metadata
+            )
+        )
+        return Work(future, lambda saved: Saved(folder=saved.path, steps=client.steps))
+
+    # Samplers ----------------------------------------------------------------------------
+
+    def _snapshot(self, request: Snapshot) -> Work[LocalSamplingClient]:
+        """A sampler over the model's weights as they are now: ready once the model's earlier
+        requests ran."""
+        client = self._model(request.model_id)
+        future = _guard(client.save_weights_and_get_sampling_client)
+        self._new_sampler(request.sampler_id, future)
+        return Work(future, lambda _: SamplerReady())
+
+    def _open_sampler(self, request: OpenSampler) -> Work[LocalSamplingClient]:
+        """A sampler over saved sampler weights or the bare base model; it loads in the
+        background and samples asked of it meanwhile wait."""
+        source = (
+            {"model_path": request.folder} if request.folder else {"base_model": request.base_model}
+        )
+        future = _guard(lambda: self._service.create_sampling_client(**source))
+        self._new_sampler(request.sampler_id, future)
+        return Work(future, lambda _: SamplerReady())
+
+    def _sample(self, request: Sample) -> Work[types.SampleResponse]:
+        with self._lock:
+            sampler_future = self._samplers.get(request.sampler_id)
+        if sampler_future is None:
+            raise Refusal(404, f"sampling_session_id: no sampler {request.sampler_id}")
+        result: LocalFuture[types.SampleResponse] = LocalFuture()
+
+        def start(ready: Future[LocalSamplingClient]) -> None:
+            try:
+                sampler = ready.result()
+                params = types.SamplingParams.model_validate(request.sampling_params)
+                submitted = sampler.sample(
+                    _prompt(request.prompt),
+                    request.num_samples,
+                    params,
+                    include_prompt_logprobs=bool(request.prompt_logprobs),
+                    topk_prompt_logprobs=request.topk_prompt_logprobs,
+                    topk_sample_logprobs=request.topk_sample_logprobs,
+                    target_prompt_logprobs=request.target_prompt_logprobs,
+                    prompt_alt_tokens_k=request.prompt_alt_tokens_k,
+                    prompt_logprobs_last_n=request.prompt_logprobs_last_n,
+                )
+            except BaseException as exc:
+                result.set_exception(exc)
+                return
+            submitted.add_done_callback(lambda done: _relay(done, result))
+
+        sampler_future.add_done_callback(start)  # a sampler already loaded starts at once
+
+        def sampled(response: types.SampleResponse) -> Sampled:
+            return Sampled(
+                output=proto.encode_sample(response), tokens=proto.sampled_tokens(response)
+            )
+
+        return Work(result, sampled)
+
+    # Ending ------------------------------------------------------------------------------
+
+    def _release(self, request: Release) -> Work[None]:
+        """Drop models and samplers (a session ended): requests still queued on them never
+        run, the one running finishes; the memory only they used is freed. The answer says
+        what the worker holds after."""
+        with self._lock:
+            models = [self._models.pop(i) for i in request.models if i in self._models]
+            samplers = [self._samplers.pop(i) for i in request.samplers if i in self._samplers]
+        done = self._closer.submit(self._close_all, models, samplers)
+
+        def released(_: None) -> Released:
+            held = [
+                HeldModel(model=n, size_bytes=b, users=u)
+                for n, b, u in self._service.bases.loaded()
+            ]
+            return Released(held=held)
+
+        return Work(done, released)
+
+    def _close_all(
+        self,
+        models: list[LocalFuture[LocalTrainingClient]],
+        samplers: list[LocalFuture[LocalSamplingClient]],
+    ) -> None:
+        for sampler in samplers:
+            if sampler.exception() is None:  # waits for one still loading
+                sampler.result().close()
+        for model in models:
+            if model.exception() is None:
+                self._service.forget(model.result(), cancel_pending=True)
+
+    # Helpers -----------------------------------------------------------------------------
+
+    def _model(self, model_id: str) -> LocalTrainingClient:
+        with self._lock:
+            future = self._models.get(model_id)
+        if future is None:
+            raise Refusal(404, f"model_id: no model {model_id} in the Tinker worker")
+        if not future.done() or future.exception() is not None:
+            raise Refusal(409, f"model_id: {model_id} is not ready (its creation failed or runs)")
+        return future.result()
+
+    def _new_sampler(self, sampler_id: str, future: LocalFuture[LocalSamplingClient]) -> None:
+        with self._lock:
+            if sampler_id in self._samplers:
+                raise Refusal(409, f"sampling_session_id: {sampler_id} exists")
+            self._samplers[sampler_id] = future
+
+    def _answer_when_done(self, request_id: int, work: Work[Any]) -> None:
+        def done(finished: Future[Any]) -> None:
+            answer: Answer
+            try:
+                answer = work.answer(finished.result())
+            except USER_ERRORS as exc:
+                answer = Failed(error=_message(exc), category="user")
+            except Exception as exc:
+                log.error("request %s failed", request_id, exc_info=exc)
+                answer = Failed(error=f"{type(exc).__name__}: {exc}", category="server")
+            self._send(Done(id=request_id, answer=answer))
+
+        work.future.add_done_callback(done)
+
+
+def _guard(call: Callable[[], LocalFuture[Any]]) -> LocalFuture[Any]:
+    """The call's future; what it raises at once (the local backend checks input when it is
+    submitted) becomes that future's failure: a failed future, never a refused request."""
+    try:
+        return call()
+    except Exception as exc:
+        failed: LocalFuture[Any] = LocalFuture()
+        failed.set_exception(exc)
+        return failed
+
+
+def _relay(source: Future[Any], target: LocalFuture[Any]) -> None:
+    error = source.exception()
+    if error is not None:
+        target.set_exception(error)
+    else:
+        target.set_result(source.result())
+
+
+def _message(exc: BaseException) -> str:
+    if isinstance(exc, ValidationError):
+        return "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+    if isinstance(exc, ModelNotAvailable | FileNotFoundError | FileExistsError):
+        return str(exc).strip("'\"")
+    return str(exc)
+
+
+def _optimizer_params(params: dict[str, Any]) -> types.AdamParams:
+    kind = params.get("type", "adam")
+    if kind != "adam":
+        raise ValueError(
+            f"optimizer {kind!r} is not supported: the local engine implements AdamW only "
+            "(types.AdamParams)"
+        )
+    return types.AdamParams.model_validate({k: v for k, v in params.items() if k != "type"})
+
+
+def _prompt(model_input: dict[str, Any]) -> types.ModelInput:
+    tokens: list[int] = []
+    for i, chunk in enumerate(model_input.get("chunks", [])):
+        if chunk.get("type", "encoded_text") != "encoded_text":
+            raise ValueError(
+                f"prompt.chunks[{i}] is a {chunk.get('type')} chunk: the local engine samples "
+                "from text (encoded_text chunks) only"
+            )
+        tokens.extend(int(t) for t in chunk.get("tokens", []))
+    return types.ModelInput.from_ints(tokens)
