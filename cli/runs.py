@@ -83,6 +83,7 @@ def status(client: Client, args: argparse.Namespace) -> int:
         ("environment", run["environment"]),
         ("status", f"{run['status']} (attempt {run.get('attempt')})"),
         ("source", run.get("source", "api")),
+        *([("name", run["display_name"])] if run.get("display_name") else []),
         ("step", f"{steps(run)} ({fraction:.0%})" if run.get("total_steps") else steps(run)),
         ("eta", f"{duration(progress.get('eta_s'))} ({fmt(per_step)} s/step)"),
     ]

@@ -57,6 +57,11 @@ class RunSummaryOut(BaseModel):
         description='Who started the run: "api" (POST /runs, a sweep, a fork) or "tinker-api" '
         "(the session of a Tinker SDK script served at /api/v1)",
     )
+    display_name: str | None = Field(
+        None,
+        description="A Tinker SDK session's name, as its script gave it "
+        "(ServiceClient(display_name=...)); null for other runs",
+    )
 
 
 class RunProgressOut(BaseModel):

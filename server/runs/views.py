@@ -97,6 +97,7 @@ class RunViews:
 def _summary(
     run: RunColumns, reward_mean: float | None, progress: RunProgressOut, stalled: bool
 ) -> RunSummaryOut:
+    config = _named(run.config_json)
     return RunSummaryOut(
         run_id=run.id,
         environment=run.environment,
@@ -108,7 +109,8 @@ def _summary(
         created_at=iso(run.created_at),
         started_at=iso(run.started_at),
         finished_at=iso(run.finished_at),
-        model_name=_model_name(run.config_json),
+        model_name=config.get("model_name"),
+        display_name=config.get("display_name"),
         reward_mean=reward_mean,
         eta_s=progress.eta_s,
         stalled=stalled,
@@ -119,9 +121,18 @@ def _summary(
     )
 
 
-def _model_name(config_json: str) -> str | None:
+def _named(config_json: str) -> dict[str, str]:
+    """The names a run's frozen config gives: its model, and a Tinker session's display name
+    (what its script sent to create_session)."""
     try:
-        name = json.loads(config_json).get("model_name")
-    except (ValueError, AttributeError):
-        return None
-    return name if isinstance(name, str) else None
+        config = json.loads(config_json)
+        session = config.get("session") if isinstance(config, dict) else None
+    except ValueError:
+        return {}
+    if not isinstance(config, dict):
+        return {}
+    found = {
+        "model_name": config.get("model_name"),
+        "display_name": session.get("display_name") if isinstance(session, dict) else None,
+    }
+    return {k: v for k, v in found.items() if isinstance(v, str) and v}

@@ -41,3 +41,8 @@ export function statusBadge(status, testid) {
 }
 
 export const FINISHED = new Set(["succeeded", "failed", "stopped"]);
+
+// A run's step of its total; a Tinker SDK session has no total (its script decides when to end).
+export function stepOf(run) {
+  return run.total_steps ? `${run.step} / ${run.total_steps}` : String(run.step);
+}

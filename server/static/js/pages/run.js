@@ -4,7 +4,7 @@
 
 import { api, history, streamEvents } from "/static/js/api.js";
 import { ChartBoard } from "/static/js/charts.js";
-import { FINISHED, duration, fmt, h } from "/static/js/dom.js";
+import { FINISHED, duration, fmt, h, stepOf } from "/static/js/dom.js";
 import { RolloutsView } from "/static/js/rollouts.js";
 import { forkOf, frameworks, sourceLabel, sweepOf } from "/static/js/run_origin.js";
 
@@ -18,7 +18,8 @@ export function mount(main, runId) {
   let lastStatus = null;
   let envFrameworks = new Map();
   let forks = [];
-  const title = h("h2", { style: "margin:0" }, "Run ", h("span", { "data-testid": "run-id" }, runId));
+  const name = h("span", { "data-testid": "run-name", class: "muted" });
+  const title = h("h2", { style: "margin:0" }, "Run ", h("span", { "data-testid": "run-id" }, runId), " ", name);
   const status = h("span", { "data-testid": "run-status", class: "status" }, "…");
   const step = h("span", { "data-testid": "run-step" }, "");
   const facts = h("dl", { class: "facts" });
@@ -62,7 +63,8 @@ export function mount(main, runId) {
     }
     status.className = `status s-${run.status}`;
     status.textContent = run.status;
-    step.textContent = `${run.step} / ${run.total_steps}`;
+    step.textContent = stepOf(run);
+    name.textContent = run.display_name || "";
     const wandb = run.wandb_url ? h("a", { "data-testid": "wandb-link", href: run.wandb_url, target: "_blank", rel: "noopener" }, "W&B run") : "–";
     const forkLinks = forks.map((child) => h("a", { "data-testid": "fork-link", href: `#/runs/${child.run_id}` }, child.run_id));
     facts.replaceChildren(
@@ -86,6 +88,8 @@ export function mount(main, runId) {
     details.className = run.error ? "error" : "muted";
     stopButton.disabled = FINISHED.has(run.status) || run.status === "stopping";
     resumeButton.disabled = !FINISHED.has(run.status);
+    // A Tinker SDK session is continued by its script (from a saved state), not by the server.
+    resumeButton.hidden = run.source === "tinker-api";
     if (!config.textContent) config.textContent = JSON.stringify(run.config, null, 2);
     const changed = run.step !== lastStep || run.status !== lastStatus;
     if (changed) {

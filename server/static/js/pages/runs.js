@@ -2,7 +2,7 @@
 // source, 100 to a page; each run's source, fork parent and sweep; pick runs to compare them.
 
 import { api } from "/static/js/api.js";
-import { duration, fmt, h, statusBadge } from "/static/js/dom.js";
+import { duration, fmt, h, statusBadge, stepOf } from "/static/js/dom.js";
 import { SOURCES, forkOf, frameworks, sourceLabel, sourceOf, sweepOf } from "/static/js/run_origin.js";
 
 const PAGE = 100;
@@ -78,12 +78,14 @@ export function mount(main) {
       "tr",
       { dataset: { runId: run.run_id } },
       h("td", {}, pick),
-      h("td", {}, h("a", { "data-testid": "run-link", href: `#/runs/${run.run_id}` }, run.run_id)),
+      h("td", {},
+        h("a", { "data-testid": "run-link", href: `#/runs/${run.run_id}` }, run.run_id),
+        run.display_name ? h("div", { class: "muted", "data-testid": "run-name" }, run.display_name) : null),
       cell("source", sourceLabel(run, state.frameworks), forkOf(run), sweepOf(run)),
       cell("environment", run.environment),
       cell("model", run.model_name || "–"),
       cell("status", statusBadge(run.status)),
-      cell("step", `${run.step} / ${run.total_steps}`),
+      cell("step", stepOf(run)),
       cell("reward", fmt(run.reward_mean)),
       cell("eta", run.status === "running" ? duration(run.eta_s) : "–"),
       cell("stalled", run.stalled ? "stalled" : ""),
