@@ -51,7 +51,7 @@ def wall_s(run: dict[str, Any]) -> float:
 
 
 @pytest.mark.training
-def test_a_runs_cost_is_what_its_steps_sampled_and_trained_and_a_resume_adds_to_it(
+def test_a_runs_cost_is_what_its_steps_sampled_and_trained_a_resume_adds_a_fork_starts_anew(
     tmp_path: Path,
 ) -> None:
     settings = make_settings(
@@ -121,3 +121,14 @@ def test_a_runs_cost_is_what_its_steps_sampled_and_trained_and_a_resume_adds_to_
             assert again[key] == first[key] + tokens
         assert first["device_s"] < again["device_s"] <= wall_s(run)
         assert again["money"] > first["money"]
+
+        # A fork spends on its own account: its totals are its own step's, not its parent's.
+        answer = client.post(f"/runs/{run_id}/fork", json={"checkpoint_step": 2})
+        assert answer.status_code == 200, answer.text
+        fork_id = answer.json()["run_id"]
+        assert client.get(f"/runs/{fork_id}").json()["cost"]["note"].startswith("nothing spent")
+        fork = finish_run(client, fork_id)
+        assert fork["status"] == "succeeded" and fork["step"] == 3, fork
+        own = spent_by(episodes(client, fork_id))
+        assert {k: fork["cost"][k] for k in own} == own
+        assert client.get(f"/runs/{run_id}").json()["cost"] == again
