@@ -146,12 +146,10 @@ def cost_items(cost: dict[str, Any] | None) -> list[tuple[str, Any]]:
     tokens = ", ".join(
         f"{count(cost.get(f'tokens_{kind}'))} {kind}" for kind in ("prefill", "sampled", "trained")
     )
-    if cost.get("money") is not None:
-        spent = money(cost["money"], cost.get("currency"))
-    else:
-        spent = cost.get("note")
+    priced = cost.get("money") is not None
+    spent = money(cost["money"], cost.get("currency")) if priced else cost.get("note")
     items: list[tuple[str, Any]] = [("device time", held), ("tokens", tokens), ("cost", spent)]
-    if cost.get("money") is not None and cost.get("note"):
+    if priced and cost.get("note"):
         items.append(("cost note", cost["note"]))
     if cost.get("basis"):
         items.append(("priced by", cost["basis"]))
