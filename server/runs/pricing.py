@@ -49,6 +49,16 @@ class Totals:
     tokens_sampled: int | None
     tokens_trained: int | None
 
+    @property
+    def tokens(self) -> int | None:
+        """The three kinds together; None when none was counted."""
+        counted = [
+            t
+            for t in (self.tokens_prefill, self.tokens_sampled, self.tokens_trained)
+            if t is not None
+        ]
+        return sum(counted) if counted else None
+
     @classmethod
     def of(cls, run: Any) -> Totals:
         return cls(
@@ -149,46 +159,63 @@ class Pricing:
     def cost(self, run: Any, model_name: str | None) -> RunCostOut:
         """`run`: a Run or a row with its cost columns; `model_name`: the model it trains."""
         totals = Totals.of(run)
-        tokens = [totals.tokens_prefill, totals.tokens_sampled, totals.tokens_trained]
-        counted = [t for t in tokens if t is not None]
-        out = RunCostOut(
-            device=totals.device,
+        priced = self._price(totals, model_name)
+        return RunCostOut(
             device_s=_round(totals.device_s, 3),
+            tokens=totals.tokens,
+            money=priced.money,
+            currency=priced.currency,
+            device=totals.device,
             cpu_s=_round(totals.cpu_s, 3),
             tokens_prefill=totals.tokens_prefill,
             tokens_sampled=totals.tokens_sampled,
             tokens_trained=totals.tokens_trained,
-            tokens=sum(counted) if counted else None,
+            money_parts=CostPartsOut(**priced.parts) if priced.parts is not None else None,
+            basis=priced.basis,
+            note=priced.note,
         )
-        if totals.device_s is None and not counted:
-            out.note = "nothing spent yet: a run's totals grow with each step it records"
-            return out
+
+    def brief(self, run: Any, model_name: str | None) -> RunCostBriefOut:
+        """The cost as lists show it (built without validation: a list has many)."""
+        totals = Totals.of(run)
+        priced = self._price(totals, model_name)
+        return RunCostBriefOut.model_construct(
+            device_s=_round(totals.device_s, 3),
+            tokens=totals.tokens,
+            money=priced.money,
+            currency=priced.currency,
+        )
+
+    def _price(self, totals: Totals, model_name: str | None) -> Priced:
+        if totals.device_s is None and totals.tokens is None:
+            return Priced(note="nothing spent yet: a run's totals grow with each step it records")
         if totals.device == TINKER_HOSTED:
             rates = self.tinker.lookup(model_name)
             if rates is None:
-                out.note = (
-                    f"no price for {model_name} in hosted Tinker's price table "
+                return Priced(
+                    note=f"no price for {model_name} in hosted Tinker's price table "
                     f"({self.tinker.path}); add its row, or point {TABLE_SETTING} at a table "
                     "that has it (docs/runs.md)"
                 )
-                return out
-        elif self._settings_rates is None:
-            out.note = (
-                "no price set: set RLCS_PRICE_DEVICE_HOUR and/or RLCS_PRICE_PER_MTOK_PREFILL, "
-                "_SAMPLED, _TRAINED (docs/settings.md)"
+            return _priced(totals, rates)
+        if self._settings_rates is None:
+            return Priced(
+                note="no price set: set RLCS_PRICE_DEVICE_HOUR and/or "
+                "RLCS_PRICE_PER_MTOK_PREFILL, _SAMPLED, _TRAINED (docs/settings.md)"
             )
-            return out
-        else:
-            rates = self._settings_rates
-        return _priced(out, totals, rates)
-
-    def brief(self, run: Any, model_name: str | None) -> RunCostBriefOut:
-        """The cost as lists show it."""
-        full = self.cost(run, model_name)
-        return RunCostBriefOut.model_validate(full.model_dump(include=BRIEF_FIELDS))
+        return _priced(totals, self._settings_rates)
 
 
-BRIEF_FIELDS = set(RunCostBriefOut.model_fields)
+@dataclass(frozen=True)
+class Priced:
+    """The money of some totals (None: no price applies), its parts, the prices used, and
+    why there is no money or what it leaves out."""
+
+    money: float | None = None
+    currency: str | None = None
+    parts: dict[str, float | None] | None = None
+    basis: str | None = None
+    note: str | None = None
 
 
 def settings_rates(settings: Settings) -> Rates | None:
@@ -211,7 +238,7 @@ def settings_rates(settings: Settings) -> Rates | None:
     return Rates(currency, basis, **set_)
 
 
-def _priced(out: RunCostOut, totals: Totals, rates: Rates) -> RunCostOut:
+def _priced(totals: Totals, rates: Rates) -> Priced:
     """Each priced quantity's money; a priced quantity not measured is said in the note."""
     quantities = {
         "device": (rates.device_hour, totals.device_s, 3600.0, "device seconds"),
@@ -222,26 +249,19 @@ def _priced(out: RunCostOut, totals: Totals, rates: Rates) -> RunCostOut:
     parts: dict[str, float | None] = {}
     unmeasured = []
     for key, (price, amount, per, words) in quantities.items():
-        if price is None:
-            parts[key] = None
-        elif amount is None:
-            parts[key] = None
+        if price is not None and amount is None:
             unmeasured.append(words)
-        else:
-            parts[key] = price * amount / per
-    priced = [value for value in parts.values() if value is not None]
+        parts[key] = None if price is None or amount is None else round(price * amount / per, 6)
+    note = None
     if unmeasured:
-        out.note = (
+        note = (
             f"{' and '.join(unmeasured)} not measured for this run (a Tinker API session's "
             "device time and prompts are not counted): not in the money"
         )
+    priced = [value for value in parts.values() if value is not None]
     if not priced:
-        return out
-    out.money = _round(sum(priced), 6)
-    out.currency = rates.currency
-    out.money_parts = CostPartsOut(**{key: _round(value, 6) for key, value in parts.items()})
-    out.basis = rates.basis
-    return out
+        return Priced(note=note)
+    return Priced(round(sum(priced), 6), rates.currency, parts, rates.basis, note)
 
 
 def _text(data: dict[str, Any], key: str, where: str) -> str:
