@@ -261,3 +261,12 @@ def test_a_tinker_api_sessions_cost_is_the_tokens_its_steps_counted(tmp_path: Pa
         ours = client.get("/runs/r-00000002").json()["cost"]
         assert ours["tokens"] is None and ours["money"] is None
         engine.dispose()
+
+
+@pytest.mark.slow  # an inspector process reads the environment's fields
+def test_prices_are_the_servers_not_a_runs(tmp_path: Path) -> None:
+    """A run's body takes no price: the field is unknown, refused by name, nothing created."""
+    with TestClient(create_app(make_settings(tmp_path))) as client:
+        answer = client.post("/runs", json={"environment": "arithmetic", "price_device_hour": 2})
+        assert 400 <= answer.status_code < 500 and "price_device_hour" in answer.json()["detail"]
+        assert client.get("/runs").json() == []

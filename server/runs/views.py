@@ -1,4 +1,5 @@
-"""How a run looks in answers: summaries for lists, details with progress, stall and metrics."""
+"""How a run looks in answers: summaries for lists, details with progress, stall, metrics and
+cost."""
 
 from __future__ import annotations
 
@@ -18,12 +19,10 @@ RunColumns = Run | Row[Any]
 
 
 class RunViews:
-    def __init__(
-        self, settings: Settings, metrics: MetricsService, pricing: Pricing | None = None
-    ) -> None:
+    def __init__(self, settings: Settings, metrics: MetricsService) -> None:
         self._settings = settings
         self._metrics = metrics
-        self._pricing = pricing or Pricing.from_settings(settings)
+        self._pricing = Pricing.from_settings(settings)  # what a run's cost is in money
 
     def summary(self, run: RunColumns, reward_mean: float | None = None) -> RunSummaryOut:
         progress = self.progress(run)
