@@ -60,12 +60,23 @@ def list_(client: Client, args: argparse.Namespace) -> int:
             steps(r),
             r.get("attempt"),
             r.get("source", "api"),
+            cost_cell(r.get("cost")),
             r.get("created_at"),
             r.get("finished_at"),
         ]
         for r in runs
     ]
-    headers = ["RUN", "ENVIRONMENT", "STATUS", "STEP", "ATTEMPT", "SOURCE", "CREATED", "FINISHED"]
+    headers = [
+        "RUN",
+        "ENVIRONMENT",
+        "STATUS",
+        "STEP",
+        "ATTEMPT",
+        "SOURCE",
+        "COST",
+        "CREATED",
+        "FINISHED",
+    ]
     say(table(headers, rows))
     return OK
 
@@ -89,6 +100,7 @@ def status(client: Client, args: argparse.Namespace) -> int:
     ]
     metrics = {k: v for k, v in (run.get("metrics") or {}).items() if k != "step"}
     items += [(k, v) for k, v in metrics.items()]
+    items += cost_items(run.get("cost"))
     items += [
         ("metrics from", run.get("metrics_source")),
         ("wandb", run.get("wandb_url")),
@@ -109,6 +121,55 @@ def status(client: Client, args: argparse.Namespace) -> int:
         say("details:")
         say("  " + str(run["details"]).replace("\n", "\n  "))
     return OK
+
+
+def cost_cell(cost: dict[str, Any] | None) -> str | None:
+    """A list's COST: the money where a price applies, else the device time and tokens."""
+    if not cost:
+        return None
+    if cost.get("money") is not None:
+        return money(cost["money"], cost.get("currency"))
+    if cost.get("device_s") is None and cost.get("tokens") is None:
+        return None
+    return f"{duration(cost.get('device_s'))}, {count(cost.get('tokens'))} tok"
+
+
+def cost_items(cost: dict[str, Any] | None) -> list[tuple[str, Any]]:
+    """`runs status`'s lines on what the run spent, and what that cost."""
+    if not cost:
+        return []
+    device_s, cpu_s = cost.get("device_s"), cost.get("cpu_s")
+    held = f"{duration(device_s)} ({fmt(device_s)} s)" if device_s is not None else "-"
+    if cost.get("device"):
+        held += f" on {cost['device']}"
+    if cpu_s is not None:
+        held += f", {fmt(cpu_s)} CPU s"
+    tokens = ", ".join(
+        f"{count(cost.get(f'tokens_{kind}'))} {kind}" for kind in ("prefill", "sampled", "trained")
+    )
+    priced = cost.get("money") is not None
+    spent = money(cost["money"], cost.get("currency")) if priced else cost.get("note")
+    items: list[tuple[str, Any]] = [("device time", held), ("tokens", tokens), ("cost", spent)]
+    if priced and cost.get("note"):
+        items.append(("cost note", cost["note"]))
+    if cost.get("basis"):
+        items.append(("priced by", cost["basis"]))
+    return items
+
+
+def money(amount: float, currency: str | None) -> str:
+    """Cents from a unit up, four significant digits below (a tiny run costs fractions)."""
+    shown = f"{amount:.2f}" if amount >= 1 else f"{amount:.4g}"
+    return f"{shown} {currency or ''}".rstrip()
+
+
+def count(tokens: int | None) -> str:
+    if tokens is None:
+        return "-"
+    for size, unit in ((1_000_000_000, "G"), (1_000_000, "M"), (1_000, "k")):
+        if tokens >= size:
+            return f"{tokens / size:.3g}{unit}"
+    return str(tokens)
 
 
 def wait(client: Client, args: argparse.Namespace) -> int:

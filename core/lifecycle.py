@@ -14,7 +14,7 @@ from sqlalchemy import ColumnElement, and_, delete, func, or_
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, select
 
-from core import events, rollout_store
+from core import cost, events, rollout_store
 from core.db import read_session, write_session
 from core.models import (
     ACTIVE,
@@ -131,13 +131,25 @@ def record_running(engine: Engine, run_id: str, pid: int, process_start: float |
 
 
 def record_step(
-    engine: Engine, run_id: str, step: int, metrics: dict[str, float], *, at: datetime | None = None
-) -> None:
-    """One finished training step: its metrics row and the run's progress, in one transaction."""
+    engine: Engine,
+    run_id: str,
+    step: int,
+    metrics: dict[str, float],
+    *,
+    at: datetime | None = None,
+    spent: cost.Spent | None = None,
+) -> dict[str, float]:
+    """One finished training step: its metrics row, the run's progress and what it `spent`
+    (a Tinker API session's, read from its metrics) added to the run's totals, in one
+    transaction. The metrics recorded: these with the run's cost totals (cost/*)."""
     with write_session(engine) as session:
         run = session.get(Run, run_id)
         if run is None:
-            return
+            return metrics
+        if spent is None and run.source == TINKER_API:
+            spent = cost.session_spent(metrics)
+        if spent is not None:
+            metrics = {**metrics, **cost.charge(run, spent)}
         session.add(
             Metric(run_id=run_id, step=step, values_json=json.dumps(clean_metrics(metrics)))
         )
@@ -145,6 +157,16 @@ def record_step(
         run.last_step_at = at or utcnow()
         session.add(run)
         events.stepped(session, run, step)
+    return metrics
+
+
+def record_spent(engine: Engine, run_id: str, spent: cost.Spent) -> None:
+    """What a run spent after its last step (a last checkpoint, an evaluation, closing)."""
+    with write_session(engine) as session:
+        run = session.get(Run, run_id)
+        if run is not None:
+            cost.charge(run, spent)
+            session.add(run)
 
 
 def record_metrics(engine: Engine, run_id: str, step: int, metrics: dict[str, float]) -> None:

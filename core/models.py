@@ -6,7 +6,7 @@ import re
 from datetime import UTC, datetime
 from enum import StrEnum
 
-from sqlalchemy import Index
+from sqlalchemy import BigInteger, Index
 from sqlmodel import Field, SQLModel
 
 
@@ -78,6 +78,13 @@ class Run(SQLModel, table=True):
     parent_run_id: str | None = Field(default=None, max_length=32)
     parent_step: int | None = None
     idempotency_key: str | None = Field(default=None, unique=True)
+    # What it spent, over all its attempts (core/cost.py); None: nothing of the kind measured.
+    cost_device: str | None = Field(default=None, max_length=16)
+    cost_device_s: float | None = None
+    cost_cpu_s: float | None = None
+    cost_tokens_prefill: int | None = Field(default=None, sa_type=BigInteger)
+    cost_tokens_sampled: int | None = Field(default=None, sa_type=BigInteger)
+    cost_tokens_trained: int | None = Field(default=None, sa_type=BigInteger)
     created_at: datetime = Field(default_factory=utcnow, index=True)
     started_at: datetime | None = None
     last_step_at: datetime | None = None

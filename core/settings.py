@@ -6,13 +6,22 @@ Nothing else in the project reads os.environ; the runner builds the same class.
 from __future__ import annotations
 
 import json
+import math
 import os
+import re
 import sys
 from functools import cached_property
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import AliasChoices, Field, SecretStr, field_validator, model_validator
+from pydantic import (
+    AliasChoices,
+    Field,
+    SecretStr,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from core.net import is_loopback
@@ -220,6 +229,30 @@ class Settings(BaseSettings):
         "fails, saying why from the environment's log (it says it is stalled sooner)",
     )
 
+    # Prices (docs/runs.md, "What a run cost"): money from what a run spent, on read.
+    price_device_hour: float | None = Field(
+        None,
+        description="What one hour of the device a local run holds costs (a GPU's hourly "
+        "price, or the CPU machine's), in RLCS_PRICE_CURRENCY",
+    )
+    price_per_mtok_prefill: float | None = Field(
+        None, description="What a million prompt tokens prefilled for sampling cost"
+    )
+    price_per_mtok_sampled: float | None = Field(
+        None, description="What a million tokens sampled (generated) cost"
+    )
+    price_per_mtok_trained: float | None = Field(
+        None, description="What a million tokens trained on (forward and backward) cost"
+    )
+    price_currency: str = Field(
+        "USD", description="The currency of the RLCS_PRICE_* settings (an ISO 4217 code)"
+    )
+    tinker_prices: Path | None = Field(
+        None,
+        description="Hosted Tinker's prices per model (a TOML file; default: the table shipped "
+        "in server/runs/tinker_prices.toml), for runs trained on hosted Tinker",
+    )
+
     # Metrics from W&B.
     wandb_cache_s: float = Field(5.0, ge=0.0)
     wandb_timeout_s: float = Field(3.0, gt=0.0)
@@ -259,6 +292,40 @@ class Settings(BaseSettings):
                 "RLCS_DATABASE_URL is not a database URL; use sqlite:////path/to/rlcs.db or "
                 "postgresql+psycopg://user:password@host:5432/dbname"
             ) from None
+        return value
+
+    @field_validator(
+        "price_device_hour",
+        "price_per_mtok_prefill",
+        "price_per_mtok_sampled",
+        "price_per_mtok_trained",
+        mode="before",
+    )
+    @classmethod
+    def _a_price(cls, value: object, info: ValidationInfo) -> object:
+        """A price: a finite number of at least 0; unset or empty, no price."""
+        if value is None or (isinstance(value, str) and not value.strip()):
+            return None
+        name = f"RLCS_{(info.field_name or '').upper()}"
+        try:
+            price = float(value)  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            price = math.nan
+        if not math.isfinite(price) or price < 0:
+            raise ValueError(
+                f"{name} must be a number of at least 0 (e.g. 2.5), not {value!r}; unset it "
+                "for no price"
+            )
+        return price
+
+    @field_validator("price_currency")
+    @classmethod
+    def _a_currency(cls, value: str) -> str:
+        if not re.fullmatch(r"[A-Z]{3}", value):
+            raise ValueError(
+                f"RLCS_PRICE_CURRENCY must be a three-letter currency code (USD, EUR), "
+                f"not {value!r}"
+            )
         return value
 
     @field_validator("allowed_hosts", "cors_origins", "webhook_allowed_hosts", mode="before")

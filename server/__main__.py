@@ -10,6 +10,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from core.db import make_engine
 from core.settings import Settings
+from server.runs.pricing import PriceTableError, Pricing
 
 SHUTDOWN_WAIT_S = 3
 
@@ -21,6 +22,7 @@ def main() -> None:
         raise SystemExit(f"rlcs: {_first_error(exc)}") from None
     settings.check_bind()
     check_database(settings)
+    check_prices(settings)
     # On SIGTERM uvicorn waits for requests in flight before shutting down; inference may be
     # one of them, so the wait is bounded (runs are separate processes and carry on).
     uvicorn.run(
@@ -46,6 +48,14 @@ def check_database(settings: Settings) -> None:
             if isinstance(exc, ModuleNotFoundError)
             else f"rlcs: RLCS_DATABASE_URL: cannot use {shown}: {reason}"
         ) from None
+
+
+def check_prices(settings: Settings) -> None:
+    """One line, not a traceback, when hosted Tinker's price table cannot be used."""
+    try:
+        Pricing.from_settings(settings)
+    except PriceTableError as exc:
+        raise SystemExit(f"rlcs: {exc}") from None
 
 
 def _first_error(exc: ValidationError) -> str:

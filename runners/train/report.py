@@ -18,6 +18,7 @@ from core.rollouts import RolloutRecord
 from core.run_folder import RunFolder, clean_metrics
 from core.settings import Settings
 from core.training_config import TrainingConfig
+from runners.train.cost_meter import CostMeter
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +55,8 @@ class Reporter:
         self.run_id = run_id
         self.folder = folder
         self._config = config
+        # What the run spends through its backend, charged with each step (core/cost.py).
+        self.meter = CostMeter()
         self._wandb: Any = None
         # The recorder's thread logs W&B tables: one logger at a time, and never to a step
         # W&B has passed (it would drop it).
@@ -168,7 +171,9 @@ class Reporter:
             metrics = {REWARD_KEY: reward, **metrics}
         if self._rollouts.per_step > 0:
             metrics = {**metrics, **self._rollouts.metrics()}
-        lifecycle.record_step(self._engine, self.run_id, step, metrics)
+        metrics = lifecycle.record_step(
+            self._engine, self.run_id, step, metrics, spent=self.meter.take()
+        )
         self._log_wandb(step, metrics)
         print(
             f"step {step}/{total} reward={_fmt(reward)} "
@@ -176,6 +181,17 @@ class Reporter:
             f"loss={_fmt(metrics.get('train/loss'))} time={metrics.get('time/step_s', 0):.1f}s",
             flush=True,
         )
+
+    def settle_cost(self) -> None:
+        """What the run spent since its last step (a last checkpoint and evaluation, closing),
+        when it ends however it ends; a failure to record it costs only that."""
+        spent = self.meter.take()
+        if spent is None:
+            return
+        try:
+            lifecycle.record_spent(self._engine, self.run_id, spent)
+        except Exception as exc:
+            log.warning("the cost since the last step was not recorded: %s", exc)
 
     def eval(self, step: int, metrics: dict[str, float]) -> None:
         lifecycle.record_metrics(self._engine, self.run_id, step, metrics)

@@ -123,8 +123,10 @@ class RunnerBase(Generic[D]):
             backend,
             cfg.model_name,
         )
-        service = create_service(backend, self.settings, self.folder.path / "checkpoints")
         reporter = Reporter(self.engine, self.settings, self.run_id, self.folder, cfg)
+        checkpoints = self.folder.path / "checkpoints"
+        service = reporter.meter.wrap(create_service(backend, self.settings, checkpoints), backend)
+        exits.callback(reporter.settle_cost)  # the run's last seconds, however it ends
         training = await self.open_training(service, reporter)
         adam = types.AdamParams(learning_rate=cfg.learning_rate, beta1=0.9, beta2=0.95, eps=1e-8)
         data = await self.open_data(backend, training, exits)

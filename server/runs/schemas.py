@@ -34,6 +34,47 @@ class RunCreatedOut(BaseModel):
     status: str
 
 
+class RunCostBriefOut(BaseModel):
+    """What a run spent over all its attempts, as lists show it (docs/runs.md)."""
+
+    device_s: float | None = Field(
+        None, description="Wall seconds the run held its device (None: not measured)"
+    )
+    tokens: int | None = Field(None, description="Tokens prefilled, sampled and trained, together")
+    money: float | None = Field(
+        None,
+        description="What that cost at the prices in force; None: no price applies (GET "
+        "/runs/{id} says why in cost.note)",
+    )
+    currency: str | None = None
+
+
+class CostPartsOut(BaseModel):
+    """The money of each priced quantity (None: not priced)."""
+
+    device: float | None
+    prefill: float | None
+    sampled: float | None
+    trained: float | None
+
+
+class RunCostOut(RunCostBriefOut):
+    device: str | None = Field(
+        None,
+        description="Where the device seconds went: the local engine's torch device (cpu, "
+        "cuda), or tinker (hosted Tinker did the work, billed by the token)",
+    )
+    cpu_s: float | None = Field(None, description="CPU seconds of the run's process, all threads")
+    tokens_prefill: int | None = Field(None, description="Prompt tokens prefilled for sampling")
+    tokens_sampled: int | None = Field(None, description="Tokens sampled (generated)")
+    tokens_trained: int | None = Field(
+        None, description="Tokens trained on: every token of every datum, forward and backward"
+    )
+    money_parts: CostPartsOut | None = None
+    basis: str | None = Field(None, description="The prices the money comes from")
+    note: str | None = Field(None, description="Why there is no money, or what it leaves out")
+
+
 class RunSummaryOut(BaseModel):
     run_id: str
     environment: str
@@ -62,6 +103,7 @@ class RunSummaryOut(BaseModel):
         description="A Tinker SDK session's name, as its script gave it "
         "(ServiceClient(display_name=...)); null for other runs",
     )
+    cost: RunCostBriefOut | None = Field(None, description="What the run spent")
 
 
 class RunProgressOut(BaseModel):
@@ -87,6 +129,7 @@ class RunDetailOut(RunSummaryOut):
     stall_details: str | None
     progress: RunProgressOut
     last_step_at: str | None
+    cost: RunCostOut | None = Field(None, description="What the run spent, and its money")
 
 
 class RunWaitOut(RunDetailOut):

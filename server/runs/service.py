@@ -66,6 +66,13 @@ SUMMARY_COLUMNS = (
     "parent_run_id",
     "parent_step",
     "source",
+    # What it spent (core/cost.py): a list reads the totals, never the metric rows.
+    "cost_device",
+    "cost_device_s",
+    "cost_cpu_s",
+    "cost_tokens_prefill",
+    "cost_tokens_sampled",
+    "cost_tokens_trained",
 )
 
 

@@ -1,4 +1,5 @@
-"""How a run looks in answers: summaries for lists, details with progress, stall and metrics."""
+"""How a run looks in answers: summaries for lists, details with progress, stall, metrics and
+cost."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from sqlalchemy.engine import Row
 from core.models import Run, RunStatus, iso, utcnow
 from core.settings import Settings
 from server.runs.metrics import MetricsService
+from server.runs.pricing import Pricing
 from server.runs.schemas import RunDetailOut, RunProgressOut, RunSummaryOut
 
 # A Run, or a row of the columns a summary reads (runs.SUMMARY_COLUMNS).
@@ -20,11 +22,14 @@ class RunViews:
     def __init__(self, settings: Settings, metrics: MetricsService) -> None:
         self._settings = settings
         self._metrics = metrics
+        self._pricing = Pricing.from_settings(settings)  # what a run's cost is in money
 
     def summary(self, run: RunColumns, reward_mean: float | None = None) -> RunSummaryOut:
         progress = self.progress(run)
         stalled, _ = self.stall(run, progress.time_per_step_s)
-        return _summary(run, reward_mean, progress, stalled)
+        out = _summary(run, reward_mean, progress, stalled)
+        out.cost = self._pricing.brief(run, out.model_name)
+        return out
 
     def detail(self, run: Run, queue: tuple[int, int] | None = None) -> RunDetailOut:
         status = RunStatus(run.status)
@@ -40,7 +45,8 @@ class RunViews:
             )
         summary = _summary(run, latest.metrics.get("reward_mean"), progress, stalled)
         return RunDetailOut(
-            **summary.model_dump(),
+            **summary.model_dump(exclude={"cost"}),
+            cost=self._pricing.cost(run, summary.model_name),
             metrics=latest.metrics,
             metrics_source=latest.source,
             metrics_note=latest.note,

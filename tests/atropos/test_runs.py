@@ -146,6 +146,12 @@ def test_a_three_step_run_records_its_rewards(
         assert row["env/num_episodes"] >= 2 * row["env/num_groups"] - 1e-9
     results = server.api.get(f"/runs/{run['run_id']}/metrics").json()
     assert results["weights_path"] and results["checkpoints"]
+    # Its cost counts what its face sampled for the environment (and what was sampled after the
+    # last step's count), and what it trained.
+    cost = run["cost"]
+    face = sum(r.get("atropos/face_tokens", 0) for r in rows)
+    assert cost["tokens_sampled"] >= face > 0 and cost["tokens_trained"] > 0, cost
+    assert cost["device_s"] > 0 and cost["tokens_prefill"] > 0
     keys = {k for r in rows for k in r}
     if name == "word_echo":  # what the environment logs to W&B itself (its wandb_log)
         assert "atropos/train/percent_correct" in keys

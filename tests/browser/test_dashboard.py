@@ -187,6 +187,10 @@ def test_runs_list_shows_runs_with_status_and_step(
         expect(row.locator("td[data-col=model]")).to_have_text("tiny-random")
         for col in ("reward", "eta", "stalled", "failure"):
             expect(row.locator(f"td[data-col={col}]")).to_have_count(1)
+        # What it spent so far: no price is set here, so its device time and tokens.
+        expect(row.locator("td[data-col=cost]")).to_have_text(
+            re.compile(r"^\S+ (s|min|h) · \S+ tok$")
+        )
         expect(row.get_by_test_id("pick")).to_have_count(1)
         expect(row.get_by_test_id("run-link")).to_have_attribute(
             "href", re.compile(rf"#/runs/{run_id}$")
@@ -212,6 +216,7 @@ def test_runs_list_shows_runs_with_status_and_step(
         expect(page).to_have_url(re.compile(rf"#/runs/{run_id}$"))
         expect(page.locator("main[data-page=run]")).to_be_visible()
         expect(page.get_by_test_id("run-status")).to_have_text("running")
+        expect(page.get_by_test_id("run-cost-note")).to_contain_text("no price set")
 
         # Stopped behind the page's back: the list, shown again and filtered, says so.
         stop(api, run_id)

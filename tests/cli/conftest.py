@@ -34,6 +34,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
         FAKE_RUNNER_MODE="steps",
         RLCS_MAX_CONCURRENT_RUNS="4",
         RLCS_STOP_GRACE_S="3",
+        RLCS_PRICE_DEVICE_HOUR="3.6",  # a fake step's 0.1 device seconds cost 0.0001
     ) as live:
         yield live
 

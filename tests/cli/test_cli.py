@@ -325,6 +325,12 @@ def test_run_lifecycle(rlctl: Rlctl, rlctl_in: Rlctl) -> None:
     ]
     human = rlctl_in("runs", "status", run_id).stdout
     assert "succeeded (attempt 1)" in human and "10/10 (100%)" in human
+    # What it spent (the fake runner charges 0.1 device seconds and 80 tokens a step).
+    assert "COST" in table.stdout.splitlines()[0]
+    (row,) = [line for line in table.stdout.splitlines() if line.startswith(run_id)]
+    assert "0.001 USD" in row
+    assert "300 prefill, 100 sampled, 400 trained" in human and "on cpu" in human
+    assert "0.001 USD" in human and "RLCS_PRICE_DEVICE_HOUR 3.6 USD/h" in human
     results_json = ok_json(rlctl_in("--json", "runs", "metrics", run_id))
     assert results_json["final"] is True and len(results_json["history"]) == 10
     history_table = rlctl_in("runs", "history", run_id).stdout
@@ -415,6 +421,16 @@ def test_runs_wait_blocks_until_the_end_or_its_timeout(rlctl: Rlctl) -> None:
     rlctl("runs", "stop", long)
     bad = rlctl("runs", "wait", long, "--until", "soon")
     assert bad.returncode == 1 and "until" in bad.stderr
+
+
+def test_the_cost_column_shows_money_else_time_and_tokens() -> None:
+    from cli.runs import cost_cell
+
+    assert cost_cell({"money": 12.345, "currency": "EUR"}) == "12.35 EUR"
+    assert cost_cell({"money": 0.000123456, "currency": "USD"}) == "0.0001235 USD"
+    assert cost_cell({"money": None, "device_s": 75.0, "tokens": 12_345}) == "1:15, 12.3k tok"
+    assert cost_cell({"money": None, "device_s": None, "tokens": None}) is None
+    assert cost_cell(None) is None
 
 
 def test_a_tinker_session_shows_its_steps_without_a_total() -> None:

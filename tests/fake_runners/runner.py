@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 from core import lifecycle
+from core.cost import Spent
 from core.db import make_engine
 from core.models import RunStatus
 from core.procs import process_start_time
@@ -60,7 +61,10 @@ def main() -> int:
             print("stopped", flush=True)
             return 0
         time.sleep(step_s)
-        lifecycle.record_step(engine, run_id, step, {"reward/mean": step / 10, "train/loss": 1.0})
+        # What a step spends, as the real runner's meter charges it (core/cost.py).
+        spent = Spent(step_s, step_s / 2, 30, 10, 40, device="cpu")
+        metrics = {"reward/mean": step / 10, "train/loss": 1.0}
+        lifecycle.record_step(engine, run_id, step, metrics, spent=spent)
         if progress:
             print(f"batch {step}: 50%\rbatch {step}: 100%", flush=True)
             print(f"windows line {step}", end="\r\n", flush=True)

@@ -41,7 +41,18 @@ def standin_words():
 
 
 def test_runner_drives_tinker_with_the_right_data(tmp_path: Path, standin_words) -> None:
-    settings = make_settings(tmp_path, tinker_api_key=TEST_KEY, tinker_base_url=standin_words.url)
+    prices = tmp_path / "tinker_prices.toml"  # hosted Tinker's prices, with a row for the model
+    prices.write_text(
+        'currency = "USD"\nas_of = "2026-10-07"\nsource = "a test"\n'
+        '[models."tiny-random"]\nprefill = 1.0\nsample = 2.0\ntrain = 3.0\n'
+    )
+    settings = make_settings(
+        tmp_path,
+        tinker_api_key=TEST_KEY,
+        tinker_base_url=standin_words.url,
+        tinker_prices=prices,
+        price_device_hour=100.0,  # our own devices' price: not what a hosted run pays
+    )
     with TestClient(create_app(settings)) as client:
         assert client.get("/health").json()["backend"] == "tinker"
         body = {
@@ -75,6 +86,25 @@ def test_runner_drives_tinker_with_the_right_data(tmp_path: Path, standin_words)
         assert run["weights_path"].startswith("tinker://")
         assert run["weights_path"].endswith("/sampler_weights/step-000002")
         assert TEST_KEY not in logs
+        items = client.get(f"/runs/{run_id}/rollouts", params={"limit": 1000}).json()["items"]
+
+    # What it cost: the tokens Tinker was sent and sampled, at hosted Tinker's prices.
+    cost = run["cost"]
+    trained = sum(
+        len(d["model_input"]) for b in standin_words.bodies("forward_backward") for d in b["data"]
+    )
+    prefill = sum(
+        len(c["tokens"]) for b in standin_words.bodies("asample") for c in b["prompt"]["chunks"]
+    )
+    sampled = sum(i["completion_tokens"] for i in items)
+    assert (cost["tokens_prefill"], cost["tokens_sampled"], cost["tokens_trained"]) == (
+        prefill,
+        sampled,
+        trained,
+    )
+    assert cost["device"] == "tinker" and cost["money_parts"]["device"] is None
+    assert cost["money"] == pytest.approx((prefill + 2 * sampled + 3 * trained) / 1e6, abs=1e-6)
+    assert "hosted Tinker's prices for tiny-random" in cost["basis"]
 
     created = standin_words.bodies("create_model")
     assert created[0]["base_model"] == "tiny-random"

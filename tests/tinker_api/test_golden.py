@@ -133,7 +133,9 @@ def shape(value: Any) -> Any:
     tokens sampled (a float's last bit may pick another token on another CPU)."""
     if isinstance(value, dict):
         return {
-            key: ["<int>"] * len(item) if key == "tokens" else shape(item)
+            key: ["<int>"] * len(item)
+            if key == "tokens" and isinstance(item, list)
+            else shape(item)
             for key, item in value.items()
         }
     if isinstance(value, list):

@@ -95,8 +95,7 @@ export class ChartBoard {
     if (!group) {
       const grid = h("div", { class: "charts" });
       const section = h("div", { dataset: { group: name } }, h("h3", {}, name), grid);
-      // Groups in name order, "summary" first.
-      const after = [...this.groups.keys()].sort().find((other) => order(other) > order(name));
+      const after = [...this.groups.keys()].sort(byOrder).find((other) => byOrder(other, name) > 0);
       if (after) this.container.insertBefore(section, this.groups.get(after).parentElement);
       else this.container.append(section);
       this.groups.set(name, grid);
@@ -125,6 +124,8 @@ function tick(value) {
   return String(Number(value.toPrecision(3)));
 }
 
-function order(name) {
-  return name === "summary" ? "" : name;
+// Groups in name order, but "summary" first and "cost" (what the run spent so far) last.
+function byOrder(a, b) {
+  const [x, y] = [a, b].map((name) => (name === "summary" ? "" : name === "cost" ? "\uffff" : name));
+  return x < y ? -1 : x > y ? 1 : 0;
 }

@@ -1,9 +1,11 @@
 // One run: its status and progress, where it came from (source, fork parent, sweep) and its
-// forks, a chart of every metric (live while it runs), what its model said (rollouts), the
-// frozen config, checkpoints, the W&B link, the live log with its end event, stop and resume.
+// forks, what it spent, a chart of every metric (live while it runs), what its model said
+// (rollouts), the frozen config, checkpoints, the W&B link, the live log with its end event,
+// stop and resume.
 
 import { api, history, streamEvents } from "/static/js/api.js";
 import { ChartBoard } from "/static/js/charts.js";
+import { costFacts } from "/static/js/cost.js";
 import { FINISHED, duration, fmt, h, stepOf } from "/static/js/dom.js";
 import { RolloutsView } from "/static/js/rollouts.js";
 import { forkOf, frameworks, sourceLabel, sweepOf } from "/static/js/run_origin.js";
@@ -79,6 +81,7 @@ export function mount(main, runId) {
       ...fact("time per step", duration(run.progress?.time_per_step_s)),
       ...fact("ETA", run.status === "running" ? duration(run.progress?.eta_s) : "–"),
       ...fact("attempt", String(run.attempt)),
+      ...costFacts(run.cost).flatMap(([name, value]) => fact(name, value)),
       ...fact("metrics from", run.metrics_source + (run.metrics_note ? ` (${run.metrics_note})` : "")),
       ...fact("W&B", wandb),
       ...fact("weights", run.weights_path || "–"),

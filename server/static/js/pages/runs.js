@@ -1,7 +1,9 @@
 // Runs: a live table (polled every 2 s), newest first, filtered by status, environment and
-// source, 100 to a page; each run's source, fork parent and sweep; pick runs to compare them.
+// source, 100 to a page; each run's source, fork parent, sweep and cost; pick runs to compare
+// them.
 
 import { api } from "/static/js/api.js";
+import { costCell } from "/static/js/cost.js";
 import { duration, fmt, h, statusBadge, stepOf } from "/static/js/dom.js";
 import { SOURCES, forkOf, frameworks, sourceLabel, sourceOf, sweepOf } from "/static/js/run_origin.js";
 
@@ -44,7 +46,7 @@ export function mount(main) {
   const table = h(
     "table",
     { "data-testid": "runs-table" },
-    h("thead", {}, h("tr", {}, ["", "run", "source", "environment", "model", "status", "step", "reward", "ETA", "stalled", "failure", "created"].map((t) => h("th", {}, t)))),
+    h("thead", {}, h("tr", {}, ["", "run", "source", "environment", "model", "status", "step", "reward", "cost", "ETA", "stalled", "failure", "created"].map((t) => h("th", {}, t)))),
     body,
   );
   main.append(
@@ -87,6 +89,7 @@ export function mount(main) {
       cell("status", statusBadge(run.status)),
       cell("step", stepOf(run)),
       cell("reward", fmt(run.reward_mean)),
+      cell("cost", costCell(run.cost)),
       cell("eta", run.status === "running" ? duration(run.eta_s) : "–"),
       cell("stalled", run.stalled ? "stalled" : ""),
       cell("failure", run.failure_kind || ""),
@@ -107,7 +110,7 @@ export function mount(main) {
       if (!shown.length) {
         const filtered = state.status || state.environment || state.source || state.offset;
         const why = filtered ? "No runs here match the filters." : "No runs yet: start one with New run.";
-        body.append(h("tr", {}, h("td", { colspan: 12, class: "muted" }, why)));
+        body.append(h("tr", {}, h("td", { colspan: 13, class: "muted" }, why)));
       }
       error.textContent = "";
       prev.disabled = state.offset === 0;
