@@ -65,26 +65,54 @@ def end_session_leftovers(sid: int, started: float | None) -> list[int]:
     """SIGKILL what is left of a run's session after its leader (pid `sid`) ended: processes
     of that session started no earlier than it. A run's own group is signalled by the server
     that started it; this is for runs adopted after a restart, whose group no one reaps."""
+    return end_sessions_leftovers({sid: (started, None)})
+
+
+def end_sessions_leftovers(sessions: dict[int, tuple[float | None, float | None]]) -> list[int]:
+    """`end_session_leftovers` for several ended sessions in one pass over /proc: each maps a
+    leader's pid to (its start, the latest start a leftover of it may have) in clock ticks;
+    a process of that session started outside that span is not the run's (the pid was reused)."""
+    ended = {}
+    for sid, span in sessions.items():
+        leader = _stat_fields(sid)
+        if leader is None or leader[0] == "Z":  # alive: a new session, not the run's
+            ended[sid] = span
     killed: list[int] = []
-    leader = _stat_fields(sid)
-    if leader is not None and leader[0] != "Z":
-        return killed  # the number leads a live process again: a new session, not the run's
+    if not ended:
+        return killed
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         fields = _stat_fields(int(entry.name))
         # After the state: ppid, pgrp, session (fields 4-6 overall).
-        if fields is None or len(fields) < 20 or fields[3] != str(sid):
+        if fields is None or len(fields) < 20 or not fields[3].isdigit():
             continue
-        start = _start_of(fields)
-        if started is not None and start is not None and start < started:
-            continue  # an older process that happens to share the number: not the run's
+        found = ended.get(int(fields[3]))
+        if found is None:
+            continue
+        start, (first, last) = _start_of(fields), found
+        if start is not None and (
+            (first is not None and start < first) or (last is not None and start > last)
+        ):
+            continue  # another process that happens to share the number: not the run's
         try:
             os.kill(int(entry.name), signal.SIGKILL)
             killed.append(int(entry.name))
         except ProcessLookupError:
             pass
     return killed
+
+
+def ticks_at(moment: float) -> float | None:
+    """A wall-clock time (epoch seconds) in the clock ticks since boot that process start
+    times are counted in (Linux /proc), or None when the boot time cannot be read."""
+    try:
+        for line in Path("/proc/stat").read_text().splitlines():
+            if line.startswith("btime "):
+                return (moment - int(line.split()[1])) * os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError):
+        return None
+    return None
 
 
 def describe_exit(returncode: int) -> str:

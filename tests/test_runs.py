@@ -373,6 +373,35 @@ def test_server_kill_9_then_restart_adopts_the_run(tmp_path: Path, fake_env) -> 
 
 
 @pytest.mark.slow
+def test_a_run_that_ends_while_no_server_runs_leaves_nothing_behind(
+    tmp_path: Path, fake_env
+) -> None:
+    """The run finishes on its own between the server's death and its restart: no server
+    watched its end, so the restarted one clears what its session left."""
+    var = tmp_path / "var"
+    env = {"RLCS_RUNNER_MODULE": FAKE, "FAKE_RUNNER_STEP_S": "0.1"}
+    server = LiveServer(var, **env).start()
+    try:
+        httpx.post(f"{server.url}/environments/arithmetic/select")
+        run_id = httpx.post(f"{server.url}/runs", json={"total_steps": 8}).json()["run_id"]
+        pid = wait_for(lambda: httpx.get(f"{server.url}/runs/{run_id}").json()["pid"])
+        server.kill(signal.SIGKILL)
+        engine = make_engine(f"sqlite:///{var / 'rlcs.db'}")
+
+        def ended() -> bool:
+            with read_session(engine) as session:
+                run = session.get(Run, run_id)
+                return run is not None and run.status == "succeeded" and not pid_alive(pid)
+
+        wait_for(ended, 30)
+        assert run_leftovers(var)  # its grandchild outlived it: nobody cleared the session
+        server = LiveServer(var, **env).start()
+        wait_for(lambda: not run_leftovers(var), 10)
+    finally:
+        server.kill(signal.SIGTERM)
+
+
+@pytest.mark.slow
 def test_adopted_run_that_dies_is_settled(tmp_path: Path, fake_env) -> None:
     var = tmp_path / "var"
     env = {"RLCS_RUNNER_MODULE": FAKE, "FAKE_RUNNER_STEP_S": "0.3"}

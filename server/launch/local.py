@@ -14,11 +14,13 @@ from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
+from sqlalchemy import or_
 from sqlalchemy.engine import Engine
+from sqlmodel import col, select
 
 from core import lifecycle, procs
-from core.db import write_session
-from core.models import Run, RunStatus, utcnow
+from core.db import read_session, write_session
+from core.models import FINISHED, Run, RunStatus, utcnow
 from core.run_folder import RunFolder
 from core.settings import PROJECT_ROOT, Settings
 from server.launch import exit_cause
@@ -26,6 +28,9 @@ from server.launch.launcher import LOCAL_LAUNCHER, LauncherHealth
 from server.launch.settle import Ending, settle
 
 log = logging.getLogger(__name__)
+# How far back a restart looks for runs that ended while no server watched them (their
+# sessions' leftovers are cleared): longer than a server is ever down.
+UNWATCHED_ENDS = timedelta(days=7)
 
 
 @dataclass
@@ -113,6 +118,30 @@ class LocalLauncher:
     def reconcile(self, runs: list[Run]) -> None:
         for run in runs:
             self._adopt_or_settle(run, "the server restarted and found its process gone")
+        self._clear_unwatched_ends()
+
+    def _clear_unwatched_ends(self) -> None:
+        """What runs that ended while no server watched them left running in their sessions
+        (a run that finished between a server's death and its restart): killed now, as a
+        watching server would have. Only processes started within a run's lifetime count."""
+        since = utcnow() - UNWATCHED_ENDS
+        with read_session(self._engine) as session:
+            ended = session.exec(
+                select(Run.pid, Run.process_start, Run.finished_at).where(
+                    col(Run.status).in_([s.value for s in FINISHED]),
+                    col(Run.pid).is_not(None),
+                    col(Run.finished_at) >= since,
+                    or_(col(Run.launcher).is_(None), col(Run.launcher) == LOCAL_LAUNCHER),
+                )
+            ).all()
+        spans = {
+            pid: (start, procs.ticks_at(finished.timestamp()) if finished else None)
+            for pid, start, finished in ended
+            if pid is not None
+        }
+        killed = procs.end_sessions_leftovers(spans)
+        if killed:
+            log.info("ended %s process(es) left by runs that ended unwatched", len(killed))
 
     def watch(self, runs: list[Run]) -> None:
         active = {run.id: run for run in runs}

@@ -129,8 +129,10 @@ class Supervisor:
     def reconcile(self) -> None:
         """After a (re)start: each launcher adopts its unfinished runs or settles their end."""
         with self._lock:
-            for kind, runs in self._slot_holders().items():
-                self.launchers.get(kind).reconcile(runs)
+            by_kind = self._slot_holders()
+            # Every launcher looks, with runs or without: runs may have ended unwatched.
+            for kind in set(by_kind) | {launcher.kind for launcher in self.launchers.made()}:
+                self.launchers.get(kind).reconcile(by_kind.get(kind, []))
 
     def _slot_holders(self) -> dict[str, list[Run]]:
         """Runs holding a slot, by the launcher that started their current attempt."""
