@@ -220,10 +220,14 @@ class OpenSampler(Op[SamplerReady]):
 
 
 class Sample(Op[Sampled]):
-    """The SDK's sample request (its JSON body, less what names the sampler)."""
+    """The SDK's sample request (its JSON body, less what names the sampler), and the ids the
+    server gave its samples (`record_stability_info`: recorded under them for
+    stable_reinforce)."""
 
     op: Literal["sample"] = "sample"
     sampler_id: str
+    sequence_ids: list[str]
+    record_stability_info: bool = False
     num_samples: int
     prompt: dict[str, Any]
     sampling_params: dict[str, Any]
@@ -236,11 +240,13 @@ class Sample(Op[Sampled]):
 
 
 class Release(Op[Released]):
-    """A session ended: its models and samplers go, requests still queued on them never run."""
+    """A session ended: its models and samplers go, requests still queued on them never run,
+    and the sequences it recorded (their ids start with `session_id`)."""
 
     op: Literal["release"] = "release"
     models: list[str]
     samplers: list[str]
+    session_id: str = ""
 
 
 Request = Annotated[

@@ -52,6 +52,7 @@ from core.tinker_wire import (
 )
 from runners.engine.futures import LocalFuture
 from runners.engine.local import LocalServiceClient
+from runners.engine.recorded_sequences import UnknownSequence
 from runners.engine.sampler import LocalSamplingClient
 from runners.engine.training import LocalTrainingClient
 from runners.models.loading import tokenizer_folder
@@ -213,7 +214,12 @@ class TinkerWorker:
             raise Refusal(400, "model_id: the body names another model than its envelope")
         client = self._model(body.model_id)
         run = client.forward if body.forward_only else client.forward_backward
-        future = _guard(lambda: run(body.data, body.loss_fn, dict(body.loss_fn_config) or None))
+
+        def submit() -> LocalFuture[types.ForwardBackwardOutput]:
+            _check_own_sequences(body, session_of(body.model_id))
+            return run(body.data, body.loss_fn, dict(body.loss_fn_config) or None)
+
+        future = _guard(submit)
 
         def trained(output: types.ForwardBackwardOutput) -> Trained:
             return Trained(
@@ -292,6 +298,8 @@ class TinkerWorker:
                     target_prompt_logprobs=request.target_prompt_logprobs,
                     prompt_alt_tokens_k=request.prompt_alt_tokens_k,
                     prompt_logprobs_last_n=request.prompt_logprobs_last_n,
+                    sequence_ids=request.sequence_ids,
+                    record_stability_info=request.record_stability_info,
                 )
             except BaseException as exc:
                 result.set_exception(exc)
@@ -316,6 +324,8 @@ class TinkerWorker:
         with self._lock:
             models = [self._models.pop(i) for i in request.models if i in self._models]
             samplers = [self._samplers.pop(i) for i in request.samplers if i in self._samplers]
+        if request.session_id:
+            self._service.sequences.forget(f"{request.session_id}:")
         done = self._closer.submit(self._close_all, models, samplers)
 
         def released(_: None) -> Released:
@@ -369,6 +379,23 @@ class TinkerWorker:
             self._send(Done(id=request_id, answer=answer))
 
         work.future.add_done_callback(done)
+
+
+def session_of(model_id: str) -> str:
+    """The session a model or sampler id belongs to (`r-3f9c2a1b:train:0`: `r-3f9c2a1b`)."""
+    return model_id.split(":", 1)[0]
+
+
+def _check_own_sequences(body: proto.ForwardBackward, session_id: str) -> None:
+    """Recorded sequences are the session's: a datum may name only those its own samplers
+    recorded (the server gives each an id that starts with its session's)."""
+    for sequence_id in sorted(body.sequence_ids()):
+        if not sequence_id.startswith(f"{session_id}:"):
+            raise UnknownSequence(
+                f"provenance: sequence {sequence_id[:120]!r} was not sampled in this session "
+                f"({session_id}); recorded sequences belong to the session whose sampler drew "
+                "them"
+            )
 
 
 def _guard(call: Callable[[], LocalFuture[Any]]) -> LocalFuture[Any]:

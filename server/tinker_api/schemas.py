@@ -123,6 +123,7 @@ class SampleIn(WireIn):
     target_prompt_logprobs: dict[str, Any] | None = None
     prompt_alt_tokens_k: int = 0
     prompt_logprobs_last_n: int | None = None
+    record_stability_info: bool | None = None
 
 
 class RetrieveIn(WireIn):

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import secrets
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -378,18 +379,30 @@ class TinkerService:
             raise NotFound(
                 f"sampling_session_id: no sampler {body.sampling_session_id[:100]} in this session"
             )
-        request = Sample(
-            sampler_id=body.sampling_session_id,
-            **body.model_dump(
-                mode="json", exclude={"sampling_session_id", "seq_id", "base_model", "model_path"}
-            ),
-        )
 
         async def submit() -> JsonObject:
+            # The samples' ids are fixed now (the SDK wants them with this answer) and start
+            # with the session's: recorded sequences are the session's own.
+            prefix = f"{session.id}:seq:{secrets.token_hex(6)}"
+            ids = [f"{prefix}:{i}" for i in range(body.num_samples)]
+            request = Sample(
+                sampler_id=body.sampling_session_id,
+                sequence_ids=ids,
+                record_stability_info=bool(body.record_stability_info),
+                **body.model_dump(
+                    mode="json",
+                    exclude={
+                        "sampling_session_id",
+                        "seq_id",
+                        "base_model",
+                        "model_path",
+                        "record_stability_info",
+                    },
+                ),
+            )
             pending = await self._hub.submit(
                 session, "sample", request, lambda sampled: answers.sampled(session, sampled)
             )
-            ids = [f"{pending.request_id}:{i}" for i in range(body.num_samples)]
             return {"request_id": pending.request_id, "sample_sequence_ids": ids}
 
         if body.seq_id is None:

@@ -96,6 +96,7 @@ class SessionHub:
             freed = Release(
                 models=[m.model_id for m in session.models.values()],
                 samplers=list(session.samplers),
+                session_id=session.id,
             )
             release_call = self.call(
                 session, freed, lambda answer: _released(session, answer), ended_ok=True
