@@ -202,6 +202,15 @@ class SaveSampler(Op[Saved]):
     user_metadata: dict[str, str] | None = None
 
 
+class SaveExternal(Op[Saved]):
+    """The adapter as a peft folder for download (save_weights_external): `<name>/external`
+    in the model's checkpoint folder, replacing one of that name."""
+
+    op: Literal["save_external"] = "save_external"
+    model_id: str
+    name: str
+
+
 class Snapshot(Op[SamplerReady]):
     """A sampler over a model's weights as they are now (save_weights_and_get_sampling_client)."""
 
@@ -257,6 +266,7 @@ Request = Annotated[
     | OptimStep
     | SaveState
     | SaveSampler
+    | SaveExternal
     | Snapshot
     | OpenSampler
     | Sample

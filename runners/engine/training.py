@@ -148,6 +148,13 @@ class LocalTrainingClient:
         folder = ckpt.checkpoint_folder(self.checkpoint_dir, name, ckpt.SAMPLER_KIND)
         return submit(self._worker, self._run_save_sampler, folder, user_metadata or {})
 
+    def export_adapter(
+        self, folder: Path, user_metadata: dict[str, str] | None = None
+    ) -> LocalFuture[types.SaveWeightsForSamplerResponse]:
+        """The adapter as a peft folder at `folder`, in the sampler checkpoint's format (the
+        Tinker API's save_weights_external), in order with this client's other requests."""
+        return submit(self._worker, self._run_save_sampler, Path(folder), user_metadata or {})
+
     def save_weights_and_get_sampling_client(
         self,
         name: str | None = None,

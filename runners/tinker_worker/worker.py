@@ -43,6 +43,7 @@ from core.tinker_wire import (
     Sampled,
     SamplerReady,
     Saved,
+    SaveExternal,
     SaveSampler,
     SaveState,
     Snapshot,
@@ -141,6 +142,8 @@ class TinkerWorker:
                 return self._save_state(request)
             case SaveSampler():
                 return self._save_sampler(request)
+            case SaveExternal():
+                return self._save_external(request)
             case Snapshot():
                 return self._snapshot(request)
             case OpenSampler():
@@ -255,6 +258,12 @@ class TinkerWorker:
                 request.name, user_metadata=request.user_metadata
             )
         )
+        return Work(future, lambda saved: Saved(folder=saved.path, steps=client.steps))
+
+    def _save_external(self, request: SaveExternal) -> Work[Any]:
+        client = self._model(request.model_id)
+        folder = client.checkpoint_dir / request.name / "external"
+        future = _guard(lambda: client.export_adapter(folder))
         return Work(future, lambda saved: Saved(folder=saved.path, steps=client.steps))
 
     # Samplers ----------------------------------------------------------------------------

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Query, Request, Response
+from fastapi import APIRouter, Depends, Header, Query, Request, Response
+from fastapi.responses import FileResponse
 
 from server.deps import Services, services
 from server.errors import BadRequest
@@ -116,6 +117,11 @@ async def save_weights_for_sampler(body: schemas.SaveSamplerIn, tk: Tk) -> JsonO
     return await tk.save_weights_for_sampler(body)
 
 
+@router.post("/save_weights_external")
+async def save_weights_external(body: schemas.SaveExternalIn, tk: Tk) -> JsonObject:
+    return await tk.save_weights_external(body)
+
+
 @router.post("/load_weights")
 async def load_weights(body: schemas.LoadWeightsIn, tk: Tk) -> JsonObject:
     return await tk.load_weights(body)
@@ -182,6 +188,40 @@ def list_checkpoints(model_id: str, svc: Svc) -> JsonObject:
     return svc.tinker_rest.checkpoints(model_id)
 
 
+# Before the DELETE of a checkpoint, whose path would take these suffixes in.
+@router.get("/training_runs/{model_id}/checkpoints/{checkpoint_id:path}/external_weights_urls")
+def external_weights_urls(
+    model_id: str, checkpoint_id: str, request: Request, tk: Tk
+) -> JsonObject:
+    return tk.weights.external_urls(model_id, checkpoint_id, str(request.base_url))
+
+
+@router.put("/training_runs/{model_id}/checkpoints/{checkpoint_id:path}/ttl")
+def set_checkpoint_ttl(model_id: str, checkpoint_id: str, body: schemas.TtlIn, tk: Tk) -> None:
+    tk.weights.set_ttl(model_id, checkpoint_id, body.ttl_seconds)
+
+
+@router.post("/training_runs/{model_id}/checkpoints/{checkpoint_id:path}/publish")
+def publish_checkpoint(model_id: str, checkpoint_id: str, tk: Tk) -> None:
+    tk.weights.publish(model_id, checkpoint_id, True)
+
+
+@router.delete("/training_runs/{model_id}/checkpoints/{checkpoint_id:path}/publish")
+def unpublish_checkpoint(model_id: str, checkpoint_id: str, tk: Tk) -> None:
+    tk.weights.publish(model_id, checkpoint_id, False)
+
+
+@router.post("/copy_weights")
+def copy_weights(
+    body: schemas.CopyWeightsIn,
+    tk: Tk,
+    idempotency_key: Annotated[
+        str | None, Header(alias="X-Idempotency-Key", max_length=100)
+    ] = None,
+) -> JsonObject:
+    return tk.weights.copy(body, idempotency_key)
+
+
 @router.delete("/training_runs/{model_id}/checkpoints/{checkpoint_id:path}")
 def delete_checkpoint(model_id: str, checkpoint_id: str, svc: Svc) -> JsonObject:
     svc.tinker_rest.delete_checkpoint(model_id, checkpoint_id)
@@ -200,3 +240,21 @@ def list_user_checkpoints(
 @router.post("/weights_info")
 def weights_info(body: schemas.WeightsInfoIn, svc: Svc) -> JsonObject:
     return svc.tinker_rest.weights_info(body.tinker_path)
+
+
+# Signed downloads: a plain GET with no key, as the SDK's command line fetches them ------------
+
+downloads = APIRouter(prefix="/api/v1/downloads", tags=["tinker"])
+
+
+@downloads.get("/{model_id}/{name}/{file}", response_model=None)
+def download_file(
+    model_id: str,
+    name: str,
+    file: str,
+    tk: Tk,
+    expires: Annotated[int, Query()],
+    signature: Annotated[str, Query(max_length=128)],
+) -> FileResponse:
+    path = tk.weights.download(model_id, name, file, expires, signature)
+    return FileResponse(path, media_type="application/octet-stream", filename=file)

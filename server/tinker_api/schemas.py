@@ -82,6 +82,12 @@ class SaveWeightsIn(SeqIn):
     user_metadata: dict[str, str] | None = None
 
 
+class SaveExternalIn(SeqIn):
+    path: str = Field(max_length=200)
+    ttl_seconds: int | None = None
+    age_encryption_recipients: list[str] | None = None
+
+
 class SaveSamplerIn(SeqIn):
     path: str | None = Field(None, max_length=200)
     sampling_session_seq_id: int | None = None
@@ -133,3 +139,15 @@ class RetrieveIn(WireIn):
 
 class WeightsInfoIn(WireIn):
     tinker_path: str = Field(max_length=500)
+
+
+class TtlIn(WireIn):
+    ttl_seconds: int | None = None
+
+
+class CopyWeightsIn(WireIn):
+    source_path: str = Field(max_length=500)
+    session_id: str | None = Field(None, max_length=64)
+    model_seq_id: int | None = Field(None, ge=0, le=999_999)
+    destination_project_id: str | None = Field(None, max_length=200)
+    ttl_seconds: int | None = None

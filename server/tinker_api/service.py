@@ -34,12 +34,14 @@ from core.tinker_wire import (
     OpenSampler,
     OptimStep,
     Sample,
+    SaveExternal,
     SaveSampler,
     SaveState,
     Snapshot,
 )
 from server.errors import BadRequest, Gone, NotFound
 from server.tinker_api import paths, schemas
+from server.tinker_api.downloads import DownloadSigner
 from server.tinker_api.proto_header import ProtoHeaderError, model_and_seq
 from server.tinker_api.schemas import JsonObject
 from server.tinker_api.sessions import answers
@@ -48,6 +50,7 @@ from server.tinker_api.sessions.hub import SessionHub, no_session
 from server.tinker_api.sessions.records import SessionRecords
 from server.tinker_api.sessions.session import Model, Sampler, Session
 from server.tinker_api.sessions.sweeper import SessionSweeper
+from server.tinker_api.weights import TinkerWeights, expiry
 from server.tinker_api.worker_client import TinkerWorkerProcess
 
 log = logging.getLogger(__name__)
@@ -73,8 +76,10 @@ class TinkerService:
     ) -> None:
         self._settings = settings
         self._hub = SessionHub(settings, engine, clock)
-        self._sweeper = SessionSweeper(self._hub)
         self.records: SessionRecords = self._hub.records
+        self.signer = DownloadSigner()
+        self.weights = TinkerWeights(self.records, self.signer)
+        self._sweeper = SessionSweeper(self._hub, self.weights.expire)
         self.futures: FutureRegistry = self._hub.futures
         self.worker: TinkerWorkerProcess = self._hub.worker
 
@@ -207,6 +212,7 @@ class TinkerService:
 
     async def save_weights(self, body: schemas.SaveWeightsIn) -> JsonObject:
         session, model = self._hub.model(body.model_id)
+        expires_at = expiry(body.ttl_seconds, "ttl_seconds")
         name = body.path or f"state-{session.step:06d}"
         request = SaveState(
             model_id=model.model_id,
@@ -220,13 +226,41 @@ class TinkerService:
             body.seq_id,
             "save",
             request,
-            lambda saved: answers.saved(session, model, STATE_KIND, name, saved),
+            lambda saved: answers.saved(session, model, STATE_KIND, name, saved, expires_at),
+        )
+
+    async def save_weights_external(self, body: schemas.SaveExternalIn) -> JsonObject:
+        """The adapter as a peft folder to download (tinker checkpoint download asks for it)."""
+        session, model = self._hub.model(body.model_id)
+        if body.age_encryption_recipients:
+            return self._hub.failed_now(
+                session,
+                Outcome(
+                    error="age_encryption_recipients: not served: this server has no age "
+                    "implementation to encrypt the files with; export without recipients (the "
+                    "files stay on this machine, and their URLs are signed)",
+                    category="user",
+                ),
+                model.model_id,
+            )
+        expires_at = expiry(body.ttl_seconds, "ttl_seconds")
+        request = SaveExternal(model_id=model.model_id, name=body.path)
+        return await self._model_op(
+            session,
+            model,
+            body.seq_id,
+            "save",
+            request,
+            lambda saved: answers.saved(
+                session, model, paths.EXTERNAL_KIND, body.path, saved, expires_at
+            ),
         )
 
     async def save_weights_for_sampler(self, body: schemas.SaveSamplerIn) -> JsonObject:
         session, model = self._hub.model(body.model_id)
         if body.path:
             name = body.path
+            expires_at = expiry(body.ttl_seconds, "ttl_seconds")
             request = SaveSampler(
                 model_id=model.model_id, name=name, user_metadata=body.user_metadata
             )
@@ -236,7 +270,7 @@ class TinkerService:
                 body.seq_id,
                 "save",
                 request,
-                lambda saved: answers.saved(session, model, SAMPLER_KIND, name, saved),
+                lambda saved: answers.saved(session, model, SAMPLER_KIND, name, saved, expires_at),
             )
         # No name: a sampler over the weights as they are (save_weights_and_get_sampling_
         # client); "inflight" is served as a snapshot.
@@ -374,11 +408,10 @@ class TinkerService:
                 "sampling_session_id: missing; sample through a sampling client (from "
                 "create_sampling_client or save_weights_and_get_sampling_client)"
             )
-        session = self._hub.session(body.sampling_session_id.partition(":sample:")[0])
-        if body.sampling_session_id not in session.samplers:
-            raise NotFound(
-                f"sampling_session_id: no sampler {body.sampling_session_id[:100]} in this session"
-            )
+        sampler_id = body.sampling_session_id
+        session = self._hub.session(sampler_id.partition(":sample:")[0])
+        if sampler_id not in session.samplers:
+            raise NotFound(f"sampling_session_id: no sampler {sampler_id[:100]} in this session")
 
         async def submit() -> JsonObject:
             # The samples' ids are fixed now (the SDK wants them with this answer) and start
@@ -386,7 +419,7 @@ class TinkerService:
             prefix = f"{session.id}:seq:{secrets.token_hex(6)}"
             ids = [f"{prefix}:{i}" for i in range(body.num_samples)]
             request = Sample(
-                sampler_id=body.sampling_session_id,
+                sampler_id=sampler_id,
                 sequence_ids=ids,
                 record_stability_info=bool(body.record_stability_info),
                 **body.model_dump(
@@ -407,7 +440,7 @@ class TinkerService:
 
         if body.seq_id is None:
             return await submit()
-        return await session.once(("sample", body.sampling_session_id, body.seq_id), submit)
+        return await session.once(("sample", sampler_id, body.seq_id), submit)
 
     # Futures ------------------------------------------------------------------------------
 

@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel
 from sqlalchemy.engine import Engine
 
-from core.checkpoint_check import RECORDS, STATE_KIND
+from core.checkpoint_check import STATE_KIND
 from core.model_names import known_models, model_available
 from core.models import RunStatus
 from core.settings import Settings
@@ -226,12 +226,12 @@ class SessionHub:
             raise BadRequest(str(exc)) from None
         if kind is not None and ref.kind != kind:
             raise BadRequest(
-                f"{field}: {path} is a sampler checkpoint; loading a training state needs a "
-                "/weights/ path (save_state makes one)"
+                f"{field}: {path} is a {paths.CHECKPOINT_TYPES[ref.kind]} checkpoint; loading a "
+                "training state needs a /weights/ path (save_state makes one)"
             )
         run = await self.recorder.read(self.records.run, ref.session_id)
         folder = ref.folder(Path(run.run_dir)) if run is not None else None
-        if folder is None or not (folder / RECORDS[ref.kind]).is_file():
+        if folder is None or not (folder / ref.record_file).is_file():
             raise BadRequest(f"{field}: no checkpoint at {path} (never saved, or deleted)")
         return folder
 

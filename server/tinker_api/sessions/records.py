@@ -14,6 +14,7 @@ import os
 import secrets
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -92,8 +93,16 @@ class SessionRecords:
     def step(self, run_id: str, step: int, metrics: dict[str, float]) -> None:
         lifecycle.record_step(self._engine, run_id, step, metrics)
 
-    def checkpoint(self, run_id: str, step: int, kind: str, name: str, folder: str) -> None:
-        lifecycle.record_checkpoint(self._engine, run_id, step, kind, name, folder)
+    def checkpoint(
+        self,
+        run_id: str,
+        step: int,
+        kind: str,
+        name: str,
+        folder: str,
+        expires_at: datetime | None = None,
+    ) -> None:
+        lifecycle.record_checkpoint(self._engine, run_id, step, kind, name, folder, expires_at)
 
     def forget_checkpoint(self, run_id: str, folder: str) -> None:
         with write_session(self._engine) as db:
@@ -102,6 +111,34 @@ class SessionRecords:
                     col(Checkpoint.run_id) == run_id, col(Checkpoint.path) == folder
                 )
             )
+
+    def update_checkpoint(self, run_id: str, folder: str, **fields: Any) -> Checkpoint | None:
+        """Set a checkpoint row's fields (public, expires_at); the row, None if there is none."""
+        with write_session(self._engine) as db:
+            row = db.exec(
+                select(Checkpoint).where(
+                    col(Checkpoint.run_id) == run_id, col(Checkpoint.path) == folder
+                )
+            ).first()
+            if row is None:
+                return None
+            for key, value in fields.items():
+                setattr(row, key, value)
+            db.add(row)
+            db.flush()
+            db.refresh(row)
+            db.expunge(row)
+        return row
+
+    def expired(self, now: datetime) -> list[Checkpoint]:
+        """Tinker sessions' checkpoints whose time to live passed before `now`."""
+        with read_session(self._engine) as db:
+            rows = db.exec(
+                select(Checkpoint)
+                .join(Run, col(Run.id) == col(Checkpoint.run_id))
+                .where(col(Run.source) == TINKER_API, col(Checkpoint.expires_at) < now)
+            ).all()
+        return list(rows)
 
     def end(self, run_id: str, status: RunStatus, kind: str | None, details: str) -> None:
         """The session's end; a run stopped meanwhile (POST /runs/{id}/stop) ends stopped."""
@@ -181,8 +218,16 @@ class Recorder:
     def step(self, run_id: str, step: int, metrics: dict[str, Any]) -> None:
         self._thread.submit(self.records.step, run_id, step, metrics)
 
-    def checkpoint(self, run_id: str, step: int, kind: str, name: str, folder: str) -> None:
-        self._thread.submit(self.records.checkpoint, run_id, step, kind, name, folder)
+    def checkpoint(
+        self,
+        run_id: str,
+        step: int,
+        kind: str,
+        name: str,
+        folder: str,
+        expires_at: datetime | None = None,
+    ) -> None:
+        self._thread.submit(self.records.checkpoint, run_id, step, kind, name, folder, expires_at)
 
     def end(self, run_id: str, status: RunStatus, kind: str | None, details: str) -> None:
         self._thread.submit(self.records.end, run_id, status, kind, details)

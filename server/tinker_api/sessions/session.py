@@ -11,6 +11,7 @@ import logging
 from collections.abc import Awaitable, Callable, Hashable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -179,10 +180,14 @@ class Session:
             f"trained, {tally.sampled_tokens} sampled"
         )
 
-    def saved(self, kind: str, name: str, folder: str, path: str) -> None:
-        """A checkpoint (`path`, its tinker:// name) at the current step."""
-        self.recorder.checkpoint(self.id, self.step, kind, name, folder)
-        self.note(f"saved {path}")
+    def saved(
+        self, kind: str, name: str, folder: str, path: str, expires_at: datetime | None
+    ) -> None:
+        """A checkpoint (`path`, its tinker:// name) at the current step, kept until
+        `expires_at` (its ttl_seconds) if given."""
+        self.recorder.checkpoint(self.id, self.step, kind, name, folder, expires_at)
+        until = f" (expires {iso(expires_at)})" if expires_at else ""
+        self.note(f"saved {path}{until}")
 
     def end(
         self, status: RunStatus, failure_kind: str | None, told: str, details: str | None

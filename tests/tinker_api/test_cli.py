@@ -1,0 +1,99 @@
+"""The SDK's own command line (`tinker`, SDK 0.38) against the server, run as a user runs it:
+a subprocess with TINKER_BASE_URL and TINKER_API_KEY. Checkpoints (list, download of a
+training checkpoint through an exported adapter and signed URLs, time to live, publication),
+sessions (list, trace export), runs, models and billing."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import tinker
+from safetensors.numpy import load_file
+
+from tests.live_server import LiveServer
+from tests.tinker_api.conftest import KEY, WAIT_S, sdk_env
+from tests.tinker_api.reference import ADAM, datums
+
+pytestmark = pytest.mark.timeout(240)
+TINKER = str(Path(sys.executable).parent / "tinker")
+
+
+def cli(server: LiveServer, *args: str, cwd: Path | None = None) -> Any:
+    """`tinker --format json ARGS`: its JSON output (or its text, when it prints none)."""
+    done = subprocess.run(
+        [TINKER, "--format", "json", *args],
+        env=sdk_env(server),
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert done.returncode == 0, f"tinker {' '.join(args)}: {done.stdout}{done.stderr}"
+    try:
+        return json.loads(done.stdout)
+    except ValueError:
+        return done.stdout
+
+
+def test_checkpoint_download_ttl_and_publish(
+    service: tinker.ServiceClient, server: LiveServer, tmp_path: Path
+) -> None:
+    training = service.create_lora_training_client("tiny-random", rank=4, seed=31).result(WAIT_S)
+    training.forward_backward(datums("cross_entropy"), "cross_entropy")
+    training.optim_step(ADAM)
+    state = training.save_state("trained").result(WAIT_S).path
+    sampler = training.save_weights_for_sampler("trained").result(WAIT_S).path
+
+    listed = cli(server, "checkpoint", "list", "--run-id", training.model_id)
+    assert {c["tinker_path"] for c in listed["checkpoints"]} == {state, sampler}
+
+    out = cli(server, "checkpoint", "download", state, "--output", str(tmp_path))
+    folder = Path(out["destination"])
+    assert folder == tmp_path / state.removeprefix("tinker://").replace("/", "_")
+    assert sorted(p.name for p in folder.iterdir()) == [
+        "adapter_config.json",
+        "adapter_model.safetensors",
+    ]
+    # The adapter downloaded is the one trained (the sampler weights saved at the same step).
+    sampler_folder = server.var_dir / "runs" / training.model_id.split(":")[0] / "tinker"
+    want = load_file(
+        sampler_folder / "train-0" / "trained" / "sampler" / "adapter_model.safetensors"
+    )
+    got = load_file(folder / "adapter_model.safetensors")
+    assert got.keys() == want.keys() and all((got[k] == want[k]).all() for k in want)
+    # The temporary export it made went with its session.
+    after = cli(server, "checkpoint", "list")["checkpoints"]
+    assert not [c for c in after if c["checkpoint_type"] == "external"]
+
+    cli(server, "checkpoint", "set-ttl", state, "--ttl", "7200")
+    cli(server, "checkpoint", "publish", state)
+    shown = {c["tinker_path"]: c for c in cli(server, "checkpoint", "list")["checkpoints"]}
+    assert shown[state]["public"] is True and shown[state]["expires_at"] is not None
+    assert shown[sampler]["public"] is False and shown[sampler]["expires_at"] is None
+    cli(server, "checkpoint", "set-ttl", state, "--remove")
+    cli(server, "checkpoint", "unpublish", state)
+    shown = {c["tinker_path"]: c for c in cli(server, "checkpoint", "list")["checkpoints"]}
+    assert shown[state]["public"] is False and shown[state]["expires_at"] is None
+
+    # Out of its bounds, a time to live is refused naming them.
+    rest = tinker.RestClient(base_url=server.url, api_key=KEY)
+    with pytest.raises(tinker.BadRequestError, match="ttl_seconds: 60 is out of bounds"):
+        rest.set_checkpoint_ttl_from_tinker_path(state, 60).result(WAIT_S)
+    # A download URL is this server's, for an hour: changed, it is refused.
+    export = training.save_weights_external("shared").result(WAIT_S).path
+    urls = rest.get_external_weights_urls(export).result(WAIT_S).urls
+    assert set(urls) == {"adapter_config.json", "adapter_model.safetensors"}
+    import httpx
+
+    assert httpx.get(urls["adapter_config.json"]).status_code == 200
+    assert (
+        httpx.get(urls["adapter_config.json"].replace("signature=", "signature=0")).status_code
+        == 403
+    )
+    shutil.rmtree(tmp_path)
