@@ -298,9 +298,13 @@ class Refused(_Line):
 
 
 class Done(_Line):
+    """A request's answer, and how long it ran: from when the worker could start it (it was
+    taken, and its model's earlier requests were done) to its answer, in seconds."""
+
     kind: Literal["done"] = "done"
     id: int
     answer: Answer
+    run_s: float = 0.0
 
 
 Reply = Annotated[Ready | Accepted | Refused | Done, Field(discriminator="kind")]

@@ -18,9 +18,11 @@ from typing import Any
 import numpy as np
 from tinker import types
 
+from runners.engine import prompt_scores
 from runners.engine.batch import Row
 from runners.engine.futures import LocalFuture
 from runners.engine.host import AdapterWeights, ModelHost
+from runners.engine.prompt_scores import PromptScoring
 from runners.engine.recorded_sequences import RecordedSequence, SequenceStore
 from runners.engine.scheduler import SampleRequest, scheduler_for
 
@@ -135,15 +137,12 @@ class LocalSamplingClient:
         Tinker API does); by default each gets a new one. `record_stability_info` records this
         call's sequences (True) or not (False) whatever the client was made with (None: as made;
         the SDK sends the flag with each request)."""
-        unsupported = {
-            "topk_prompt_logprobs": topk_prompt_logprobs,
-            "topk_sample_logprobs": topk_sample_logprobs,
-            "target_prompt_logprobs": target_prompt_logprobs,
-            "prompt_alt_tokens_k": prompt_alt_tokens_k,
-        }
-        for name, value in unsupported.items():
-            if value:
-                raise ValueError(f"{name} is not supported by the local backend")
+        if topk_sample_logprobs:
+            raise ValueError(
+                "topk_sample_logprobs is not served: the local backend's decode step keeps the "
+                "chosen token's logprob only (top-k prompt logprobs are served: "
+                "topk_prompt_logprobs)"
+            )
         if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
             raise ValueError(f"num_samples must be a positive integer, got {num_samples!r}")
         if sequence_ids is not None:
@@ -155,6 +154,20 @@ class LocalSamplingClient:
                 )
             if not all(isinstance(i, str) and i for i in sequence_ids):
                 raise ValueError("sequence_ids must be non-empty strings")
+        asked = None
+        if topk_prompt_logprobs or target_prompt_logprobs is not None or prompt_alt_tokens_k:
+            if sampling_params.seed is None:  # one seed for the samples and the prompt's draws
+                seed = random.SystemRandom().randrange(2**62)
+                sampling_params = sampling_params.model_copy(update={"seed": seed})
+            asked = prompt_scores.scoring(
+                len(_prompt_tokens(prompt, self._vocab)),
+                self._vocab,
+                topk=topk_prompt_logprobs,
+                targets=target_prompt_logprobs,
+                alt_k=prompt_alt_tokens_k,
+                temperature=float(sampling_params.temperature),
+                seed=_row_seed(sampling_params.seed or 0, -1),
+            )
         wants_prompt_lp = include_prompt_logprobs or prompt_logprobs_last_n is not None
         store = self._recording
         if record_stability_info is not None:
@@ -171,6 +184,7 @@ class LocalSamplingClient:
             on_token,
             sequence_ids,
             store,
+            asked,
         )
 
     def compute_logprobs(
@@ -206,6 +220,7 @@ class LocalSamplingClient:
         on_token: Callable[[int, int, float], None] | None = None,
         sequence_ids: list[str] | None = None,
         store: SequenceStore | None = None,
+        scoring: PromptScoring | None = None,
     ) -> LocalFuture[types.SampleResponse]:
         tokens = _prompt_tokens(prompt, self._vocab)
         limit = self._host.max_positions
@@ -249,6 +264,7 @@ class LocalSamplingClient:
             future,
             sequence_ids=sequence_ids,
             record=self._recorder(store, tokens) if store is not None and rows else None,
+            scoring=scoring,
         )
         scheduler_for(self._host).submit(request)
         return future

@@ -203,7 +203,31 @@ def encode_sample(response: types.SampleResponse) -> bytes:
     if prompt is not None:
         # NaN is how the wire says "no logprob" (the first position, or those left out).
         out.prompt_logprobs = np.asarray(prompt, dtype=np.float32).tobytes()
+    topk = response.topk_prompt_logprobs_np
+    if topk is not None:
+        out.topk_prompt_logprobs.length, out.topk_prompt_logprobs.k = topk.token_ids.shape
+        out.topk_prompt_logprobs.token_ids = np.asarray(topk.token_ids, np.int32).tobytes()
+        out.topk_prompt_logprobs.logprobs = np.asarray(topk.logprobs, np.float32).tobytes()
+    if response.target_prompt_logprobs is not None:
+        _write_tensor(out.target_prompt_logprobs, response.target_prompt_logprobs)
+    if response.prompt_alt_tokens is not None:
+        _write_tensor(out.prompt_alt_tokens.tokens, response.prompt_alt_tokens.tokens)
+        _write_tensor(out.prompt_alt_tokens.logprobs, response.prompt_alt_tokens.logprobs)
     return out.SerializeToString()
+
+
+def _write_tensor(msg: pb.Tensor, tensor: types.TensorData) -> None:
+    """A TensorData into the wire's Tensor, dense or sparse CSR as it is."""
+    np_dtype = np.float32 if tensor.dtype == "float32" else np.int64
+    msg.dtype = _OUT_DTYPES[tensor.dtype]
+    msg.shape.extend(int(n) for n in tensor.shape or [])
+    values = np.asarray(tensor.data, dtype=np_dtype).reshape(-1).tobytes()
+    if tensor.sparse_crow_indices is not None and tensor.sparse_col_indices is not None:
+        msg.sparse_csr.values = values
+        msg.sparse_csr.crow_indices = np.asarray(tensor.sparse_crow_indices, np.int64).tobytes()
+        msg.sparse_csr.col_indices = np.asarray(tensor.sparse_col_indices, np.int64).tobytes()
+    else:
+        msg.dense = values
 
 
 def sampled_tokens(response: types.SampleResponse) -> int:

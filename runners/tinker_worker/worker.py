@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -91,6 +92,7 @@ class TinkerWorker:
         self._lock = threading.Lock()
         self._models: dict[str, LocalFuture[LocalTrainingClient]] = {}
         self._samplers: dict[str, LocalFuture[LocalSamplingClient]] = {}
+        self._last_done: dict[str, float] = {}  # when each model's last request ended
         # Closing a client waits for the request it runs: never on the reading thread.
         self._closer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="worker-release")
 
@@ -109,7 +111,7 @@ class TinkerWorker:
             self._send(Refused(id=request.id, status=500, detail=detail))
             return
         self._send(Accepted(id=request.id))
-        self._answer_when_done(request.id, work)
+        self._answer_when_done(request.id, work, getattr(request, "model_id", None))
 
     def refuse_line(self, line: str, error: ValidationError) -> None:
         """A line that is not a request (an operation this worker does not know): refused by
@@ -219,6 +221,12 @@ class TinkerWorker:
         run = client.forward if body.forward_only else client.forward_backward
 
         def submit() -> LocalFuture[types.ForwardBackwardOutput]:
+            if body.loss_fn == "custom":
+                raise ValueError(
+                    "loss_fn 'custom' (a create_custom_loss loss_id) is not served: this "
+                    "server runs custom losses on the client (forward_backward_custom with a "
+                    "callable or a client-side LossHandle)"
+                )
             _check_own_sequences(body, session_of(body.model_id))
             return run(body.data, body.loss_fn, dict(body.loss_fn_config) or None)
 
@@ -333,6 +341,8 @@ class TinkerWorker:
         with self._lock:
             models = [self._models.pop(i) for i in request.models if i in self._models]
             samplers = [self._samplers.pop(i) for i in request.samplers if i in self._samplers]
+            for model_id in request.models:
+                self._last_done.pop(model_id, None)
         if request.session_id:
             self._service.sequences.forget(f"{request.session_id}:")
         done = self._closer.submit(self._close_all, models, samplers)
@@ -375,7 +385,11 @@ class TinkerWorker:
                 raise Refusal(409, f"sampling_session_id: {sampler_id} exists")
             self._samplers[sampler_id] = future
 
-    def _answer_when_done(self, request_id: int, work: Work[Any]) -> None:
+    def _answer_when_done(self, request_id: int, work: Work[Any], model_id: str | None) -> None:
+        """Its answer once done, with how long it ran: a model's requests run one after
+        another, so one starts when it was taken or its model's previous one ended."""
+        taken = time.monotonic()
+
         def done(finished: Future[Any]) -> None:
             answer: Answer
             try:
@@ -385,7 +399,12 @@ class TinkerWorker:
             except Exception as exc:
                 log.error("request %s failed", request_id, exc_info=exc)
                 answer = Failed(error=f"{type(exc).__name__}: {exc}", category="server")
-            self._send(Done(id=request_id, answer=answer))
+            now = time.monotonic()
+            with self._lock:
+                started = max(taken, self._last_done.get(model_id, taken)) if model_id else taken
+                if model_id:
+                    self._last_done[model_id] = now
+            self._send(Done(id=request_id, answer=answer, run_s=max(0.0, now - started)))
 
         work.future.add_done_callback(done)
 

@@ -7,6 +7,7 @@ future with category "user", not an HTTP error (a 4xx on a POST poisons the SDK'
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Header, Query, Request, Response
@@ -145,6 +146,11 @@ async def asample(body: schemas.SampleIn, tk: Tk) -> JsonObject:
     return await tk.asample(body)
 
 
+@router.post("/join_sampling_session")
+async def join_sampling_session(body: schemas.JoinSamplerIn, tk: Tk) -> JsonObject:
+    return await tk.join_sampling_session(body)
+
+
 # Futures -----------------------------------------------------------------------------------
 
 
@@ -159,6 +165,26 @@ async def retrieve_future(
     if outcome.error is not None:
         return {"error": outcome.error, "category": outcome.category}
     return Response(outcome.body, media_type=outcome.content_type)
+
+
+@router.post("/retrieve_futures")
+async def retrieve_futures(body: schemas.FuturesIn, tk: Tk) -> JsonObject:
+    return await tk.retrieve_futures(body)
+
+
+@router.post("/cancel_future")
+def cancel_future(body: schemas.CancelIn, tk: Tk) -> JsonObject:
+    return tk.cancel_future(body.request_id)
+
+
+@router.post("/create_custom_loss")
+def create_custom_loss() -> JsonObject:
+    raise BadRequest(
+        "create_custom_loss: not served: this server does not run traced (torch.fx) loss "
+        "graphs; its client/config says custom_loss_server_side=false, so "
+        "ServiceClient.create_custom_loss keeps the loss on the client and "
+        "forward_backward_custom runs it there (forward, then cross_entropy with its gradients)"
+    )
 
 
 # The RestClient ----------------------------------------------------------------------------
@@ -247,6 +273,16 @@ def weights_info(body: schemas.WeightsInfoIn, svc: Svc) -> JsonObject:
 downloads = APIRouter(prefix="/api/v1/downloads", tags=["tinker"])
 
 
+@downloads.get("/traces/{session_id}")
+def download_trace(
+    session_id: str,
+    tk: Tk,
+    expires: Annotated[int, Query()],
+    signature: Annotated[str, Query(max_length=128)],
+) -> JsonObject:
+    return tk.sessions.trace_file(session_id, expires, signature)
+
+
 @downloads.get("/{model_id}/{name}/{file}", response_model=None)
 def download_file(
     model_id: str,
@@ -258,3 +294,49 @@ def download_file(
 ) -> FileResponse:
     path = tk.weights.download(model_id, name, file, expires, signature)
     return FileResponse(path, media_type="application/octet-stream", filename=file)
+
+
+@router.get("/sessions")
+def list_sessions(
+    tk: Tk,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 20,
+    offset: Annotated[int, Query(ge=0)] = 0,
+) -> JsonObject:
+    return tk.sessions.list(limit, offset)
+
+
+@router.post("/sessions/search")
+def search_sessions(body: schemas.SessionSearchIn, tk: Tk) -> JsonObject:
+    return tk.sessions.search(body)
+
+
+@router.get("/sessions/{session_id}")
+def get_session(session_id: str, tk: Tk) -> JsonObject:
+    return tk.sessions.get(session_id)
+
+
+@router.put("/sessions/{session_id}/project")
+def assign_session_project(session_id: str, body: schemas.ProjectIn, tk: Tk) -> None:
+    tk.sessions.set_project(session_id, body.project_id)
+
+
+@router.get("/sessions/{session_id}/trace_export")
+def export_session_trace(session_id: str, request: Request, tk: Tk) -> JsonObject:
+    return tk.sessions.trace_export(session_id, str(request.base_url))
+
+
+# Billing (the AdminClient) ------------------------------------------------------------------
+
+
+@router.get("/billing/usage/events")
+def billing_usage(
+    tk: Tk, starting_on: Annotated[datetime, Query()], ending_before: Annotated[datetime, Query()]
+) -> JsonObject:
+    return tk.billing.usage(starting_on, ending_before)
+
+
+@router.get("/billing/usage/checkpoints/current")
+def checkpoint_storage(
+    tk: Tk, project_id: Annotated[str | None, Query(max_length=200)] = None
+) -> JsonObject:
+    return tk.billing.checkpoint_storage(project_id)

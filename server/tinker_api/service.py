@@ -41,6 +41,7 @@ from core.tinker_wire import (
 )
 from server.errors import BadRequest, Gone, NotFound
 from server.tinker_api import paths, schemas
+from server.tinker_api.billing import TinkerBilling
 from server.tinker_api.downloads import DownloadSigner
 from server.tinker_api.proto_header import ProtoHeaderError, model_and_seq
 from server.tinker_api.schemas import JsonObject
@@ -50,6 +51,7 @@ from server.tinker_api.sessions.hub import SessionHub, no_session
 from server.tinker_api.sessions.records import SessionRecords
 from server.tinker_api.sessions.session import Model, Sampler, Session
 from server.tinker_api.sessions.sweeper import SessionSweeper
+from server.tinker_api.sessions_view import TinkerSessions
 from server.tinker_api.weights import TinkerWeights, expiry
 from server.tinker_api.worker_client import TinkerWorkerProcess
 
@@ -67,6 +69,9 @@ CLIENT_CONFIG = {
     "proto_compress_fwdbwd": False,
     "parallel_fwdbwd_chunks": False,
 }
+# A cloned SamplingClient (join_sampling_session) numbers its requests from its counter times
+# this; retrieve_futures polls each clone apart.
+CLONE_SEQ_IDS = 1_000_000_000
 SAMPLE_CONCURRENCY = 256  # in-flight samples per sampling client (each holds a long poll)
 
 
@@ -79,6 +84,8 @@ class TinkerService:
         self.records: SessionRecords = self._hub.records
         self.signer = DownloadSigner()
         self.weights = TinkerWeights(self.records, self.signer)
+        self.sessions = TinkerSessions(self._hub, self.signer)
+        self.billing = TinkerBilling(self.records)
         self._sweeper = SessionSweeper(self._hub, self.weights.expire)
         self.futures: FutureRegistry = self._hub.futures
         self.worker: TinkerWorkerProcess = self._hub.worker
@@ -152,6 +159,9 @@ class TinkerService:
         )
 
     async def _create_model(self, session: Session, body: schemas.CreateModelIn) -> JsonObject:
+        optimizer = (body.optimizer_config or {}).get("type", "adamw")
+        if optimizer != "adamw":
+            raise BadRequest(f"optimizer_config: {unserved_optimizer(optimizer)}")
         await self._hub.check_base_model(body.base_model, "base_model")
         model_id = paths.model_id(session.id, body.model_seq_id)
         lora = body.lora_config
@@ -200,7 +210,11 @@ class TinkerService:
 
     async def optim_step(self, body: schemas.OptimStepIn) -> JsonObject:
         session, model = self._hub.model(body.model_id)
-        request = OptimStep(model_id=model.model_id, params=body.params())
+        params = body.params()
+        if params.get("type") != "adam":
+            error = f"optim_params: {unserved_optimizer(str(params.get('type')))}"
+            return self._hub.failed_now(session, Outcome(error=error), model.model_id)
+        request = OptimStep(model_id=model.model_id, params=params)
         return await self._model_op(
             session,
             model,
@@ -433,8 +447,13 @@ class TinkerService:
                     },
                 ),
             )
+            clone = (body.seq_id or 0) // CLONE_SEQ_IDS
             pending = await self._hub.submit(
-                session, "sample", request, lambda sampled: answers.sampled(session, sampled)
+                session,
+                "sample",
+                request,
+                lambda sampled: answers.sampled(session, sampled),
+                _poll_target(sampler_id, clone),
             )
             return {"request_id": pending.request_id, "sample_sequence_ids": ids}
 
@@ -442,7 +461,51 @@ class TinkerService:
             return await submit()
         return await session.once(("sample", sampler_id, body.seq_id), submit)
 
+    async def join_sampling_session(self, body: schemas.JoinSamplerIn) -> JsonObject:
+        """A new client of an existing sampler (a SamplingClient cloned into another
+        process): its own counter, which the SDK folds into its requests' sequence ids."""
+        session = self._hub.session(body.sampling_session_id.partition(":sample:")[0])
+        sampler = session.samplers.get(body.sampling_session_id)
+        if sampler is None:
+            raise NotFound(
+                f"sampling_session_id: no sampler {body.sampling_session_id[:100]} in this session"
+            )
+        sampler.clients += 1
+        return {"type": "join_sampling_session", "client_counter": sampler.clients}
+
     # Futures ------------------------------------------------------------------------------
+
+    def cancel_future(self, request_id: str) -> JsonObject:
+        if self._hub.futures.get(request_id) is None:
+            raise NotFound(f"request_id: {request_id[:120]} is unknown or its result expired")
+        return {"cancelled": self._hub.futures.cancel(request_id)}
+
+    async def retrieve_futures(self, body: schemas.FuturesIn) -> JsonObject:
+        """The sampler's requests settled since the client's cursor (the SDK's batch poller),
+        held up to RLCS_TINKER_POLL_HOLD_S (or the client's shorter timeout) for one."""
+        target = body.target
+        session = self._hub.session(target.sampling_session_id.partition(":sample:")[0])
+        if target.sampling_session_id not in session.samplers:
+            raise NotFound(
+                f"target.sampling_session_id: no sampler {target.sampling_session_id[:100]}"
+            )
+        hold = self._settings.tinker_poll_hold_s
+        if body.timeout is not None:
+            hold = max(0.0, min(hold, body.timeout))
+        with session.busy():
+            found, cursor = await self._hub.futures.completions(
+                _poll_target(target.sampling_session_id, target.cloned_sampler_id),
+                body.prev_cursor,
+                hold,
+                body.retrieved_request_ids,
+            )
+        completions = [
+            {"state": "failed", "request_id": c.request_id}
+            if c.failed
+            else {"state": "finished", "request_id": c.request_id}
+            for c in found
+        ]
+        return {"completions": completions, "cursor": cursor}
 
     async def retrieve(
         self, body: schemas.RetrieveIn, gone: Callable[[], Awaitable[bool]] | None = None
@@ -483,6 +546,21 @@ class TinkerService:
                 for name in names
             ]
         }
+
+
+def unserved_optimizer(kind: str) -> str:
+    if kind == "dimuon":
+        return (
+            "Dimuon (DimuonParams, DimuonOptimizerConfig) is not served: Tinker publishes its "
+            "step's hyperparameters but not its update (its row and column preconditioner, "
+            "matrix-sign iteration and their constants), so it cannot be reproduced here; "
+            "use AdamW (AdamParams)"
+        )
+    return f"optimizer {kind!r} is not served: the local engine implements AdamW (AdamParams)"
+
+
+def _poll_target(sampler_id: str, clone: int) -> str:
+    return f"{sampler_id}#{clone}"
 
 
 def _sampler_id(session_id: str, seq: int) -> str:

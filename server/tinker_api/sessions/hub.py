@@ -99,7 +99,7 @@ class SessionHub:
                 session_id=session.id,
             )
             release_call = self.call(
-                session, freed, lambda answer: _released(session, answer), ended_ok=True
+                session, freed, lambda answer, _: _released(session, answer), ended_ok=True
             )
             asyncio.ensure_future(release_call).add_done_callback(_log_failure)
 
@@ -149,13 +149,26 @@ class SessionHub:
         return session, model
 
     async def submit(
-        self, session: Session, kind: str, request: Op[A], encode: Callable[[A], Outcome]
+        self,
+        session: Session,
+        kind: str,
+        request: Op[A],
+        encode: Callable[[A], Outcome],
+        target: str | None = None,
     ) -> Pending:
         """A future for a request the worker works on, settled from its answer: `encode`
-        turns the request's kind of answer into the future's outcome."""
-        pending = self.futures.new(session.id, kind)
+        turns the request's kind of answer into the future's outcome (`target`: the poll
+        target retrieve_futures reports it to)."""
+        pending = self.futures.new(session.id, kind, target)
+        submitted = time.time()
+        track = str(
+            getattr(request, "model_id", None) or getattr(request, "sampler_id", session.id)
+        )
 
-        def answered(answer: Answer) -> None:
+        def answered(answer: Answer, run_s: float) -> None:
+            session.timed(
+                getattr(request, "op", kind), track, submitted, run_s, isinstance(answer, Failed)
+            )
             outcome: Outcome
             expected = request.answered_by(answer)
             if isinstance(answer, Failed):

@@ -22,11 +22,12 @@ from sqlalchemy import func
 from sqlalchemy.engine import Engine
 from sqlmodel import col, delete, select
 
-from core import lifecycle, procs
+from core import durable, lifecycle, procs
 from core.db import read_session, write_session
-from core.models import FINISHED, TINKER_API, Checkpoint, Run, RunStatus, iso, utcnow
+from core.models import FINISHED, TINKER_API, Checkpoint, Metric, Run, RunStatus, iso, utcnow
 from core.run_folder import RunFolder, hash_config
 from core.spec import RunSpec
+from server.tinker_api.sessions.trace import TRACE_FILE
 
 T = TypeVar("T")
 
@@ -86,6 +87,18 @@ class SessionRecords:
             config["models"][str(seq)] = model
             config.setdefault("model_name", model["base_model"])
             config.setdefault("lora_rank", model.get("lora_rank"))
+            run.config_json = json.dumps(config, sort_keys=True)
+            run.config_hash = hash_config(config)
+            db.add(run)
+
+    def set_project(self, run_id: str, project_id: str) -> None:
+        """The session's project (assign_session_project), kept with what create_session sent."""
+        with write_session(self._engine) as db:
+            run = db.get(Run, run_id)
+            if run is None:
+                return
+            config = json.loads(run.config_json)
+            config.setdefault("session", {})["project_id"] = project_id
             run.config_json = json.dumps(config, sort_keys=True)
             run.config_hash = hash_config(config)
             db.add(run)
@@ -156,6 +169,16 @@ class SessionRecords:
         with (run_dir / "train.log").open("a") as log_file:
             log_file.write(f"{stamp} {line}\n")
 
+    def write_trace(self, run_dir: Path, trace: dict[str, Any]) -> None:
+        """The session's request trace, kept in its run's folder once it ended."""
+        durable.write_json_atomic(run_dir / TRACE_FILE, trace)
+
+    def read_trace(self, run_dir: Path) -> dict[str, Any] | None:
+        try:
+            return dict(json.loads((run_dir / TRACE_FILE).read_text()))
+        except (OSError, ValueError):
+            return None
+
     # Reading -----------------------------------------------------------------------------
 
     def stopping(self, run_ids: list[str]) -> list[str]:
@@ -187,6 +210,21 @@ class SessionRecords:
                 .limit(limit)
             ).all()
         return list(rows), total
+
+    def step_metrics(self, start: datetime, end: datetime) -> list[tuple[Run, Metric]]:
+        """Tinker sessions' recorded steps between `start` and `end` (billing reads them)."""
+        with read_session(self._engine) as db:
+            rows = db.exec(
+                select(Run, Metric)
+                .join(Metric, col(Metric.run_id) == col(Run.id))
+                .where(
+                    col(Run.source) == TINKER_API,
+                    col(Metric.created_at) >= start,
+                    col(Metric.created_at) < end,
+                )
+                .order_by(col(Metric.created_at))
+            ).all()
+        return [(run, metric) for run, metric in rows]
 
     def checkpoints(self, run_ids: list[str] | None = None) -> list[Checkpoint]:
         with read_session(self._engine) as db:
@@ -231,6 +269,9 @@ class Recorder:
 
     def end(self, run_id: str, status: RunStatus, kind: str | None, details: str) -> None:
         self._thread.submit(self.records.end, run_id, status, kind, details)
+
+    def trace(self, run_dir: Path, trace: dict[str, Any]) -> None:
+        self._thread.submit(self.records.write_trace, run_dir, trace)
 
     async def read(self, fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._thread, fn, *args)

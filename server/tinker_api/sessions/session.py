@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable, Hashable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -19,6 +20,7 @@ from core.models import RunStatus, iso, utcnow
 from core.tinker_wire import ModelReady, Sampled, Stepped, Trained
 from server.tinker_api.schemas import JsonObject
 from server.tinker_api.sessions.records import Recorder
+from server.tinker_api.sessions.trace import RequestSpan, SessionTrace
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +53,7 @@ class Sampler:
     sampler_id: str
     base_model: str
     model_path: str | None
+    clients: int = 0  # clients that joined it (join_sampling_session); the first is 0
 
 
 @dataclass
@@ -60,6 +63,7 @@ class StepTally:
     loss: float = 0.0
     trained_tokens: int = 0
     sampled_tokens: int = 0
+    device_s: float = 0.0  # the union of its requests' runs in the worker
     started: float = 0.0
 
 
@@ -80,6 +84,7 @@ class Session:
     # Its client's requests being answered now (a held poll, a POST waiting for the worker):
     # a client waiting on us is not quiet.
     waiting: int = 0
+    trace: SessionTrace = field(default_factory=SessionTrace)
     _answers: dict[Hashable, asyncio.Future[JsonObject]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -157,6 +162,11 @@ class Session:
             self.tally.loss += float(trained.loss or 0.0)
             self.tally.trained_tokens += trained.tokens
 
+    def timed(self, name: str, track: str, submitted: float, run_s: float, failed: bool) -> None:
+        """A request answered: its span in the trace, its run in the step's device time."""
+        span = RequestSpan(name, track, submitted, time.time(), run_s, failed)
+        self.tally.device_s += self.trace.add(span)
+
     def sampled(self, sampled: Sampled) -> None:
         self.tally.sampled_tokens += sampled.tokens
 
@@ -170,6 +180,7 @@ class Session:
             "train/learning_rate": metrics.get("learning_rate"),
             "train/tokens": tally.trained_tokens,
             "sampler/tokens": tally.sampled_tokens,
+            "time/device_s": tally.device_s,
             "time/step_s": now - tally.started if tally.started else None,
         }
         self.tally = StepTally(started=now)
@@ -200,6 +211,7 @@ class Session:
         self.ended_at = self.clock()
         why = details or told
         self.note(f"session ended ({status.value}): {why}")
+        self.recorder.trace(self.run_dir, self.trace.chrome_trace(self.id))
         self.recorder.end(self.id, status, failure_kind, why)
         log.info("Tinker session %s ended (%s): %s", self.id, status.value, why)
         return self.ended
