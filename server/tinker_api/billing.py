@@ -37,9 +37,7 @@ class TinkerBilling:
             lambda: defaultdict(float)
         )
         sessions: dict[str, Any] = {}
-        for run, metric in self._records.step_metrics(
-            start.replace(tzinfo=None), end.replace(tzinfo=None)
-        ):
+        for run, metric in self._records.step_metrics(start, end):
             config = json.loads(run.config_json)
             hour = _utc(metric.created_at).replace(minute=0, second=0, microsecond=0)
             values = json.loads(metric.values_json)

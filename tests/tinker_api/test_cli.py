@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from datetime import UTC, datetime, timedelta
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +16,7 @@ from typing import Any
 import pytest
 import tinker
 from safetensors.numpy import load_file
+from tinker import types
 
 from tests.live_server import LiveServer
 from tests.tinker_api.conftest import KEY, WAIT_S, sdk_env
@@ -97,3 +99,55 @@ def test_checkpoint_download_ttl_and_publish(
         == 403
     )
     shutil.rmtree(tmp_path)
+
+
+def test_sessions_traces_runs_and_billing(server: LiveServer, tmp_path: Path) -> None:
+    script = tinker.ServiceClient()
+    training = script.create_lora_training_client("tiny-random", rank=4, seed=32).result(WAIT_S)
+    session_id = training.model_id.split(":")[0]
+    training.forward_backward(datums("cross_entropy"), "cross_entropy")
+    training.optim_step(ADAM).result(WAIT_S)
+    sampler = training.save_weights_and_get_sampling_client().result(WAIT_S)
+    prompt = types.ModelInput.from_ints([1, 2, 3])
+    sampler.sample(prompt, 2, types.SamplingParams(max_tokens=4, stop=[])).result(WAIT_S)
+    training.forward_backward(datums("cross_entropy"), "cross_entropy")
+    training.optim_step(ADAM).result(WAIT_S)
+    training.save_state("kept").result(WAIT_S)
+
+    # The trace of a live session, and of the same once it ended (kept in its run's folder).
+    for when in ("live", "ended"):
+        if when == "ended":
+            script.close("success").result(WAIT_S)
+        out = cli(server, "session", "export-trace", session_id, "-o", str(tmp_path / when))
+        trace = json.loads((tmp_path / when).read_text())
+        assert out["destination"] == str(tmp_path / when)
+        slices = [e for e in trace["traceEvents"] if e["ph"] == "X" and e["name"] != "queued"]
+        names = [e["name"] for e in slices]
+        for op in ("create_model", "forward_backward", "optim_step", "sample", "save_state"):
+            assert op in names, (when, op, names)
+        threads = {e["args"]["name"] for e in trace["traceEvents"] if e["name"] == "thread_name"}
+        assert training.model_id in threads
+        assert all(e["dur"] >= 0 and e["args"]["run_s"] >= 0 for e in slices)
+
+    assert session_id in {
+        r["training_run_id"].split(":")[0] for r in cli(server, "run", "list")["runs"]
+    }
+    assert "tiny-random" in json.dumps(cli(server, "model", "list"))
+
+    hour = datetime.now(UTC).replace(minute=0, second=0, microsecond=0)
+    usage = cli(
+        server,
+        "billing",
+        "usage",
+        hour.isoformat().replace("+00:00", "Z"),
+        (hour + timedelta(hours=1)).isoformat().replace("+00:00", "Z"),
+    )
+    mine = [row for row in usage["data"] if row["session_id"] == session_id]
+    trained = sum(
+        r["event_info"]["token_count"] for r in mine if r["event_info"]["type"] == "training"
+    )
+    assert trained == 2 * sum(d.model_input.length for d in datums("cross_entropy"))
+    assert any(r["event_info"]["type"] == "sampling_sample" for r in mine)
+    storage = cli(server, "billing", "checkpoint-storage")
+    assert sum(row["checkpoint_count"] for row in storage["data"]) >= 1
+    assert all(row["size_bytes"] > 0 for row in storage["data"])
