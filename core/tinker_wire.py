@@ -45,6 +45,19 @@ class StateLoaded(_Line):
     steps: int
 
 
+class RolloutText(_Line):
+    """A sequence sampled or a datum trained, as its run's rollouts show it (decoded by the
+    worker, which has the tokenizer)."""
+
+    prompt: str
+    completion: str
+    prompt_tokens: int
+    completion_tokens: int
+    finish_reason: str | None = None
+    logprob_mean: float | None = None
+    advantage: float | None = None  # a datum's mean over the tokens it trained
+
+
 class Trained(_Line):
     """A forward_backward (or forward): the SDK's ForwardBackwardOutput protobuf, and what the
     session's step counts of it."""
@@ -54,6 +67,7 @@ class Trained(_Line):
     tokens: int
     loss: float | None
     forward_only: bool
+    records: list[RolloutText] = []  # its datums (forward_backward only)
 
 
 class Stepped(_Line):
@@ -77,6 +91,7 @@ class Sampled(_Line):
     kind: Literal["sampled"] = "sampled"
     output: bytes
     tokens: int
+    records: list[RolloutText] = []
 
 
 class HeldModel(_Line):

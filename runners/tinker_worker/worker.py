@@ -58,7 +58,7 @@ from runners.engine.recorded_sequences import UnknownSequence
 from runners.engine.sampler import LocalSamplingClient
 from runners.engine.training import LocalTrainingClient
 from runners.models.loading import tokenizer_folder
-from runners.tinker_worker import proto
+from runners.tinker_worker import proto, rollout_text
 
 log = logging.getLogger("tinker-worker")
 Send = Callable[[BaseModel], None]
@@ -233,11 +233,15 @@ class TinkerWorker:
         future = _guard(submit)
 
         def trained(output: types.ForwardBackwardOutput) -> Trained:
+            records = (
+                [] if body.forward_only else rollout_text.datums(client.get_tokenizer(), body.data)
+            )
             return Trained(
                 output=proto.encode_forward_backward(output),
                 tokens=body.tokens,
                 loss=output.metrics.get("loss:sum"),
                 forward_only=body.forward_only,
+                records=records,
             )
 
         return Work(future, trained)
@@ -300,13 +304,17 @@ class TinkerWorker:
         if sampler_future is None:
             raise Refusal(404, f"sampling_session_id: no sampler {request.sampler_id}")
         result: LocalFuture[types.SampleResponse] = LocalFuture()
+        # Set once it starts: its prompt, and the sampler's tokenizer (its rollouts' text).
+        started: list[tuple[types.ModelInput, Any]] = []
 
         def start(ready: Future[LocalSamplingClient]) -> None:
             try:
                 sampler = ready.result()
+                prompt = _prompt(request.prompt)
+                started.append((prompt, sampler.get_tokenizer()))
                 params = types.SamplingParams.model_validate(request.sampling_params)
                 submitted = sampler.sample(
-                    _prompt(request.prompt),
+                    prompt,
                     request.num_samples,
                     params,
                     include_prompt_logprobs=bool(request.prompt_logprobs),
@@ -326,8 +334,12 @@ class TinkerWorker:
         sampler_future.add_done_callback(start)  # a sampler already loaded starts at once
 
         def sampled(response: types.SampleResponse) -> Sampled:
+            prompt, tokenizer = started[0]
+            records = rollout_text.samples(tokenizer, prompt.to_ints(), response)
             return Sampled(
-                output=proto.encode_sample(response), tokens=proto.sampled_tokens(response)
+                output=proto.encode_sample(response),
+                tokens=proto.sampled_tokens(response),
+                records=records,
             )
 
         return Work(result, sampled)

@@ -11,6 +11,8 @@ import tinker
 from tinker import types
 
 from tests.backend.test_sequence_losses import rl_datum
+from tests.helpers import wait_for
+from tests.live_server import LiveServer
 from tests.tinker_api.conftest import WAIT_S
 from tests.tinker_api.reference import ADAM
 
@@ -24,7 +26,9 @@ def draw(sampler: tinker.SamplingClient, n: int) -> list[types.SampledSequence]:
     return list(sampler.sample(prompt, n, PARAMS).result(WAIT_S).sequences)
 
 
-def test_stable_reinforce_reads_what_the_server_recorded(service: tinker.ServiceClient) -> None:
+def test_stable_reinforce_reads_what_the_server_recorded(
+    service: tinker.ServiceClient, server: LiveServer
+) -> None:
     training = service.create_lora_training_client("tiny-random", rank=4, seed=21).result(WAIT_S)
     recording = training.save_weights_and_get_sampling_client(record_stability_info=True)
     sequences = draw(recording.result(WAIT_S), 3)
@@ -48,6 +52,20 @@ def test_stable_reinforce_reads_what_the_server_recorded(service: tinker.Service
         assert learner == pytest.approx(seq.logprobs, abs=1e-4)
     training.forward_backward(honest, "stable_reinforce", {"kl_coeff": 0.1})
     assert training.optim_step(ADAM).result(WAIT_S).metrics["grad_norm"] > 0
+
+    # The step's rollouts: what the sampler drew (no reward: the server never sees one) and
+    # the datums trained, each with the advantage it carried.
+    session_id = training.model_id.split(":")[0]
+    url = f"/runs/{session_id}/rollouts"
+    items = wait_for(lambda: server.api.get(url, params={"step": 1}).json()["items"])
+    samples = [i for i in items if i["kind"] == "sample"]
+    trained = [i for i in items if i["kind"] == "datum"]
+    tokenizer = training.get_tokenizer()
+    assert [s["completion"] for s in samples] == [tokenizer.decode(s.tokens) for s in sequences]
+    assert all(s["reward"] is None and s["finish_reason"] == "length" for s in samples)
+    assert [d["advantage"] for d in trained] == pytest.approx(advantages)
+    assert trained[0]["completion"] == tokenizer.decode(sequences[0].tokens)
+    assert trained[0]["prompt"] == tokenizer.decode(PROMPT)
     # gspo takes the same datums (with its sequence mask) and trains as well.
     gspo = [
         types.Datum(

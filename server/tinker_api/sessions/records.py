@@ -22,9 +22,10 @@ from sqlalchemy import func
 from sqlalchemy.engine import Engine
 from sqlmodel import col, delete, select
 
-from core import durable, lifecycle, procs
+from core import durable, lifecycle, procs, rollout_store, rollouts
 from core.db import read_session, write_session
 from core.models import FINISHED, TINKER_API, Checkpoint, Metric, Run, RunStatus, iso, utcnow
+from core.rollouts import RolloutRecord
 from core.run_folder import RunFolder, hash_config
 from core.spec import RunSpec
 from server.tinker_api.sessions.trace import TRACE_FILE
@@ -169,6 +170,18 @@ class SessionRecords:
         with (run_dir / "train.log").open("a") as log_file:
             log_file.write(f"{stamp} {line}\n")
 
+    def rollouts(self, run_dir: Path, run_id: str, step: int, records: list[RolloutRecord]) -> None:
+        """A step's samples and datums as its rollouts, bounded as our runs' are (the defaults
+        of rollouts_per_step and rollouts_max_mb); a failed write is a line in its log."""
+        try:
+            picked = rollouts.pick(records, rollouts.DEFAULT_PER_STEP, seed=step)
+            max_bytes = int(rollouts.DEFAULT_MAX_MB * rollouts.MB)
+            rollout_store.write_step(
+                self._engine, run_id, step, picked, sampled=records, max_bytes=max_bytes
+            )
+        except Exception as exc:  # the session goes on without its record of this step
+            self.log(run_dir, f"step {step}: its rollouts were not recorded ({exc})")
+
     def write_trace(self, run_dir: Path, trace: dict[str, Any]) -> None:
         """The session's request trace, kept in its run's folder once it ended."""
         durable.write_json_atomic(run_dir / TRACE_FILE, trace)
@@ -269,6 +282,9 @@ class Recorder:
 
     def end(self, run_id: str, status: RunStatus, kind: str | None, details: str) -> None:
         self._thread.submit(self.records.end, run_id, status, kind, details)
+
+    def rollouts(self, run_dir: Path, run_id: str, step: int, records: list[RolloutRecord]) -> None:
+        self._thread.submit(self.records.rollouts, run_dir, run_id, step, records)
 
     def trace(self, run_dir: Path, trace: dict[str, Any]) -> None:
         self._thread.submit(self.records.write_trace, run_dir, trace)

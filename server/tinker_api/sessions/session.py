@@ -17,12 +17,16 @@ from pathlib import Path
 from typing import Any
 
 from core.models import RunStatus, iso, utcnow
-from core.tinker_wire import ModelReady, Sampled, Stepped, Trained
+from core.rollouts import Kind, RolloutRecord, Segment
+from core.tinker_wire import ModelReady, RolloutText, Sampled, Stepped, Trained
 from server.tinker_api.schemas import JsonObject
 from server.tinker_api.sessions.records import Recorder
 from server.tinker_api.sessions.trace import RequestSpan, SessionTrace
 
 log = logging.getLogger(__name__)
+# A step's samples and datums kept for its rollouts (the record keeps rollouts_per_step of them,
+# 256 by default): what the step sampled past this many is counted in its tokens only.
+MAX_STEP_ROLLOUTS = 2048
 
 
 @dataclass
@@ -65,6 +69,9 @@ class StepTally:
     sampled_tokens: int = 0
     device_s: float = 0.0  # the union of its requests' runs in the worker
     started: float = 0.0
+    # What it sampled and trained, as rollouts (DESIGN §14): the first MAX_STEP_ROLLOUTS.
+    rollouts: list[RolloutRecord] = field(default_factory=list)
+    groups: int = 0  # its sample requests and forward_backward calls so far
 
 
 @dataclass
@@ -161,6 +168,7 @@ class Session:
         if not trained.forward_only:
             self.tally.loss += float(trained.loss or 0.0)
             self.tally.trained_tokens += trained.tokens
+            self._rollouts("datum", trained.records)
 
     def timed(self, name: str, track: str, submitted: float, run_s: float, failed: bool) -> None:
         """A request answered: its span in the trace, its run in the step's device time."""
@@ -169,6 +177,35 @@ class Session:
 
     def sampled(self, sampled: Sampled) -> None:
         self.tally.sampled_tokens += sampled.tokens
+        self._rollouts("sample", sampled.records)
+
+    def _rollouts(self, kind: Kind, texts: list[RolloutText]) -> None:
+        """A request's samples or datums, one group, kept for its step's rollouts."""
+        tally, group = self.tally, self.tally.groups
+        tally.groups += 1
+        for text in texts[: max(0, MAX_STEP_ROLLOUTS - len(tally.rollouts))]:
+            tally.rollouts.append(
+                RolloutRecord(
+                    kind=kind,
+                    group=group,
+                    index=len(tally.rollouts),
+                    prompt=text.prompt,
+                    completion=text.completion,
+                    reward=None,  # the server never sees one
+                    advantage=text.advantage,
+                    segments=[
+                        Segment("env", text.prompt, text.prompt_tokens),
+                        Segment(
+                            "model", text.completion, text.completion_tokens, None, text.advantage
+                        ),
+                    ],
+                    finish_reason=text.finish_reason,
+                    prompt_tokens=text.prompt_tokens,
+                    completion_tokens=text.completion_tokens,
+                    logprob_mean=text.logprob_mean,
+                    trained=kind == "datum",
+                )
+            )
 
     def stepped(self, stepped: Stepped) -> None:
         """An optimizer step: its metrics and the tally since the last one, recorded."""
@@ -185,6 +222,8 @@ class Session:
         }
         self.tally = StepTally(started=now)
         self.recorder.step(self.id, self.step, values)
+        if tally.rollouts:
+            self.recorder.rollouts(self.run_dir, self.id, self.step, tally.rollouts)
         self.note(
             f"step {self.step}: loss {tally.loss:.4g}, grad norm "
             f"{metrics.get('grad_norm', float('nan')):.4g}, {tally.trained_tokens} tokens "
