@@ -88,8 +88,8 @@ def test_refusals_leave_the_session_and_others_as_they_were(
         training.forward_backward([short], "cross_entropy").result(WAIT_S)
     with pytest.raises(tinker.RequestFailedError, match="loss_fn 'custom' .* is not served"):
         training.forward_backward(datums("ppo"), "custom").result(WAIT_S)
-    with pytest.raises(tinker.RequestFailedError, match="missing required key 'sequence_ratio"):
-        training.forward_backward(datums("ppo"), "gspo").result(WAIT_S)
+    with pytest.raises(tinker.RequestFailedError, match="unknown key 'weights' for loss 'gspo'"):
+        training.forward_backward(datums("cross_entropy"), "gspo").result(WAIT_S)
     with pytest.raises(tinker.RequestFailedError, match="'stable_reinforce' needs provenance"):
         training.forward_backward(datums("ppo"), "stable_reinforce").result(WAIT_S)
     with pytest.raises(tinker.RequestFailedError, match="Dimuon .* is not served.*AdamParams"):
