@@ -11,7 +11,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import secrets
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -428,10 +427,10 @@ class TinkerService:
             raise NotFound(f"sampling_session_id: no sampler {sampler_id[:100]} in this session")
 
         async def submit() -> JsonObject:
-            # The samples' ids are fixed now (the SDK wants them with this answer) and start
-            # with the session's: recorded sequences are the session's own.
-            prefix = f"{session.id}:seq:{secrets.token_hex(6)}"
-            ids = [f"{prefix}:{i}" for i in range(body.num_samples)]
+            # The samples' ids are fixed now (the SDK wants them with this answer): the
+            # request's, which start with the session's (recorded sequences are its own).
+            request_id = self._hub.futures.new_id(session.id, "sample")
+            ids = [f"{request_id}:{i}" for i in range(body.num_samples)]
             request = Sample(
                 sampler_id=sampler_id,
                 sequence_ids=ids,
@@ -454,6 +453,7 @@ class TinkerService:
                 request,
                 lambda sampled: answers.sampled(session, sampled),
                 _poll_target(sampler_id, clone),
+                request_id,
             )
             return {"request_id": pending.request_id, "sample_sequence_ids": ids}
 

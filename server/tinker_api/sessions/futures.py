@@ -58,11 +58,22 @@ class FutureRegistry:
         self._cursor = 0
         self._completed = asyncio.Event()
 
-    def new(self, session_id: str, kind: str, target: str | None = None) -> Pending:
-        request_id = f"{session_id}:{kind}:{secrets.token_hex(8)}"
+    def new(
+        self,
+        session_id: str,
+        kind: str,
+        target: str | None = None,
+        request_id: str | None = None,
+    ) -> Pending:
+        """A future; its id made here unless the caller made it first (new_id)."""
+        request_id = request_id or self.new_id(session_id, kind)
         pending = Pending(request_id, session_id, kind, target)
         self._futures[request_id] = pending
         return pending
+
+    @staticmethod
+    def new_id(session_id: str, kind: str) -> str:
+        return f"{session_id}:{kind}:{secrets.token_hex(8)}"
 
     def get(self, request_id: str) -> Pending | None:
         return self._futures.get(request_id)

@@ -155,11 +155,12 @@ class SessionHub:
         request: Op[A],
         encode: Callable[[A], Outcome],
         target: str | None = None,
+        request_id: str | None = None,
     ) -> Pending:
         """A future for a request the worker works on, settled from its answer: `encode`
         turns the request's kind of answer into the future's outcome (`target`: the poll
-        target retrieve_futures reports it to)."""
-        pending = self.futures.new(session.id, kind, target)
+        target retrieve_futures reports it to; `request_id`: its id, made by the caller)."""
+        pending = self.futures.new(session.id, kind, target, request_id)
         submitted = time.time()
         track = str(
             getattr(request, "model_id", None) or getattr(request, "sampler_id", session.id)
