@@ -81,6 +81,10 @@ class Saved(_Line):
     steps: int
 
 
+class LossReady(_Line):
+    kind: Literal["loss_ready"] = "loss_ready"
+
+
 class SamplerReady(_Line):
     kind: Literal["sampler_ready"] = "sampler_ready"
 
@@ -122,6 +126,7 @@ Answer = Annotated[
     | Stepped
     | Saved
     | SamplerReady
+    | LossReady
     | Sampled
     | Released
     | Failed,
@@ -263,6 +268,17 @@ class Sample(Op[Sampled]):
     prompt_logprobs_last_n: int | None = None
 
 
+class CreateLoss(Op[LossReady]):
+    """A server-side custom loss (create_custom_loss): the SDK's traced graph, rebuilt by the
+    worker from its allowed operations; forward_backward(..., "custom", {"loss_id"}) runs it."""
+
+    op: Literal["create_loss"] = "create_loss"
+    loss_id: str
+    name: str
+    inputs: list[dict[str, Any]]
+    graph: dict[str, Any]
+
+
 class Release(Op[Released]):
     """A session ended: its models and samplers go, requests still queued on them never run,
     and the sequences it recorded (their ids start with `session_id`)."""
@@ -285,6 +301,7 @@ Request = Annotated[
     | Snapshot
     | OpenSampler
     | Sample
+    | CreateLoss
     | Release,
     Field(discriminator="op"),
 ]

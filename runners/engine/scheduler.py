@@ -290,7 +290,8 @@ class DecodeScheduler:
             )
             for row, sequence_id in zip(request.rows, ids, strict=True)
         ]
-        prompt_logprobs, extras = None, {}
+        prompt_logprobs: np.ndarray | None = None
+        extras: dict[str, Any] = {}
         if request.prompt_logprobs_last_n >= 0 or request.scoring is not None:
             prompt_logprobs, extras = self._prompt_logprobs(adapter, request)
             if request.prompt_logprobs_last_n < 0:

@@ -26,6 +26,7 @@ from core.model_names import ModelNotAvailable
 from core.tinker_wire import (
     Accepted,
     Answer,
+    CreateLoss,
     CreateModel,
     Done,
     Failed,
@@ -33,6 +34,7 @@ from core.tinker_wire import (
     HeldModel,
     LoadModel,
     LoadState,
+    LossReady,
     ModelReady,
     OpenSampler,
     OptimStep,
@@ -58,7 +60,7 @@ from runners.engine.recorded_sequences import UnknownSequence
 from runners.engine.sampler import LocalSamplingClient
 from runners.engine.training import LocalTrainingClient
 from runners.models.loading import tokenizer_folder
-from runners.tinker_worker import proto, rollout_text
+from runners.tinker_worker import custom_loss, proto, rollout_text
 
 log = logging.getLogger("tinker-worker")
 Send = Callable[[BaseModel], None]
@@ -93,6 +95,7 @@ class TinkerWorker:
         self._models: dict[str, LocalFuture[LocalTrainingClient]] = {}
         self._samplers: dict[str, LocalFuture[LocalSamplingClient]] = {}
         self._last_done: dict[str, float] = {}  # when each model's last request ended
+        self._losses: dict[str, custom_loss.CustomLoss] = {}  # by loss id (session-prefixed)
         # Closing a client waits for the request it runs: never on the reading thread.
         self._closer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="worker-release")
 
@@ -152,6 +155,8 @@ class TinkerWorker:
                 return self._open_sampler(request)
             case Sample():
                 return self._sample(request)
+            case CreateLoss():
+                return self._create_loss(request)
             case Release():
                 return self._release(request)
 
@@ -222,11 +227,9 @@ class TinkerWorker:
 
         def submit() -> LocalFuture[types.ForwardBackwardOutput]:
             if body.loss_fn == "custom":
-                raise ValueError(
-                    "loss_fn 'custom' (a create_custom_loss loss_id) is not served: this "
-                    "server runs custom losses on the client (forward_backward_custom with a "
-                    "callable or a client-side LossHandle)"
-                )
+                loss = self._loss(body, session_of(body.model_id))
+                batch_loss = custom_loss.per_batch(loss, body.data)
+                return client.forward_backward_of(body.data, batch_loss, not body.forward_only)
             _check_own_sequences(body, session_of(body.model_id))
             return run(body.data, body.loss_fn, dict(body.loss_fn_config) or None)
 
@@ -277,6 +280,29 @@ class TinkerWorker:
         folder = client.checkpoint_dir / request.name / "external"
         future = _guard(lambda: client.export_adapter(folder))
         return Work(future, lambda saved: Saved(folder=saved.path, steps=client.steps))
+
+    def _create_loss(self, request: CreateLoss) -> Work[None]:
+        done: LocalFuture[None] = LocalFuture()
+        try:
+            loss = custom_loss.build(request.name, request.inputs, request.graph)
+        except (ValueError, KeyError, TypeError) as exc:
+            done.set_exception(ValueError(str(exc)))
+        else:
+            with self._lock:
+                self._losses[request.loss_id] = loss
+            done.set_result(None)
+        return Work(done, lambda _: LossReady())
+
+    def _loss(self, body: proto.ForwardBackward, session_id: str) -> custom_loss.CustomLoss:
+        loss_id = str(body.loss_fn_config.get("loss_id", ""))
+        with self._lock:
+            loss = self._losses.get(loss_id) if loss_id.startswith(f"{session_id}:") else None
+        if loss is None:
+            raise ValueError(
+                f"loss_fn_config['loss_id']: {loss_id[:100]!r} is no custom loss of this session; "
+                "create_custom_loss makes one (its LossHandle carries the id)"
+            )
+        return loss
 
     # Samplers ----------------------------------------------------------------------------
 
@@ -357,6 +383,9 @@ class TinkerWorker:
                 self._last_done.pop(model_id, None)
         if request.session_id:
             self._service.sequences.forget(f"{request.session_id}:")
+            with self._lock:
+                for loss_id in [i for i in self._losses if i.startswith(f"{request.session_id}:")]:
+                    del self._losses[loss_id]
         done = self._closer.submit(self._close_all, models, samplers)
 
         def released(_: None) -> Released:

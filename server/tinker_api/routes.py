@@ -178,13 +178,8 @@ def cancel_future(body: schemas.CancelIn, tk: Tk) -> JsonObject:
 
 
 @router.post("/create_custom_loss")
-def create_custom_loss() -> JsonObject:
-    raise BadRequest(
-        "create_custom_loss: not served: this server does not run traced (torch.fx) loss "
-        "graphs; its client/config says custom_loss_server_side=false, so "
-        "ServiceClient.create_custom_loss keeps the loss on the client and "
-        "forward_backward_custom runs it there (forward, then cross_entropy with its gradients)"
-    )
+async def create_custom_loss(body: schemas.CreateLossIn, tk: Tk) -> JsonObject:
+    return await tk.create_custom_loss(body)
 
 
 # The RestClient ----------------------------------------------------------------------------

@@ -195,3 +195,13 @@ class FuturesIn(WireIn):
 
 class CancelIn(WireIn):
     request_id: str = Field(max_length=200)
+
+
+class CreateLossIn(WireIn):
+    """The SDK's CreateCustomLossRequest: a traced loss as plain data (the worker rebuilds it)."""
+
+    session_id: str = Field(max_length=64)
+    custom_loss_seq_id: int = Field(ge=0)
+    name: str = Field(max_length=200)
+    inputs: list[dict[str, Any]] = Field(min_length=1, max_length=16)
+    graph: dict[str, Any]

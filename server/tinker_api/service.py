@@ -24,6 +24,7 @@ from core.model_names import context_length, known_models
 from core.models import RunStatus
 from core.settings import Settings
 from core.tinker_wire import (
+    CreateLoss,
     CreateModel,
     ForwardBackward,
     LoadModel,
@@ -460,6 +461,25 @@ class TinkerService:
         if body.seq_id is None:
             return await submit()
         return await session.once(("sample", sampler_id, body.seq_id), submit)
+
+    async def create_custom_loss(self, body: schemas.CreateLossIn) -> JsonObject:
+        """A server-side custom loss: the worker rebuilds its graph from the operations it
+        allows (refusing the first it does not, naming it); its id names it in
+        forward_backward(..., "custom", {"loss_id": ...}) of this session's models."""
+        session = self._hub.session(body.session_id)
+
+        async def submit() -> JsonObject:
+            loss_id = f"{session.id}:loss:{body.custom_loss_seq_id}"
+            request = CreateLoss(
+                loss_id=loss_id, name=body.name, inputs=body.inputs, graph=body.graph
+            )
+            reply = {"loss_id": loss_id, "type": "create_custom_loss"}
+            pending = await self._hub.submit(
+                session, "create_custom_loss", request, lambda _: answers.json_outcome(reply)
+            )
+            return {"request_id": pending.request_id}
+
+        return await session.once(("loss", body.custom_loss_seq_id), submit)
 
     async def join_sampling_session(self, body: schemas.JoinSamplerIn) -> JsonObject:
         """A new client of an existing sampler (a SamplingClient cloned into another

@@ -86,7 +86,7 @@ def test_refusals_leave_the_session_and_others_as_they_were(
     )
     with pytest.raises(tinker.RequestFailedError, match=r"expected \(3,\)"):
         training.forward_backward([short], "cross_entropy").result(WAIT_S)
-    with pytest.raises(tinker.RequestFailedError, match="loss_fn 'custom' .* is not served"):
+    with pytest.raises(tinker.RequestFailedError, match="'loss_id'.* is no custom loss of this"):
         training.forward_backward(datums("ppo"), "custom").result(WAIT_S)
     with pytest.raises(tinker.RequestFailedError, match="unknown key 'weights' for loss 'gspo'"):
         training.forward_backward(datums("cross_entropy"), "gspo").result(WAIT_S)

@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 import tinker
+import torch
 from tinker import types
+from tinker.lib.public_interfaces.custom_loss import encode_graph, trace_loss
 
 from tests.live_server import LiveServer
 from tests.tinker_api.conftest import KEY, WAIT_S
@@ -151,10 +154,6 @@ def test_copies_futures_and_what_is_not_served(
     cancelled = api(server, "POST", "retrieve_future", json={"request_id": slow["request_id"]})
     assert "cancelled by its client" in cancelled.json()["error"]
 
-    refused = api(server, "POST", "create_custom_loss", json={})
-    assert (
-        refused.status_code == 400 and "create_custom_loss: not served" in refused.json()["detail"]
-    )
     external = api(
         server,
         "POST",
@@ -165,3 +164,58 @@ def test_copies_futures_and_what_is_not_served(
     assert (
         failed["category"] == "user" and "age_encryption_recipients: not served" in failed["error"]
     )
+
+
+def neg_weighted(logprobs: torch.Tensor, weights: torch.Tensor) -> Any:
+    loss = -(logprobs * weights).sum() * 0.5 + torch.exp(logprobs).mean()
+    return loss, {"custom/neg_weighted:sum": loss}
+
+
+def test_server_side_custom_losses(service: tinker.ServiceClient, server: LiveServer) -> None:
+    """create_custom_loss as the SDK sends it where the server runs the loss: its traced graph,
+    rebuilt here; forward_backward(..., "custom") trains as the SDK's client-side run does."""
+    ranks = {"logprobs": 1, "weights": 1}
+    handle = trace_loss(neg_weighted, ranks, "r-00000000")
+    session_id = service.holder.get_session_id()
+    body = types.CreateCustomLossRequest(
+        session_id=session_id,
+        custom_loss_seq_id=0,
+        name=handle.name,
+        inputs=list(handle.inputs),
+        graph=encode_graph(handle),
+    ).model_dump(mode="json", exclude_none=True)
+    future = api(server, "POST", "create_custom_loss", json=body).json()
+    made = api(server, "POST", "retrieve_future", json=future).json()
+    created = types.CreateCustomLossResponse.model_validate(made)
+    assert created.loss_id == f"{session_id}:loss:0"
+
+    data = datums("cross_entropy", 9)
+    on_server = service.create_lora_training_client("tiny-random", rank=4, seed=9).result(WAIT_S)
+    on_client = service.create_lora_training_client("tiny-random", rank=4, seed=9).result(WAIT_S)
+    got = on_server.forward_backward(data, "custom", {"loss_id": created.loss_id}).result(WAIT_S)
+    local = service.create_custom_loss(neg_weighted, ranks).result(WAIT_S)  # client-side here
+    want = on_client.forward_backward_custom(data, local).result(WAIT_S)
+    assert got.metrics["loss:sum"] == pytest.approx(
+        want.metrics["custom/neg_weighted:sum"], rel=1e-5
+    )
+    assert got.metrics["custom/neg_weighted:sum"] == pytest.approx(got.metrics["loss:sum"])
+    steps = [c.optim_step(ADAM) for c in (on_server, on_client)]
+    assert steps[0].result(WAIT_S).metrics["grad_norm"] == pytest.approx(
+        steps[1].result(WAIT_S).metrics["grad_norm"], rel=1e-4
+    )
+
+    # A graph asking for what is not allowed is refused naming it; a loss id of no loss too.
+    bad = dict(body, custom_loss_seq_id=1)
+    bad["graph"] = {
+        "format": 1,
+        "nodes": [
+            *body["graph"]["nodes"][:2],
+            {"op": "call_function", "name": "x", "target": "os.system", "args": ["true"]},
+            body["graph"]["nodes"][-1],
+        ],
+    }
+    refused = api(server, "POST", "create_custom_loss", json=bad).json()
+    failed = api(server, "POST", "retrieve_future", json=refused).json()
+    assert failed["category"] == "user" and "'os.system', which is not among" in failed["error"]
+    with pytest.raises(tinker.RequestFailedError, match="is no custom loss of this session"):
+        on_server.forward_backward(data, "custom", {"loss_id": "r-00000000:loss:0"}).result(WAIT_S)
