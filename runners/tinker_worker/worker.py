@@ -98,6 +98,7 @@ class TinkerWorker:
         self._losses: dict[str, custom_loss.CustomLoss] = {}  # by loss id (session-prefixed)
         # Closing a client waits for the request it runs: never on the reading thread.
         self._closer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="worker-release")
+        self._answering = ThreadPoolExecutor(max_workers=1, thread_name_prefix="worker-answers")
 
     def handle(self, request: Request) -> None:
         try:
@@ -129,6 +130,7 @@ class TinkerWorker:
 
     def close(self) -> None:
         self._closer.shutdown(wait=False, cancel_futures=True)
+        self._answering.shutdown(wait=False, cancel_futures=True)
         self._service.close()
 
     def _queue(self, request: Request) -> Work[Any]:
@@ -432,6 +434,17 @@ class TinkerWorker:
         taken = time.monotonic()
 
         def done(finished: Future[Any]) -> None:
+            now = time.monotonic()
+            with self._lock:
+                started = max(taken, self._last_done.get(model_id, taken)) if model_id else taken
+                if model_id:
+                    self._last_done[model_id] = now
+            # Encoding the answer (protobuf, rollouts' text) is not the engine's thread's work:
+            # one thread does it, in the order requests finished (a step after its
+            # forward_backward, as the session counts them).
+            self._answering.submit(answer, finished, max(0.0, now - started))
+
+        def answer(finished: Future[Any], run_s: float) -> None:
             answer: Answer
             try:
                 answer = work.answer(finished.result())
@@ -440,12 +453,7 @@ class TinkerWorker:
             except Exception as exc:
                 log.error("request %s failed", request_id, exc_info=exc)
                 answer = Failed(error=f"{type(exc).__name__}: {exc}", category="server")
-            now = time.monotonic()
-            with self._lock:
-                started = max(taken, self._last_done.get(model_id, taken)) if model_id else taken
-                if model_id:
-                    self._last_done[model_id] = now
-            self._send(Done(id=request_id, answer=answer, run_s=max(0.0, now - started)))
+            self._send(Done(id=request_id, answer=answer, run_s=run_s))
 
         work.future.add_done_callback(done)
 
