@@ -13,13 +13,14 @@ from pathlib import Path
 from typing import Any
 
 from core.models import Run, utcnow
-from server.errors import BadRequest, Conflict, NotFound
+from server.errors import BadRequest, NotFound
 from server.tinker_api import paths
 from server.tinker_api.downloads import DownloadSigner
 from server.tinker_api.schemas import CopyWeightsIn, JsonObject
 from server.tinker_api.sessions.records import SessionRecords
 
 MIN_TTL_S, MAX_TTL_S = 3600, 10 * 365 * 86400  # the SDK's bounds: an hour to ten years
+COPY_SEQS = 900_000  # copies' model numbers start here (model ids allow six digits)
 # Our own files in a checkpoint folder (record, manifest): not part of what is downloaded.
 OWN_FILES = "rlcs_"
 
@@ -79,8 +80,9 @@ class TinkerWeights:
         row = self._records.update_checkpoint(run.id, str(folder))
         assert row is not None
         if row.public == public:
+            # Tinker documents a 409, which the SDK retries for minutes: a 400 ends the call.
             state = "public" if public else "private"
-            raise Conflict(f"checkpoint_id: {ref.path} is already {state}")
+            raise BadRequest(f"checkpoint_id: {ref.path} is already {state}")
         self._records.update_checkpoint(run.id, str(folder), public=public)
 
     def expire(self) -> list[str]:
@@ -116,7 +118,7 @@ class TinkerWeights:
             raise BadRequest("model_seq_id: give the copy's model sequence id with session_id")
         seq = body.model_seq_id if body.model_seq_id is not None else _next_seq(models, run)
         if str(seq) in models:
-            raise Conflict(f"model_seq_id: {paths.model_id(owner, seq)} exists; pick a new one")
+            raise BadRequest(f"model_seq_id: {paths.model_id(owner, seq)} exists; pick a new one")
         copy = paths.CheckpointRef(owner, seq, source.kind, source.name)
         target = copy.folder(Path(run.run_dir))
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -174,13 +176,15 @@ def _files(folder: Path) -> list[str]:
 
 
 def _next_seq(models: dict[str, Any], run: Run) -> int:
+    """A model number for a copy, above those a script numbers its clients with (from 0), so
+    a live session's next client never meets it."""
     folder = paths.model_folder(Path(run.run_dir), 0).parent
     taken = {int(k) for k in models} | {
         int(p.name.removeprefix("train-"))
         for p in (folder.iterdir() if folder.is_dir() else [])
         if p.name.removeprefix("train-").isdigit()
     }
-    return max(taken, default=-1) + 1
+    return max(taken | {COPY_SEQS - 1}) + 1
 
 
 def _link_or_copy(source: str, target: str) -> None:

@@ -13,6 +13,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import tinker
 from safetensors.numpy import load_file
@@ -69,30 +70,32 @@ def test_checkpoint_download_ttl_and_publish(
     )
     got = load_file(folder / "adapter_model.safetensors")
     assert got.keys() == want.keys() and all((got[k] == want[k]).all() for k in want)
-    # The temporary export it made went with its session.
-    after = cli(server, "checkpoint", "list")["checkpoints"]
-    assert not [c for c in after if c["checkpoint_type"] == "external"]
-
     cli(server, "checkpoint", "set-ttl", state, "--ttl", "7200")
     cli(server, "checkpoint", "publish", state)
     shown = {c["tinker_path"]: c for c in cli(server, "checkpoint", "list")["checkpoints"]}
     assert shown[state]["public"] is True and shown[state]["expires_at"] is not None
     assert shown[sampler]["public"] is False and shown[sampler]["expires_at"] is None
-    cli(server, "checkpoint", "set-ttl", state, "--remove")
-    cli(server, "checkpoint", "unpublish", state)
-    shown = {c["tinker_path"]: c for c in cli(server, "checkpoint", "list")["checkpoints"]}
-    assert shown[state]["public"] is False and shown[state]["expires_at"] is None
+    # The temporary export the download made went with its session.
+    assert not [c for c in shown.values() if c["checkpoint_type"] == "external"]
+    rest = tinker.RestClient(base_url=server.url, api_key=KEY)
+    rest.set_checkpoint_ttl_from_tinker_path(state, None).result(WAIT_S)
+    rest.unpublish_checkpoint_from_tinker_path(state).result(WAIT_S)
+    [back] = [
+        c
+        for c in rest.list_checkpoints(training.model_id).result(WAIT_S).checkpoints
+        if c.tinker_path == state
+    ]
+    assert back.public is False and back.expires_at is None
+    with pytest.raises(tinker.BadRequestError, match="already private"):
+        rest.unpublish_checkpoint_from_tinker_path(state).result(WAIT_S)
 
     # Out of its bounds, a time to live is refused naming them.
-    rest = tinker.RestClient(base_url=server.url, api_key=KEY)
     with pytest.raises(tinker.BadRequestError, match="ttl_seconds: 60 is out of bounds"):
         rest.set_checkpoint_ttl_from_tinker_path(state, 60).result(WAIT_S)
     # A download URL is this server's, for an hour: changed, it is refused.
     export = training.save_weights_external("shared").result(WAIT_S).path
     urls = rest.get_external_weights_urls(export).result(WAIT_S).urls
     assert set(urls) == {"adapter_config.json", "adapter_model.safetensors"}
-    import httpx
-
     assert httpx.get(urls["adapter_config.json"]).status_code == 200
     assert (
         httpx.get(urls["adapter_config.json"].replace("signature=", "signature=0")).status_code
