@@ -20,6 +20,11 @@ NOT_FAST := browser or ray or postgres or install or training or slow or atropos
 ATROPOS_VENV := .venv-atropos
 ATROPOS_STAMP := $(ATROPOS_VENV)/.installed
 ATROPOS_LOCK := runners/atropos/requirements.lock
+# A third, for the Tinker API tests: the oldest tinker SDK the server serves (the protobuf era
+# began with 0.25.0), beside the project's 0.38 (tests/tinker_api/test_sdk_versions.py).
+OLDEST_SDK_VENV := .venv-tinker-oldest
+OLDEST_SDK_STAMP := $(OLDEST_SDK_VENV)/.installed
+OLDEST_SDK_LOCK := tests/tinker_api/sdk_oldest/requirements.lock
 
 .PHONY: serve test test-fast install lock lint typecheck format docs demo curves clean
 
@@ -40,7 +45,12 @@ $(ATROPOS_STAMP): $(ATROPOS_LOCK) | $(BIN)/uv
 	$(BIN)/uv pip sync --quiet --python $(ATROPOS_VENV)/bin/python --compile-bytecode $(ATROPOS_LOCK)
 	touch $(ATROPOS_STAMP)
 
-install: $(STAMP) $(ATROPOS_STAMP)
+$(OLDEST_SDK_STAMP): $(OLDEST_SDK_LOCK) | $(BIN)/uv
+	test -x $(OLDEST_SDK_VENV)/bin/python || $(PYTHON) -m venv $(OLDEST_SDK_VENV)
+	$(BIN)/uv pip sync --quiet --python $(OLDEST_SDK_VENV)/bin/python --compile-bytecode $(OLDEST_SDK_LOCK)
+	touch $(OLDEST_SDK_STAMP)
+
+install: $(STAMP) $(ATROPOS_STAMP) $(OLDEST_SDK_STAMP)
 
 # After a change to pyproject.toml's dependencies: pin everything anew (torch: its newest CPU build).
 lock: | $(BIN)/uv
@@ -48,11 +58,13 @@ lock: | $(BIN)/uv
 	$(BIN)/uv lock
 	$(BIN)/uv pip compile --quiet --python-version 3.11 --python-platform x86_64-unknown-linux-gnu \
 		runners/atropos/requirements.txt -o $(ATROPOS_LOCK)
+	$(BIN)/uv pip compile --quiet --python-version 3.11 --python-platform x86_64-unknown-linux-gnu \
+		tests/tinker_api/sdk_oldest/requirements.txt -o $(OLDEST_SDK_LOCK)
 
 serve: $(STAMP) $(ATROPOS_STAMP)
 	$(BIN)/python -m server
 
-test: $(STAMP) $(ATROPOS_STAMP)
+test: $(STAMP) $(ATROPOS_STAMP) $(OLDEST_SDK_STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(MKDOCS) --strict --quiet
@@ -82,7 +94,7 @@ docs: $(STAMP)
 	$(MKDOCS) --strict
 
 clean:
-	rm -rf $(VENV) $(ATROPOS_VENV) var site wheels
+	rm -rf $(VENV) $(ATROPOS_VENV) $(OLDEST_SDK_VENV) var site wheels
 
 demo: $(STAMP)
 	$(BIN)/python scripts/demo.py

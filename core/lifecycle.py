@@ -178,15 +178,25 @@ def record_metrics(engine: Engine, run_id: str, step: int, metrics: dict[str, fl
 
 
 def record_checkpoint(
-    engine: Engine, run_id: str, step: int, kind: str, name: str, path: str
+    engine: Engine,
+    run_id: str,
+    step: int,
+    kind: str,
+    name: str,
+    path: str,
+    expires_at: datetime | None = None,
 ) -> None:
-    """A checkpoint folder written at `step`; one written again at the same path (a name saved
-    again with overwrite) replaces its row."""
+    """A checkpoint folder written at `step` (deleted once `expires_at` passes, if given); one
+    written again at the same path (a name saved again with overwrite) replaces its row."""
     with write_session(engine) as session:
         session.exec(
             delete(Checkpoint).where(col(Checkpoint.run_id) == run_id, col(Checkpoint.path) == path)
         )
-        session.add(Checkpoint(run_id=run_id, step=step, kind=kind, name=name, path=path))
+        session.add(
+            Checkpoint(
+                run_id=run_id, step=step, kind=kind, name=name, path=path, expires_at=expires_at
+            )
+        )
         if kind == "sampler":
             run = session.get(Run, run_id)
             if run is not None:

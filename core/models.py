@@ -107,10 +107,16 @@ class Checkpoint(SQLModel, table=True):
     id: int | None = Field(default=None, primary_key=True)
     run_id: str = Field(foreign_key="run.id", index=True)
     step: int
-    kind: str = Field(description="state (for resume) or sampler (weights for sampling)")
+    kind: str = Field(
+        description="state (for resume), sampler (weights for sampling) or external (an "
+        "adapter exported for download: a Tinker session's save_weights_external)"
+    )
     name: str
     path: str
     created_at: datetime = Field(default_factory=utcnow)
+    # A Tinker session's ttl_seconds: the folder and row are deleted once this passes.
+    expires_at: datetime | None = None
+    public: bool = False  # publish_checkpoint (recorded; every checkpoint here is readable)
 
 
 class EnvironmentConfig(SQLModel, table=True):

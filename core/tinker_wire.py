@@ -45,6 +45,19 @@ class StateLoaded(_Line):
     steps: int
 
 
+class RolloutText(_Line):
+    """A sequence sampled or a datum trained, as its run's rollouts show it (decoded by the
+    worker, which has the tokenizer)."""
+
+    prompt: str
+    completion: str
+    prompt_tokens: int
+    completion_tokens: int
+    finish_reason: str | None = None
+    logprob_mean: float | None = None
+    advantage: float | None = None  # a datum's mean over the tokens it trained
+
+
 class Trained(_Line):
     """A forward_backward (or forward): the SDK's ForwardBackwardOutput protobuf, and what the
     session's step counts of it."""
@@ -54,6 +67,7 @@ class Trained(_Line):
     tokens: int
     loss: float | None
     forward_only: bool
+    records: list[RolloutText] = []  # its datums (forward_backward only)
 
 
 class Stepped(_Line):
@@ -67,6 +81,10 @@ class Saved(_Line):
     steps: int
 
 
+class LossReady(_Line):
+    kind: Literal["loss_ready"] = "loss_ready"
+
+
 class SamplerReady(_Line):
     kind: Literal["sampler_ready"] = "sampler_ready"
 
@@ -77,6 +95,7 @@ class Sampled(_Line):
     kind: Literal["sampled"] = "sampled"
     output: bytes
     tokens: int
+    records: list[RolloutText] = []
 
 
 class HeldModel(_Line):
@@ -107,6 +126,7 @@ Answer = Annotated[
     | Stepped
     | Saved
     | SamplerReady
+    | LossReady
     | Sampled
     | Released
     | Failed,
@@ -202,6 +222,15 @@ class SaveSampler(Op[Saved]):
     user_metadata: dict[str, str] | None = None
 
 
+class SaveExternal(Op[Saved]):
+    """The adapter as a peft folder for download (save_weights_external): `<name>/external`
+    in the model's checkpoint folder, replacing one of that name."""
+
+    op: Literal["save_external"] = "save_external"
+    model_id: str
+    name: str
+
+
 class Snapshot(Op[SamplerReady]):
     """A sampler over a model's weights as they are now (save_weights_and_get_sampling_client)."""
 
@@ -220,10 +249,14 @@ class OpenSampler(Op[SamplerReady]):
 
 
 class Sample(Op[Sampled]):
-    """The SDK's sample request (its JSON body, less what names the sampler)."""
+    """The SDK's sample request (its JSON body, less what names the sampler), and the ids the
+    server gave its samples (`record_stability_info`: recorded under them for
+    stable_reinforce)."""
 
     op: Literal["sample"] = "sample"
     sampler_id: str
+    sequence_ids: list[str]
+    record_stability_info: bool = False
     num_samples: int
     prompt: dict[str, Any]
     sampling_params: dict[str, Any]
@@ -235,12 +268,25 @@ class Sample(Op[Sampled]):
     prompt_logprobs_last_n: int | None = None
 
 
+class CreateLoss(Op[LossReady]):
+    """A server-side custom loss (create_custom_loss): the SDK's traced graph, rebuilt by the
+    worker from its allowed operations; forward_backward(..., "custom", {"loss_id"}) runs it."""
+
+    op: Literal["create_loss"] = "create_loss"
+    loss_id: str
+    name: str
+    inputs: list[dict[str, Any]]
+    graph: dict[str, Any]
+
+
 class Release(Op[Released]):
-    """A session ended: its models and samplers go, requests still queued on them never run."""
+    """A session ended: its models and samplers go, requests still queued on them never run,
+    and the sequences it recorded (their ids start with `session_id`)."""
 
     op: Literal["release"] = "release"
     models: list[str]
     samplers: list[str]
+    session_id: str = ""
 
 
 Request = Annotated[
@@ -251,9 +297,11 @@ Request = Annotated[
     | OptimStep
     | SaveState
     | SaveSampler
+    | SaveExternal
     | Snapshot
     | OpenSampler
     | Sample
+    | CreateLoss
     | Release,
     Field(discriminator="op"),
 ]
@@ -282,9 +330,13 @@ class Refused(_Line):
 
 
 class Done(_Line):
+    """A request's answer, and how long it ran: from when the worker could start it (it was
+    taken, and its model's earlier requests were done) to its answer, in seconds."""
+
     kind: Literal["done"] = "done"
     id: int
     answer: Answer
+    run_s: float = 0.0
 
 
 Reply = Annotated[Ready | Accepted | Refused | Done, Field(discriminator="kind")]

@@ -192,6 +192,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(openai_routes.router, dependencies=protected)
     # The Tinker SDK's API: it checks the SDK's key (X-API-Key) instead of our bearer token.
     app.include_router(tinker_routes.router)
+    app.include_router(tinker_routes.downloads)
     # MCP (streamable HTTP); the endpoint checks the token itself, before any MCP handling.
     # A Route, not app.add_route: that one is typed for request handlers, and this is an ASGI app.
     app.router.routes.append(Route("/mcp", McpEndpoint(), include_in_schema=False))

@@ -71,6 +71,9 @@ def validate_data(
             raise ValueError(f"{where} has target_tokens outside [0, {vocab})")
         for key in spec.ignored:
             inputs.pop(key, None)
+        for key, fill in spec.optional.items():
+            if key not in inputs:
+                inputs[key] = fill(inputs)
         if spec.reads_recorded:
             if sequences is None:
                 raise ValueError(f"loss {loss_fn!r} needs recorded sequences; none are kept here")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -37,6 +37,8 @@ class LossSpec:
     inputs: tuple[str, ...]  # required
     objective: Objective
     ignored: tuple[str, ...] = ()  # accepted (clients send them), not used
+    # Accepted and read when sent; when not, filled from the datum's other inputs.
+    optional: Mapping[str, Callable[[Mapping[str, Tensor]], Tensor]] = field(default_factory=dict)
     metrics: Metrics | None = None
     # Its datums name recorded sequences (Datum.with_provenance), read into RECORDED_* inputs.
     reads_recorded: bool = False
@@ -176,7 +178,14 @@ LOSSES: dict[str, LossSpec] = {
         LossSpec("ppo", _RL_INPUTS, _ppo),
         LossSpec("cispo", _RL_INPUTS, _cispo),
         LossSpec("dro", _RL_INPUTS, _dro),
-        LossSpec("gspo", (*_RL_INPUTS, "sequence_ratio_mask"), _gspo),
+        # tinker-cookbook's RL trainer (rl/train.py) sends no sequence_ratio_mask: the ratio is
+        # then taken over the tokens the datum trains (a nonzero advantage; prompts carry 0).
+        LossSpec(
+            "gspo",
+            _RL_INPUTS,
+            _gspo,
+            optional={"sequence_ratio_mask": lambda inputs: (inputs["advantages"] != 0).float()},
+        ),
         # The client's `logprobs` (the cookbook sends them) are accepted and not used: the
         # sampler's come from the recorded sequences the datum's spans name.
         LossSpec(
@@ -209,8 +218,8 @@ def check_input_keys(loss_fn: str, keys: Iterable[str], where: str = "loss_fn_in
     """Reject unknown and missing loss_fn_inputs keys, as the hosted service does."""
     spec = get_loss_spec(loss_fn)
     present = set(keys)
-    allowed = ", ".join((*spec.inputs, *spec.ignored))
-    for key in sorted(present - set(spec.inputs) - set(spec.ignored)):
+    allowed = ", ".join((*spec.inputs, *spec.optional, *spec.ignored))
+    for key in sorted(present - set(spec.inputs) - set(spec.optional) - set(spec.ignored)):
         raise ValueError(
             f"{where}: unknown key {key!r} for loss {loss_fn!r}; allowed keys: {allowed}"
         )

@@ -94,6 +94,15 @@ class SequenceStore:
             self._entries.move_to_end(sequence_id)
             return entry.sequence
 
+    def forget(self, prefix: str) -> int:
+        """Drop every sequence whose id starts with `prefix` (a Tinker session's, once it
+        ended); how many."""
+        with self._lock:
+            gone = [i for i in self._entries if i.startswith(prefix)]
+            for sequence_id in gone:
+                self._drop(sequence_id)
+        return len(gone)
+
     def __len__(self) -> int:
         with self._lock:
             return len(self._entries)

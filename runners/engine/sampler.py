@@ -18,9 +18,11 @@ from typing import Any
 import numpy as np
 from tinker import types
 
+from runners.engine import prompt_scores
 from runners.engine.batch import Row
 from runners.engine.futures import LocalFuture
 from runners.engine.host import AdapterWeights, ModelHost
+from runners.engine.prompt_scores import PromptScoring
 from runners.engine.recorded_sequences import RecordedSequence, SequenceStore
 from runners.engine.scheduler import SampleRequest, scheduler_for
 
@@ -101,6 +103,8 @@ class LocalSamplingClient:
         self._adapter = adapter
         self.model_path = model_path
         # Where sampled sequences are recorded (stable_reinforce reads them); None: nowhere.
+        # A call may ask for recording itself (the Tinker API's per-request flag).
+        self._sequences = sequences
         self._recording = sequences if record_stability_info else None
         self._release = release  # gives back the host this sampler holds (close)
         self._tag = f"local{next(_client_ids)}"
@@ -123,22 +127,22 @@ class LocalSamplingClient:
         cancel: threading.Event | None = None,
         on_token: Callable[[int, int, float], None] | None = None,
         sequence_ids: Sequence[str] | None = None,
+        record_stability_info: bool | None = None,
     ) -> LocalFuture[types.SampleResponse]:
         """tinker's sample(), plus local extensions: `deadline` (a time.monotonic() value)
         after which every sequence stops where it is, with stop_reason "length", `cancel`,
         an event that does the same at the next decode step once set, `on_token`, called
         with (sample index, token, logprob) on the scheduler's thread as each token is picked,
         and `sequence_ids`, the samples' ids when the caller fixed them at submission (the
-        Tinker API does); by default each gets a new one."""
-        unsupported = {
-            "topk_prompt_logprobs": topk_prompt_logprobs,
-            "topk_sample_logprobs": topk_sample_logprobs,
-            "target_prompt_logprobs": target_prompt_logprobs,
-            "prompt_alt_tokens_k": prompt_alt_tokens_k,
-        }
-        for name, value in unsupported.items():
-            if value:
-                raise ValueError(f"{name} is not supported by the local backend")
+        Tinker API does); by default each gets a new one. `record_stability_info` records this
+        call's sequences (True) or not (False) whatever the client was made with (None: as made;
+        the SDK sends the flag with each request)."""
+        if topk_sample_logprobs:
+            raise ValueError(
+                "topk_sample_logprobs is not served: the local backend's decode step keeps the "
+                "chosen token's logprob only (top-k prompt logprobs are served: "
+                "topk_prompt_logprobs)"
+            )
         if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
             raise ValueError(f"num_samples must be a positive integer, got {num_samples!r}")
         if sequence_ids is not None:
@@ -150,7 +154,26 @@ class LocalSamplingClient:
                 )
             if not all(isinstance(i, str) and i for i in sequence_ids):
                 raise ValueError("sequence_ids must be non-empty strings")
+        asked = None
+        if topk_prompt_logprobs or target_prompt_logprobs is not None or prompt_alt_tokens_k:
+            if sampling_params.seed is None:  # one seed for the samples and the prompt's draws
+                seed = random.SystemRandom().randrange(2**62)
+                sampling_params = sampling_params.model_copy(update={"seed": seed})
+            asked = prompt_scores.scoring(
+                len(_prompt_tokens(prompt, self._vocab)),
+                self._vocab,
+                topk=topk_prompt_logprobs,
+                targets=target_prompt_logprobs,
+                alt_k=prompt_alt_tokens_k,
+                temperature=float(sampling_params.temperature),
+                seed=_row_seed(sampling_params.seed or 0, -1),
+            )
         wants_prompt_lp = include_prompt_logprobs or prompt_logprobs_last_n is not None
+        store = self._recording
+        if record_stability_info is not None:
+            if record_stability_info and self._sequences is None:
+                raise ValueError("record_stability_info needs a SequenceStore to record into")
+            store = self._sequences if record_stability_info else None
         return self._submit(
             prompt,
             num_samples,
@@ -160,6 +183,8 @@ class LocalSamplingClient:
             cancel,
             on_token,
             sequence_ids,
+            store,
+            asked,
         )
 
     def compute_logprobs(
@@ -194,6 +219,8 @@ class LocalSamplingClient:
         cancel: threading.Event | None = None,
         on_token: Callable[[int, int, float], None] | None = None,
         sequence_ids: list[str] | None = None,
+        store: SequenceStore | None = None,
+        scoring: PromptScoring | None = None,
     ) -> LocalFuture[types.SampleResponse]:
         tokens = _prompt_tokens(prompt, self._vocab)
         limit = self._host.max_positions
@@ -236,15 +263,17 @@ class LocalSamplingClient:
             self._tag,
             future,
             sequence_ids=sequence_ids,
-            record=self._recorder(tokens) if self._recording is not None and rows else None,
+            record=self._recorder(store, tokens) if store is not None and rows else None,
+            scoring=scoring,
         )
         scheduler_for(self._host).submit(request)
         return future
 
-    def _recorder(self, prompt: list[int]) -> Callable[[types.SampleResponse], None]:
+    @staticmethod
+    def _recorder(
+        store: SequenceStore, prompt: list[int]
+    ) -> Callable[[types.SampleResponse], None]:
         """Records a response's sequences under their ids (run on the scheduler's thread)."""
-        store = self._recording
-        assert store is not None
         shared_prompt = np.asarray(prompt, dtype=np.int32)  # one copy for all the samples
 
         def record(response: types.SampleResponse) -> None:

@@ -23,11 +23,13 @@ import numpy as np
 import torch
 from tinker import types
 
+from runners.engine import prompt_scores
 from runners.engine.batch import DecodeBatch, Row
 from runners.engine.dynamic_batch import DynamicCacheBatch
 from runners.engine.futures import LocalFuture
 from runners.engine.host import AdapterWeights, ModelHost
 from runners.engine.lora import LanguageModel
+from runners.engine.prompt_scores import PromptScoring
 from runners.engine.sampling_model import SamplingModel, resolve_sampling_dtype
 from runners.engine.slot_batch import SlotBatch
 from runners.engine.slot_batch import supports as supports_slots
@@ -50,6 +52,8 @@ class SampleRequest:
     # Called with the response before the caller sees it (recorded sequences: a datum may
     # name them as soon as the future resolves).
     record: Callable[[types.SampleResponse], None] | None = None
+    # Top-k, target logprobs and alternative draws at the prompt's positions (prompt_scores).
+    scoring: PromptScoring | None = None
 
 
 def _settle(future: LocalFuture, value: Any = None, error: BaseException | None = None) -> None:
@@ -256,16 +260,22 @@ class DecodeScheduler:
 
     def _prompt_logprobs(
         self, adapter: AdapterWeights | None, request: SampleRequest
-    ) -> np.ndarray:
+    ) -> tuple[np.ndarray, dict[str, Any]]:
+        """Each prompt token's logprob, and what else the request asked of the same prefill."""
         ids = torch.tensor([request.prompt], device=self.host.device)
         with self.host.use(adapter) as model, torch.no_grad():
             logits = model(input_ids=ids).logits[0, :-1].float()
-        picked = torch.log_softmax(logits, dim=-1).gather(-1, ids[0, 1:, None])[:, 0]
+        log_probs = torch.log_softmax(logits, dim=-1)
+        picked = log_probs.gather(-1, ids[0, 1:, None])[:, 0]
         out = np.full(len(request.prompt), np.nan, dtype=np.float32)
         out[1:] = picked.cpu().numpy()
-        if request.prompt_logprobs_last_n:
+        if request.prompt_logprobs_last_n > 0:
             out[: max(0, len(out) - request.prompt_logprobs_last_n)] = np.nan
-        return out
+        extras = {}
+        if request.scoring is not None:
+            last_n = request.prompt_logprobs_last_n
+            extras = prompt_scores.score(log_probs, request.prompt, request.scoring, last_n)
+        return out, extras
 
     def _response(
         self, adapter: AdapterWeights | None, request: SampleRequest
@@ -280,7 +290,12 @@ class DecodeScheduler:
             )
             for row, sequence_id in zip(request.rows, ids, strict=True)
         ]
-        prompt_logprobs = None
-        if request.prompt_logprobs_last_n >= 0:
-            prompt_logprobs = self._prompt_logprobs(adapter, request)
-        return types.SampleResponse(sequences=sequences, prompt_logprobs_np=prompt_logprobs)
+        prompt_logprobs: np.ndarray | None = None
+        extras: dict[str, Any] = {}
+        if request.prompt_logprobs_last_n >= 0 or request.scoring is not None:
+            prompt_logprobs, extras = self._prompt_logprobs(adapter, request)
+            if request.prompt_logprobs_last_n < 0:
+                prompt_logprobs = None  # scored for the extras only
+        return types.SampleResponse(
+            sequences=sequences, prompt_logprobs_np=prompt_logprobs, **extras
+        )

@@ -106,6 +106,30 @@ class LocalTrainingClient:
         batch = validate_data(data, loss_fn, self._vocab, self._host.max_positions, self._sequences)
         return submit(self._worker, self._run_forward, batch, loss_fn, config, backward)
 
+    def forward_backward_of(
+        self,
+        data: list[types.Datum],
+        loss: Callable[[list[torch.Tensor]], tuple[torch.Tensor, dict[str, float]]],
+        backward: bool = True,
+    ) -> LocalFuture[types.ForwardBackwardOutput]:
+        """A loss computed from the datums' target logprobs by `loss` (a server-side custom
+        loss), in one request in this client's order: a forward pass for the logprobs, the loss
+        and its gradient with respect to them, then (with `backward`) a backward pass of the
+        linear surrogate sum(gradient * logprob), which gives the parameters the loss's own
+        gradient (what the SDK's forward_backward_custom does from the client)."""
+        plain = [
+            types.Datum(
+                model_input=d.model_input,
+                loss_fn_inputs={
+                    "target_tokens": d.loss_fn_inputs["target_tokens"],
+                    "weights": types.TensorData(data=[0.0] * d.model_input.length, dtype="float32"),
+                },
+            )
+            for d in data
+        ]
+        batch = validate_data(plain, "cross_entropy", self._vocab, self._host.max_positions)
+        return submit(self._worker, self._run_loss_of, batch, loss, backward)
+
     def optim_step(
         self,
         optim_params: types.AdamParams | None = None,
@@ -147,6 +171,13 @@ class LocalTrainingClient:
         """A peft adapter folder `<checkpoint_dir>/<name>/sampler/` for sampling later."""
         folder = ckpt.checkpoint_folder(self.checkpoint_dir, name, ckpt.SAMPLER_KIND)
         return submit(self._worker, self._run_save_sampler, folder, user_metadata or {})
+
+    def export_adapter(
+        self, folder: Path, user_metadata: dict[str, str] | None = None
+    ) -> LocalFuture[types.SaveWeightsForSamplerResponse]:
+        """The adapter as a peft folder at `folder`, in the sampler checkpoint's format (the
+        Tinker API's save_weights_external), in order with this client's other requests."""
+        return submit(self._worker, self._run_save_sampler, Path(folder), user_metadata or {})
 
     def save_weights_and_get_sampling_client(
         self,
@@ -222,6 +253,50 @@ class LocalTrainingClient:
             if backward:
                 self.forward_backward_calls += 1
         return out
+
+    def _run_loss_of(
+        self,
+        batch: DatumBatch,
+        loss: Callable[[list[torch.Tensor]], tuple[torch.Tensor, dict[str, float]]],
+        backward: bool,
+    ) -> types.ForwardBackwardOutput:
+        pad_id = int(self._host.tokenizer.pad_token_id or 0)
+        budget = self._tokens_per_microbatch
+        with self._host.training(self._adapter) as model:
+            out = run_loss(
+                model,
+                batch,
+                "cross_entropy",
+                {},
+                backward=False,
+                pad_id=pad_id,
+                token_budget=budget,
+            )
+            logprobs = [
+                torch.tensor(o["logprobs"].to_numpy(), requires_grad=True)
+                for o in out.loss_fn_outputs
+            ]
+            value, metrics = loss(logprobs)
+            if backward:
+                grads = torch.autograd.grad(value, logprobs, allow_unused=True)
+                for inputs, grad, lp in zip(batch.inputs, grads, logprobs, strict=True):
+                    # cross_entropy's loss is -sum(w * logprob): w = -d(loss)/d(logprob).
+                    inputs["weights"] = -(grad if grad is not None else torch.zeros_like(lp))
+                run_loss(
+                    model,
+                    batch,
+                    "cross_entropy",
+                    {},
+                    backward=True,
+                    pad_id=pad_id,
+                    token_budget=budget,
+                )
+                self.forward_backward_calls += 1
+        return types.ForwardBackwardOutput(
+            loss_fn_output_type=out.loss_fn_output_type,
+            loss_fn_outputs=out.loss_fn_outputs,
+            metrics={"loss:sum": float(value.detach()), **metrics},
+        )
 
     def _run_optim_step(self, params: types.AdamParams) -> types.OptimStepResponse:
         host = self._host

@@ -9,6 +9,7 @@ Unsupported (a failed future, category user).
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -24,6 +25,7 @@ _DTYPES: dict[int, tuple[str, type[np.generic]]] = {
     pb.DTYPE_INT32: ("int64", np.int32),  # the public wire widens int32 to int64
 }
 _OUT_DTYPES = {"float32": pb.DTYPE_FLOAT32, "int64": pb.DTYPE_INT64}
+Span = types.PromptProvenanceSpan | types.SampledProvenanceSpan
 _STOP_REASONS = {"stop": pb.STOP_REASON_STOP, "length": pb.STOP_REASON_LENGTH}
 
 
@@ -47,6 +49,15 @@ class ForwardBackward:
     @property
     def tokens(self) -> int:
         return sum(d.model_input.length for d in self.data)
+
+    def sequence_ids(self) -> set[str]:
+        """Every recorded sequence its datums' provenance names."""
+        return {
+            span.sequence_id
+            for datum in self.data
+            for spans in (datum.model_input_spans, datum.loss_fn_input_spans)
+            for span in spans or ()
+        }
 
 
 def decode_forward_backward(body: bytes) -> ForwardBackward:
@@ -84,7 +95,33 @@ def _datum(datum: pb.Datum, where: str) -> types.Datum:
         key: _tensor(tensor, f"{where}.loss_fn_inputs[{key!r}]")
         for key, tensor in datum.loss_fn_inputs.items()
     }
-    return types.Datum(model_input=types.ModelInput.from_ints(tokens), loss_fn_inputs=inputs)
+    model_input = types.ModelInput.from_ints(tokens)
+    if not datum.model_input_spans and not datum.loss_fn_input_spans:
+        return types.Datum(model_input=model_input, loss_fn_inputs=inputs)
+    # Provenance (Datum.with_provenance): read against the recorded sequences when trained.
+    return types.Datum(
+        model_input=model_input,
+        loss_fn_inputs=inputs,
+        model_input_spans=_spans(datum.model_input_spans, f"{where}.model_input_spans"),
+        loss_fn_input_spans=_spans(datum.loss_fn_input_spans, f"{where}.loss_fn_input_spans"),
+    )
+
+
+def _spans(spans: Iterable[pb.ProvenanceSpan], where: str) -> list[Span]:
+    out: list[Span] = []
+    for j, span in enumerate(spans):
+        kind = span.WhichOneof("span")
+        if kind is None:
+            raise WireError(f"{where}[{j}]: neither prompt_tokens nor sampled_tokens")
+        arm = getattr(span, kind)
+        make = (
+            types.PromptProvenanceSpan if kind == "prompt_tokens" else types.SampledProvenanceSpan
+        )
+        try:
+            out.append(make(sequence_id=arm.sequence_id, offset=arm.offset, length=arm.length))
+        except ValueError as exc:
+            raise WireError(f"{where}[{j}]: {exc}") from None
+    return out
 
 
 def _tensor(tensor: pb.Tensor, where: str) -> types.TensorData:
@@ -166,7 +203,31 @@ def encode_sample(response: types.SampleResponse) -> bytes:
     if prompt is not None:
         # NaN is how the wire says "no logprob" (the first position, or those left out).
         out.prompt_logprobs = np.asarray(prompt, dtype=np.float32).tobytes()
+    topk = response.topk_prompt_logprobs_np
+    if topk is not None:
+        out.topk_prompt_logprobs.length, out.topk_prompt_logprobs.k = topk.token_ids.shape
+        out.topk_prompt_logprobs.token_ids = np.asarray(topk.token_ids, np.int32).tobytes()
+        out.topk_prompt_logprobs.logprobs = np.asarray(topk.logprobs, np.float32).tobytes()
+    if response.target_prompt_logprobs is not None:
+        _write_tensor(out.target_prompt_logprobs, response.target_prompt_logprobs)
+    if response.prompt_alt_tokens is not None:
+        _write_tensor(out.prompt_alt_tokens.tokens, response.prompt_alt_tokens.tokens)
+        _write_tensor(out.prompt_alt_tokens.logprobs, response.prompt_alt_tokens.logprobs)
     return out.SerializeToString()
+
+
+def _write_tensor(msg: pb.Tensor, tensor: types.TensorData) -> None:
+    """A TensorData into the wire's Tensor, dense or sparse CSR as it is."""
+    np_dtype = np.float32 if tensor.dtype == "float32" else np.int64
+    msg.dtype = _OUT_DTYPES[tensor.dtype]
+    msg.shape.extend(int(n) for n in tensor.shape or [])
+    values = np.asarray(tensor.data, dtype=np_dtype).reshape(-1).tobytes()
+    if tensor.sparse_crow_indices is not None and tensor.sparse_col_indices is not None:
+        msg.sparse_csr.values = values
+        msg.sparse_csr.crow_indices = np.asarray(tensor.sparse_crow_indices, np.int64).tobytes()
+        msg.sparse_csr.col_indices = np.asarray(tensor.sparse_col_indices, np.int64).tobytes()
+    else:
+        msg.dense = values
 
 
 def sampled_tokens(response: types.SampleResponse) -> int:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ from core.model_names import ModelNotAvailable
 from core.tinker_wire import (
     Accepted,
     Answer,
+    CreateLoss,
     CreateModel,
     Done,
     Failed,
@@ -32,6 +34,7 @@ from core.tinker_wire import (
     HeldModel,
     LoadModel,
     LoadState,
+    LossReady,
     ModelReady,
     OpenSampler,
     OptimStep,
@@ -43,6 +46,7 @@ from core.tinker_wire import (
     Sampled,
     SamplerReady,
     Saved,
+    SaveExternal,
     SaveSampler,
     SaveState,
     Snapshot,
@@ -52,10 +56,11 @@ from core.tinker_wire import (
 )
 from runners.engine.futures import LocalFuture
 from runners.engine.local import LocalServiceClient
+from runners.engine.recorded_sequences import UnknownSequence
 from runners.engine.sampler import LocalSamplingClient
 from runners.engine.training import LocalTrainingClient
 from runners.models.loading import tokenizer_folder
-from runners.tinker_worker import proto
+from runners.tinker_worker import custom_loss, proto, rollout_text
 
 log = logging.getLogger("tinker-worker")
 Send = Callable[[BaseModel], None]
@@ -89,8 +94,11 @@ class TinkerWorker:
         self._lock = threading.Lock()
         self._models: dict[str, LocalFuture[LocalTrainingClient]] = {}
         self._samplers: dict[str, LocalFuture[LocalSamplingClient]] = {}
+        self._last_done: dict[str, float] = {}  # when each model's last request ended
+        self._losses: dict[str, custom_loss.CustomLoss] = {}  # by loss id (session-prefixed)
         # Closing a client waits for the request it runs: never on the reading thread.
         self._closer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="worker-release")
+        self._answering = ThreadPoolExecutor(max_workers=1, thread_name_prefix="worker-answers")
 
     def handle(self, request: Request) -> None:
         try:
@@ -107,7 +115,7 @@ class TinkerWorker:
             self._send(Refused(id=request.id, status=500, detail=detail))
             return
         self._send(Accepted(id=request.id))
-        self._answer_when_done(request.id, work)
+        self._answer_when_done(request.id, work, getattr(request, "model_id", None))
 
     def refuse_line(self, line: str, error: ValidationError) -> None:
         """A line that is not a request (an operation this worker does not know): refused by
@@ -122,6 +130,7 @@ class TinkerWorker:
 
     def close(self) -> None:
         self._closer.shutdown(wait=False, cancel_futures=True)
+        self._answering.shutdown(wait=False, cancel_futures=True)
         self._service.close()
 
     def _queue(self, request: Request) -> Work[Any]:
@@ -140,12 +149,16 @@ class TinkerWorker:
                 return self._save_state(request)
             case SaveSampler():
                 return self._save_sampler(request)
+            case SaveExternal():
+                return self._save_external(request)
             case Snapshot():
                 return self._snapshot(request)
             case OpenSampler():
                 return self._open_sampler(request)
             case Sample():
                 return self._sample(request)
+            case CreateLoss():
+                return self._create_loss(request)
             case Release():
                 return self._release(request)
 
@@ -213,14 +226,27 @@ class TinkerWorker:
             raise Refusal(400, "model_id: the body names another model than its envelope")
         client = self._model(body.model_id)
         run = client.forward if body.forward_only else client.forward_backward
-        future = _guard(lambda: run(body.data, body.loss_fn, dict(body.loss_fn_config) or None))
+
+        def submit() -> LocalFuture[types.ForwardBackwardOutput]:
+            if body.loss_fn == "custom":
+                loss = self._loss(body, session_of(body.model_id))
+                batch_loss = custom_loss.per_batch(loss, body.data)
+                return client.forward_backward_of(body.data, batch_loss, not body.forward_only)
+            _check_own_sequences(body, session_of(body.model_id))
+            return run(body.data, body.loss_fn, dict(body.loss_fn_config) or None)
+
+        future = _guard(submit)
 
         def trained(output: types.ForwardBackwardOutput) -> Trained:
+            records = (
+                [] if body.forward_only else rollout_text.datums(client.get_tokenizer(), body.data)
+            )
             return Trained(
                 output=proto.encode_forward_backward(output),
                 tokens=body.tokens,
                 loss=output.metrics.get("loss:sum"),
                 forward_only=body.forward_only,
+                records=records,
             )
 
         return Work(future, trained)
@@ -251,6 +277,35 @@ class TinkerWorker:
         )
         return Work(future, lambda saved: Saved(folder=saved.path, steps=client.steps))
 
+    def _save_external(self, request: SaveExternal) -> Work[Any]:
+        client = self._model(request.model_id)
+        folder = client.checkpoint_dir / request.name / "external"
+        future = _guard(lambda: client.export_adapter(folder))
+        return Work(future, lambda saved: Saved(folder=saved.path, steps=client.steps))
+
+    def _create_loss(self, request: CreateLoss) -> Work[None]:
+        done: LocalFuture[None] = LocalFuture()
+        try:
+            loss = custom_loss.build(request.name, request.inputs, request.graph)
+        except (ValueError, KeyError, TypeError) as exc:
+            done.set_exception(ValueError(str(exc)))
+        else:
+            with self._lock:
+                self._losses[request.loss_id] = loss
+            done.set_result(None)
+        return Work(done, lambda _: LossReady())
+
+    def _loss(self, body: proto.ForwardBackward, session_id: str) -> custom_loss.CustomLoss:
+        loss_id = str(body.loss_fn_config.get("loss_id", ""))
+        with self._lock:
+            loss = self._losses.get(loss_id) if loss_id.startswith(f"{session_id}:") else None
+        if loss is None:
+            raise ValueError(
+                f"loss_fn_config['loss_id']: {loss_id[:100]!r} is no custom loss of this session; "
+                "create_custom_loss makes one (its LossHandle carries the id)"
+            )
+        return loss
+
     # Samplers ----------------------------------------------------------------------------
 
     def _snapshot(self, request: Snapshot) -> Work[LocalSamplingClient]:
@@ -277,13 +332,17 @@ class TinkerWorker:
         if sampler_future is None:
             raise Refusal(404, f"sampling_session_id: no sampler {request.sampler_id}")
         result: LocalFuture[types.SampleResponse] = LocalFuture()
+        # Set once it starts: its prompt, and the sampler's tokenizer (its rollouts' text).
+        started: list[tuple[types.ModelInput, Any]] = []
 
         def start(ready: Future[LocalSamplingClient]) -> None:
             try:
                 sampler = ready.result()
+                prompt = _prompt(request.prompt)
+                started.append((prompt, sampler.get_tokenizer()))
                 params = types.SamplingParams.model_validate(request.sampling_params)
                 submitted = sampler.sample(
-                    _prompt(request.prompt),
+                    prompt,
                     request.num_samples,
                     params,
                     include_prompt_logprobs=bool(request.prompt_logprobs),
@@ -292,6 +351,8 @@ class TinkerWorker:
                     target_prompt_logprobs=request.target_prompt_logprobs,
                     prompt_alt_tokens_k=request.prompt_alt_tokens_k,
                     prompt_logprobs_last_n=request.prompt_logprobs_last_n,
+                    sequence_ids=request.sequence_ids,
+                    record_stability_info=request.record_stability_info,
                 )
             except BaseException as exc:
                 result.set_exception(exc)
@@ -301,8 +362,12 @@ class TinkerWorker:
         sampler_future.add_done_callback(start)  # a sampler already loaded starts at once
 
         def sampled(response: types.SampleResponse) -> Sampled:
+            prompt, tokenizer = started[0]
+            records = rollout_text.samples(tokenizer, prompt.to_ints(), response)
             return Sampled(
-                output=proto.encode_sample(response), tokens=proto.sampled_tokens(response)
+                output=proto.encode_sample(response),
+                tokens=proto.sampled_tokens(response),
+                records=records,
             )
 
         return Work(result, sampled)
@@ -316,6 +381,13 @@ class TinkerWorker:
         with self._lock:
             models = [self._models.pop(i) for i in request.models if i in self._models]
             samplers = [self._samplers.pop(i) for i in request.samplers if i in self._samplers]
+            for model_id in request.models:
+                self._last_done.pop(model_id, None)
+        if request.session_id:
+            self._service.sequences.forget(f"{request.session_id}:")
+            with self._lock:
+                for loss_id in [i for i in self._losses if i.startswith(f"{request.session_id}:")]:
+                    del self._losses[loss_id]
         done = self._closer.submit(self._close_all, models, samplers)
 
         def released(_: None) -> Released:
@@ -356,8 +428,23 @@ class TinkerWorker:
                 raise Refusal(409, f"sampling_session_id: {sampler_id} exists")
             self._samplers[sampler_id] = future
 
-    def _answer_when_done(self, request_id: int, work: Work[Any]) -> None:
+    def _answer_when_done(self, request_id: int, work: Work[Any], model_id: str | None) -> None:
+        """Its answer once done, with how long it ran: a model's requests run one after
+        another, so one starts when it was taken or its model's previous one ended."""
+        taken = time.monotonic()
+
         def done(finished: Future[Any]) -> None:
+            now = time.monotonic()
+            with self._lock:
+                started = max(taken, self._last_done.get(model_id, taken)) if model_id else taken
+                if model_id:
+                    self._last_done[model_id] = now
+            # Encoding the answer (protobuf, rollouts' text) is not the engine's thread's work:
+            # one thread does it, in the order requests finished (a step after its
+            # forward_backward, as the session counts them).
+            self._answering.submit(answer, finished, max(0.0, now - started))
+
+        def answer(finished: Future[Any], run_s: float) -> None:
             answer: Answer
             try:
                 answer = work.answer(finished.result())
@@ -366,9 +453,26 @@ class TinkerWorker:
             except Exception as exc:
                 log.error("request %s failed", request_id, exc_info=exc)
                 answer = Failed(error=f"{type(exc).__name__}: {exc}", category="server")
-            self._send(Done(id=request_id, answer=answer))
+            self._send(Done(id=request_id, answer=answer, run_s=run_s))
 
         work.future.add_done_callback(done)
+
+
+def session_of(model_id: str) -> str:
+    """The session a model or sampler id belongs to (`r-3f9c2a1b:train:0`: `r-3f9c2a1b`)."""
+    return model_id.split(":", 1)[0]
+
+
+def _check_own_sequences(body: proto.ForwardBackward, session_id: str) -> None:
+    """Recorded sequences are the session's: a datum may name only those its own samplers
+    recorded (the server gives each an id that starts with its session's)."""
+    for sequence_id in sorted(body.sequence_ids()):
+        if not sequence_id.startswith(f"{session_id}:"):
+            raise UnknownSequence(
+                f"provenance: sequence {sequence_id[:120]!r} was not sampled in this session "
+                f"({session_id}); recorded sequences belong to the session whose sampler drew "
+                "them"
+            )
 
 
 def _guard(call: Callable[[], LocalFuture[Any]]) -> LocalFuture[Any]:

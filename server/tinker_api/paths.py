@@ -13,13 +13,27 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from core.checkpoint_check import SAMPLER_KIND, STATE_KIND
+from core.checkpoint_check import SAMPLER_KIND, SAMPLER_RECORD, STATE_KIND, STATE_RECORD
 
 PREFIX = "tinker://"
 MODEL_ID = re.compile(r"^(r-[0-9a-f]{8}):train:(\d{1,6})$")
 NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
-SEGMENTS = {"weights": STATE_KIND, "sampler_weights": SAMPLER_KIND}
+# save_weights_external: the adapter as a peft folder, for download (`tinker checkpoint
+# download`); written as a sampler checkpoint is, in a folder of its own kind.
+EXTERNAL_KIND = "external"
+SEGMENTS = {
+    "weights": STATE_KIND,
+    "sampler_weights": SAMPLER_KIND,
+    "external_weights": EXTERNAL_KIND,
+}
 KIND_SEGMENTS = {kind: segment for segment, kind in SEGMENTS.items()}
+RECORD_FILES = {
+    STATE_KIND: STATE_RECORD,
+    SAMPLER_KIND: SAMPLER_RECORD,
+    EXTERNAL_KIND: SAMPLER_RECORD,
+}
+# What the RestClient calls each kind (Checkpoint.checkpoint_type).
+CHECKPOINT_TYPES = {STATE_KIND: "training", SAMPLER_KIND: "sampler", EXTERNAL_KIND: "external"}
 
 
 @dataclass(frozen=True)
@@ -45,6 +59,10 @@ class CheckpointRef:
     def folder(self, run_dir: Path) -> Path:
         return model_folder(run_dir, self.seq) / self.name / self.kind
 
+    @property
+    def record_file(self) -> str:
+        return RECORD_FILES[self.kind]
+
 
 def model_id(session_id: str, seq: int) -> str:
     return f"{session_id}:train:{seq}"
@@ -68,8 +86,9 @@ def parse(path: str, field: str = "path") -> CheckpointRef:
     parts = path[len(PREFIX) :].split("/")
     if len(parts) != 3 or parts[1] not in SEGMENTS:
         raise ValueError(
-            f"{field}: {path[:120]!r} is not tinker://<model id>/weights/<name> or "
-            f"tinker://<model id>/sampler_weights/<name> (like {example})"
+            f"{field}: {path[:120]!r} is not tinker://<model id>/weights/<name>, "
+            f"tinker://<model id>/sampler_weights/<name> or "
+            f"tinker://<model id>/external_weights/<name> (like {example})"
         )
     owner = parse_model_id(parts[0])
     if owner is None:

@@ -9,12 +9,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from core.checkpoint_check import RECORDS, SAMPLER_KIND
 from core.models import Checkpoint, Run, iso
 from server.errors import BadRequest, NotFound
 from server.tinker_api import paths
 from server.tinker_api.schemas import JsonObject
 from server.tinker_api.sessions.records import SessionRecords
+from server.tinker_api.sizes import folder_bytes
 
 MAX_RUNS = 1000  # sessions read to list models; older ones are not listed
 
@@ -68,7 +68,7 @@ class TinkerRest:
         folder = ref.folder(Path(run.run_dir)) if run is not None else None
         try:
             assert folder is not None
-            record = json.loads((folder / RECORDS[ref.kind]).read_text())
+            record = json.loads((folder / ref.record_file).read_text())
         except (AssertionError, OSError, ValueError):
             raise NotFound(f"tinker_path: no checkpoint at {tinker_path}") from None
         lora = record.get("lora") or {}
@@ -128,13 +128,13 @@ def _views(run_id: str, rows: list[Checkpoint]) -> list[JsonObject]:
         views.append(
             {
                 "checkpoint_id": ref.checkpoint_id,
-                "checkpoint_type": "sampler" if ref.kind == SAMPLER_KIND else "training",
+                "checkpoint_type": paths.CHECKPOINT_TYPES[ref.kind],
                 "time": iso(row.created_at),
                 "tinker_path": ref.path,
-                "size_bytes": _size(Path(row.path)),
-                "public": False,
+                "size_bytes": folder_bytes(Path(row.path)),
+                "public": row.public,
                 "user_metadata": None,
-                "expires_at": None,
+                "expires_at": iso(row.expires_at) if row.expires_at else None,
                 "model_id": ref.model_id,
             }
         )
@@ -150,13 +150,6 @@ def _ref(path: str, field: str) -> paths.CheckpointRef:
         return paths.parse(path, field)
     except ValueError as exc:
         raise BadRequest(str(exc)) from None
-
-
-def _size(folder: Path) -> int | None:
-    try:
-        return sum(f.stat().st_size for f in folder.iterdir() if f.is_file())
-    except OSError:
-        return None
 
 
 def _time(value: datetime) -> float:

@@ -7,9 +7,11 @@ future with category "user", not an HTTP error (a 4xx on a POST poisons the SDK'
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Query, Request, Response
+from fastapi import APIRouter, Depends, Header, Query, Request, Response
+from fastapi.responses import FileResponse
 
 from server.deps import Services, services
 from server.errors import BadRequest
@@ -116,6 +118,11 @@ async def save_weights_for_sampler(body: schemas.SaveSamplerIn, tk: Tk) -> JsonO
     return await tk.save_weights_for_sampler(body)
 
 
+@router.post("/save_weights_external")
+async def save_weights_external(body: schemas.SaveExternalIn, tk: Tk) -> JsonObject:
+    return await tk.save_weights_external(body)
+
+
 @router.post("/load_weights")
 async def load_weights(body: schemas.LoadWeightsIn, tk: Tk) -> JsonObject:
     return await tk.load_weights(body)
@@ -139,6 +146,11 @@ async def asample(body: schemas.SampleIn, tk: Tk) -> JsonObject:
     return await tk.asample(body)
 
 
+@router.post("/join_sampling_session")
+async def join_sampling_session(body: schemas.JoinSamplerIn, tk: Tk) -> JsonObject:
+    return await tk.join_sampling_session(body)
+
+
 # Futures -----------------------------------------------------------------------------------
 
 
@@ -153,6 +165,21 @@ async def retrieve_future(
     if outcome.error is not None:
         return {"error": outcome.error, "category": outcome.category}
     return Response(outcome.body, media_type=outcome.content_type)
+
+
+@router.post("/retrieve_futures")
+async def retrieve_futures(body: schemas.FuturesIn, tk: Tk) -> JsonObject:
+    return await tk.retrieve_futures(body)
+
+
+@router.post("/cancel_future")
+def cancel_future(body: schemas.CancelIn, tk: Tk) -> JsonObject:
+    return tk.cancel_future(body.request_id)
+
+
+@router.post("/create_custom_loss")
+async def create_custom_loss(body: schemas.CreateLossIn, tk: Tk) -> JsonObject:
+    return await tk.create_custom_loss(body)
 
 
 # The RestClient ----------------------------------------------------------------------------
@@ -182,6 +209,40 @@ def list_checkpoints(model_id: str, svc: Svc) -> JsonObject:
     return svc.tinker_rest.checkpoints(model_id)
 
 
+# Before the DELETE of a checkpoint, whose path would take these suffixes in.
+@router.get("/training_runs/{model_id}/checkpoints/{checkpoint_id:path}/external_weights_urls")
+def external_weights_urls(
+    model_id: str, checkpoint_id: str, request: Request, tk: Tk
+) -> JsonObject:
+    return tk.weights.external_urls(model_id, checkpoint_id, str(request.base_url))
+
+
+@router.put("/training_runs/{model_id}/checkpoints/{checkpoint_id:path}/ttl")
+def set_checkpoint_ttl(model_id: str, checkpoint_id: str, body: schemas.TtlIn, tk: Tk) -> None:
+    tk.weights.set_ttl(model_id, checkpoint_id, body.ttl_seconds)
+
+
+@router.post("/training_runs/{model_id}/checkpoints/{checkpoint_id:path}/publish")
+def publish_checkpoint(model_id: str, checkpoint_id: str, tk: Tk) -> None:
+    tk.weights.publish(model_id, checkpoint_id, True)
+
+
+@router.delete("/training_runs/{model_id}/checkpoints/{checkpoint_id:path}/publish")
+def unpublish_checkpoint(model_id: str, checkpoint_id: str, tk: Tk) -> None:
+    tk.weights.publish(model_id, checkpoint_id, False)
+
+
+@router.post("/copy_weights")
+def copy_weights(
+    body: schemas.CopyWeightsIn,
+    tk: Tk,
+    idempotency_key: Annotated[
+        str | None, Header(alias="X-Idempotency-Key", max_length=100)
+    ] = None,
+) -> JsonObject:
+    return tk.weights.copy(body, idempotency_key)
+
+
 @router.delete("/training_runs/{model_id}/checkpoints/{checkpoint_id:path}")
 def delete_checkpoint(model_id: str, checkpoint_id: str, svc: Svc) -> JsonObject:
     svc.tinker_rest.delete_checkpoint(model_id, checkpoint_id)
@@ -200,3 +261,77 @@ def list_user_checkpoints(
 @router.post("/weights_info")
 def weights_info(body: schemas.WeightsInfoIn, svc: Svc) -> JsonObject:
     return svc.tinker_rest.weights_info(body.tinker_path)
+
+
+# Signed downloads: a plain GET with no key, as the SDK's command line fetches them ------------
+
+downloads = APIRouter(prefix="/api/v1/downloads", tags=["tinker"])
+
+
+@downloads.get("/traces/{session_id}")
+def download_trace(
+    session_id: str,
+    tk: Tk,
+    expires: Annotated[int, Query()],
+    signature: Annotated[str, Query(max_length=128)],
+) -> JsonObject:
+    return tk.sessions.trace_file(session_id, expires, signature)
+
+
+@downloads.get("/{model_id}/{name}/{file}", response_model=None)
+def download_file(
+    model_id: str,
+    name: str,
+    file: str,
+    tk: Tk,
+    expires: Annotated[int, Query()],
+    signature: Annotated[str, Query(max_length=128)],
+) -> FileResponse:
+    path = tk.weights.download(model_id, name, file, expires, signature)
+    return FileResponse(path, media_type="application/octet-stream", filename=file)
+
+
+@router.get("/sessions")
+def list_sessions(
+    tk: Tk,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 20,
+    offset: Annotated[int, Query(ge=0)] = 0,
+) -> JsonObject:
+    return tk.sessions.list(limit, offset)
+
+
+@router.post("/sessions/search")
+def search_sessions(body: schemas.SessionSearchIn, tk: Tk) -> JsonObject:
+    return tk.sessions.search(body)
+
+
+@router.get("/sessions/{session_id}")
+def get_session(session_id: str, tk: Tk) -> JsonObject:
+    return tk.sessions.get(session_id)
+
+
+@router.put("/sessions/{session_id}/project")
+def assign_session_project(session_id: str, body: schemas.ProjectIn, tk: Tk) -> None:
+    tk.sessions.set_project(session_id, body.project_id)
+
+
+@router.get("/sessions/{session_id}/trace_export")
+def export_session_trace(session_id: str, request: Request, tk: Tk) -> JsonObject:
+    return tk.sessions.trace_export(session_id, str(request.base_url))
+
+
+# Billing (the AdminClient) ------------------------------------------------------------------
+
+
+@router.get("/billing/usage/events")
+def billing_usage(
+    tk: Tk, starting_on: Annotated[datetime, Query()], ending_before: Annotated[datetime, Query()]
+) -> JsonObject:
+    return tk.billing.usage(starting_on, ending_before)
+
+
+@router.get("/billing/usage/checkpoints/current")
+def checkpoint_storage(
+    tk: Tk, project_id: Annotated[str | None, Query(max_length=200)] = None
+) -> JsonObject:
+    return tk.billing.checkpoint_storage(project_id)

@@ -6,6 +6,7 @@ protocol, and a newer SDK adds fields the hosted service reads and we need not.
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -82,6 +83,12 @@ class SaveWeightsIn(SeqIn):
     user_metadata: dict[str, str] | None = None
 
 
+class SaveExternalIn(SeqIn):
+    path: str = Field(max_length=200)
+    ttl_seconds: int | None = None
+    age_encryption_recipients: list[str] | None = None
+
+
 class SaveSamplerIn(SeqIn):
     path: str | None = Field(None, max_length=200)
     sampling_session_seq_id: int | None = None
@@ -123,6 +130,7 @@ class SampleIn(WireIn):
     target_prompt_logprobs: dict[str, Any] | None = None
     prompt_alt_tokens_k: int = 0
     prompt_logprobs_last_n: int | None = None
+    record_stability_info: bool | None = None
 
 
 class RetrieveIn(WireIn):
@@ -132,3 +140,68 @@ class RetrieveIn(WireIn):
 
 class WeightsInfoIn(WireIn):
     tinker_path: str = Field(max_length=500)
+
+
+class TtlIn(WireIn):
+    ttl_seconds: int | None = None
+
+
+class CopyWeightsIn(WireIn):
+    source_path: str = Field(max_length=500)
+    session_id: str | None = Field(None, max_length=64)
+    model_seq_id: int | None = Field(None, ge=0, le=999_999)
+    destination_project_id: str | None = Field(None, max_length=200)
+    ttl_seconds: int | None = None
+
+
+class SearchCursorIn(WireIn):
+    last_created_at: datetime
+    last_session_id: str = Field(max_length=64)
+
+
+class SessionSearchIn(WireIn):
+    """The SDK's SessionSearchRequest; owner and statuses as their tagged objects."""
+
+    session_id: str | None = Field(None, max_length=64)
+    project_ids: list[str] | None = Field(None, max_length=100)
+    user_metadata: dict[str, str] = Field(default_factory=dict)
+    display_name: str | None = Field(None, min_length=1, max_length=200)
+    owner: dict[str, Any] = Field(default_factory=lambda: {"type": "own"})
+    statuses: list[dict[str, Any]] | None = Field(None, min_length=1, max_length=10)
+    limit: int = Field(50, ge=1, le=200)
+    cursor: SearchCursorIn | None = None
+
+
+class ProjectIn(WireIn):
+    project_id: str = Field(max_length=200)
+
+
+class JoinSamplerIn(WireIn):
+    sampling_session_id: str = Field(max_length=100)
+
+
+class FuturesTargetIn(WireIn):
+    type: str = "sampling_session"
+    sampling_session_id: str = Field(max_length=100)
+    cloned_sampler_id: int = Field(0, ge=0)
+
+
+class FuturesIn(WireIn):
+    target: FuturesTargetIn
+    prev_cursor: int = Field(0, ge=0)
+    timeout: float | None = Field(None, ge=0)
+    retrieved_request_ids: list[str] = Field(default_factory=list, max_length=10_000)
+
+
+class CancelIn(WireIn):
+    request_id: str = Field(max_length=200)
+
+
+class CreateLossIn(WireIn):
+    """The SDK's CreateCustomLossRequest: a traced loss as plain data (the worker rebuilds it)."""
+
+    session_id: str = Field(max_length=64)
+    custom_loss_seq_id: int = Field(ge=0)
+    name: str = Field(max_length=200)
+    inputs: list[dict[str, Any]] = Field(min_length=1, max_length=16)
+    graph: dict[str, Any]

@@ -24,6 +24,7 @@ from core.model_names import context_length, known_models
 from core.models import RunStatus
 from core.settings import Settings
 from core.tinker_wire import (
+    CreateLoss,
     CreateModel,
     ForwardBackward,
     LoadModel,
@@ -33,12 +34,15 @@ from core.tinker_wire import (
     OpenSampler,
     OptimStep,
     Sample,
+    SaveExternal,
     SaveSampler,
     SaveState,
     Snapshot,
 )
 from server.errors import BadRequest, Gone, NotFound
 from server.tinker_api import paths, schemas
+from server.tinker_api.billing import TinkerBilling
+from server.tinker_api.downloads import DownloadSigner
 from server.tinker_api.proto_header import ProtoHeaderError, model_and_seq
 from server.tinker_api.schemas import JsonObject
 from server.tinker_api.sessions import answers
@@ -47,6 +51,8 @@ from server.tinker_api.sessions.hub import SessionHub, no_session
 from server.tinker_api.sessions.records import SessionRecords
 from server.tinker_api.sessions.session import Model, Sampler, Session
 from server.tinker_api.sessions.sweeper import SessionSweeper
+from server.tinker_api.sessions_view import TinkerSessions
+from server.tinker_api.weights import TinkerWeights, expiry
 from server.tinker_api.worker_client import TinkerWorkerProcess
 
 log = logging.getLogger(__name__)
@@ -63,6 +69,9 @@ CLIENT_CONFIG = {
     "proto_compress_fwdbwd": False,
     "parallel_fwdbwd_chunks": False,
 }
+# A cloned SamplingClient (join_sampling_session) numbers its requests from its counter times
+# this; retrieve_futures polls each clone apart.
+CLONE_SEQ_IDS = 1_000_000_000
 SAMPLE_CONCURRENCY = 256  # in-flight samples per sampling client (each holds a long poll)
 
 
@@ -72,8 +81,12 @@ class TinkerService:
     ) -> None:
         self._settings = settings
         self._hub = SessionHub(settings, engine, clock)
-        self._sweeper = SessionSweeper(self._hub)
         self.records: SessionRecords = self._hub.records
+        self.signer = DownloadSigner()
+        self.weights = TinkerWeights(self.records, self.signer)
+        self.sessions = TinkerSessions(self._hub, self.signer)
+        self.billing = TinkerBilling(self.records)
+        self._sweeper = SessionSweeper(self._hub, self.weights.expire)
         self.futures: FutureRegistry = self._hub.futures
         self.worker: TinkerWorkerProcess = self._hub.worker
 
@@ -146,6 +159,9 @@ class TinkerService:
         )
 
     async def _create_model(self, session: Session, body: schemas.CreateModelIn) -> JsonObject:
+        optimizer = (body.optimizer_config or {}).get("type", "adamw")
+        if optimizer != "adamw":
+            raise BadRequest(f"optimizer_config: {unserved_optimizer(optimizer)}")
         await self._hub.check_base_model(body.base_model, "base_model")
         model_id = paths.model_id(session.id, body.model_seq_id)
         lora = body.lora_config
@@ -194,7 +210,11 @@ class TinkerService:
 
     async def optim_step(self, body: schemas.OptimStepIn) -> JsonObject:
         session, model = self._hub.model(body.model_id)
-        request = OptimStep(model_id=model.model_id, params=body.params())
+        params = body.params()
+        if params.get("type") != "adam":
+            error = f"optim_params: {unserved_optimizer(str(params.get('type')))}"
+            return self._hub.failed_now(session, Outcome(error=error), model.model_id)
+        request = OptimStep(model_id=model.model_id, params=params)
         return await self._model_op(
             session,
             model,
@@ -206,6 +226,7 @@ class TinkerService:
 
     async def save_weights(self, body: schemas.SaveWeightsIn) -> JsonObject:
         session, model = self._hub.model(body.model_id)
+        expires_at = expiry(body.ttl_seconds, "ttl_seconds")
         name = body.path or f"state-{session.step:06d}"
         request = SaveState(
             model_id=model.model_id,
@@ -219,13 +240,41 @@ class TinkerService:
             body.seq_id,
             "save",
             request,
-            lambda saved: answers.saved(session, model, STATE_KIND, name, saved),
+            lambda saved: answers.saved(session, model, STATE_KIND, name, saved, expires_at),
+        )
+
+    async def save_weights_external(self, body: schemas.SaveExternalIn) -> JsonObject:
+        """The adapter as a peft folder to download (tinker checkpoint download asks for it)."""
+        session, model = self._hub.model(body.model_id)
+        if body.age_encryption_recipients:
+            return self._hub.failed_now(
+                session,
+                Outcome(
+                    error="age_encryption_recipients: not served: this server has no age "
+                    "implementation to encrypt the files with; export without recipients (the "
+                    "files stay on this machine, and their URLs are signed)",
+                    category="user",
+                ),
+                model.model_id,
+            )
+        expires_at = expiry(body.ttl_seconds, "ttl_seconds")
+        request = SaveExternal(model_id=model.model_id, name=body.path)
+        return await self._model_op(
+            session,
+            model,
+            body.seq_id,
+            "save",
+            request,
+            lambda saved: answers.saved(
+                session, model, paths.EXTERNAL_KIND, body.path, saved, expires_at
+            ),
         )
 
     async def save_weights_for_sampler(self, body: schemas.SaveSamplerIn) -> JsonObject:
         session, model = self._hub.model(body.model_id)
         if body.path:
             name = body.path
+            expires_at = expiry(body.ttl_seconds, "ttl_seconds")
             request = SaveSampler(
                 model_id=model.model_id, name=name, user_metadata=body.user_metadata
             )
@@ -235,7 +284,7 @@ class TinkerService:
                 body.seq_id,
                 "save",
                 request,
-                lambda saved: answers.saved(session, model, SAMPLER_KIND, name, saved),
+                lambda saved: answers.saved(session, model, SAMPLER_KIND, name, saved, expires_at),
             )
         # No name: a sampler over the weights as they are (save_weights_and_get_sampling_
         # client); "inflight" is served as a snapshot.
@@ -373,30 +422,110 @@ class TinkerService:
                 "sampling_session_id: missing; sample through a sampling client (from "
                 "create_sampling_client or save_weights_and_get_sampling_client)"
             )
-        session = self._hub.session(body.sampling_session_id.partition(":sample:")[0])
-        if body.sampling_session_id not in session.samplers:
-            raise NotFound(
-                f"sampling_session_id: no sampler {body.sampling_session_id[:100]} in this session"
-            )
-        request = Sample(
-            sampler_id=body.sampling_session_id,
-            **body.model_dump(
-                mode="json", exclude={"sampling_session_id", "seq_id", "base_model", "model_path"}
-            ),
-        )
+        sampler_id = body.sampling_session_id
+        session = self._hub.session(sampler_id.partition(":sample:")[0])
+        if sampler_id not in session.samplers:
+            raise NotFound(f"sampling_session_id: no sampler {sampler_id[:100]} in this session")
 
         async def submit() -> JsonObject:
-            pending = await self._hub.submit(
-                session, "sample", request, lambda sampled: answers.sampled(session, sampled)
+            # The samples' ids are fixed now (the SDK wants them with this answer): the
+            # request's, which start with the session's (recorded sequences are its own).
+            request_id = self._hub.futures.new_id(session.id, "sample")
+            ids = [f"{request_id}:{i}" for i in range(body.num_samples)]
+            request = Sample(
+                sampler_id=sampler_id,
+                sequence_ids=ids,
+                record_stability_info=bool(body.record_stability_info),
+                **body.model_dump(
+                    mode="json",
+                    exclude={
+                        "sampling_session_id",
+                        "seq_id",
+                        "base_model",
+                        "model_path",
+                        "record_stability_info",
+                    },
+                ),
             )
-            ids = [f"{pending.request_id}:{i}" for i in range(body.num_samples)]
+            clone = (body.seq_id or 0) // CLONE_SEQ_IDS
+            pending = await self._hub.submit(
+                session,
+                "sample",
+                request,
+                lambda sampled: answers.sampled(session, sampled),
+                _poll_target(sampler_id, clone),
+                request_id,
+            )
             return {"request_id": pending.request_id, "sample_sequence_ids": ids}
 
         if body.seq_id is None:
             return await submit()
-        return await session.once(("sample", body.sampling_session_id, body.seq_id), submit)
+        return await session.once(("sample", sampler_id, body.seq_id), submit)
+
+    async def create_custom_loss(self, body: schemas.CreateLossIn) -> JsonObject:
+        """A server-side custom loss: the worker rebuilds its graph from the operations it
+        allows (refusing the first it does not, naming it); its id names it in
+        forward_backward(..., "custom", {"loss_id": ...}) of this session's models."""
+        session = self._hub.session(body.session_id)
+
+        async def submit() -> JsonObject:
+            loss_id = f"{session.id}:loss:{body.custom_loss_seq_id}"
+            request = CreateLoss(
+                loss_id=loss_id, name=body.name, inputs=body.inputs, graph=body.graph
+            )
+            reply = {"loss_id": loss_id, "type": "create_custom_loss"}
+            pending = await self._hub.submit(
+                session, "create_custom_loss", request, lambda _: answers.json_outcome(reply)
+            )
+            return {"request_id": pending.request_id}
+
+        return await session.once(("loss", body.custom_loss_seq_id), submit)
+
+    async def join_sampling_session(self, body: schemas.JoinSamplerIn) -> JsonObject:
+        """A new client of an existing sampler (a SamplingClient cloned into another
+        process): its own counter, which the SDK folds into its requests' sequence ids."""
+        session = self._hub.session(body.sampling_session_id.partition(":sample:")[0])
+        sampler = session.samplers.get(body.sampling_session_id)
+        if sampler is None:
+            raise NotFound(
+                f"sampling_session_id: no sampler {body.sampling_session_id[:100]} in this session"
+            )
+        sampler.clients += 1
+        return {"type": "join_sampling_session", "client_counter": sampler.clients}
 
     # Futures ------------------------------------------------------------------------------
+
+    def cancel_future(self, request_id: str) -> JsonObject:
+        if self._hub.futures.get(request_id) is None:
+            raise NotFound(f"request_id: {request_id[:120]} is unknown or its result expired")
+        return {"cancelled": self._hub.futures.cancel(request_id)}
+
+    async def retrieve_futures(self, body: schemas.FuturesIn) -> JsonObject:
+        """The sampler's requests settled since the client's cursor (the SDK's batch poller),
+        held up to RLCS_TINKER_POLL_HOLD_S (or the client's shorter timeout) for one."""
+        target = body.target
+        session = self._hub.session(target.sampling_session_id.partition(":sample:")[0])
+        if target.sampling_session_id not in session.samplers:
+            raise NotFound(
+                f"target.sampling_session_id: no sampler {target.sampling_session_id[:100]}"
+            )
+        hold = self._settings.tinker_poll_hold_s
+        if body.timeout is not None:
+            hold = max(0.0, min(hold, body.timeout))
+        with session.busy():
+            found, cursor = await self._hub.futures.completions(
+                _poll_target(target.sampling_session_id, target.cloned_sampler_id),
+                body.prev_cursor,
+                hold,
+                body.retrieved_request_ids,
+            )
+        completions = [
+            {"state": "failed", "request_id": c.request_id}
+            if c.failed
+            else {"state": "finished", "request_id": c.request_id}
+            for c in found
+        ]
+        return {"completions": completions, "cursor": cursor}
 
     async def retrieve(
         self, body: schemas.RetrieveIn, gone: Callable[[], Awaitable[bool]] | None = None
@@ -437,6 +566,21 @@ class TinkerService:
                 for name in names
             ]
         }
+
+
+def unserved_optimizer(kind: str) -> str:
+    if kind == "dimuon":
+        return (
+            "Dimuon (DimuonParams, DimuonOptimizerConfig) is not served: Tinker publishes its "
+            "step's hyperparameters but not its update (its row and column preconditioner, "
+            "matrix-sign iteration and their constants), so it cannot be reproduced here; "
+            "use AdamW (AdamParams)"
+        )
+    return f"optimizer {kind!r} is not served: the local engine implements AdamW (AdamParams)"
+
+
+def _poll_target(sampler_id: str, clone: int) -> str:
+    return f"{sampler_id}#{clone}"
 
 
 def _sampler_id(session_id: str, seq: int) -> str:

@@ -25,7 +25,7 @@ from core.tinker_wire import REPLY, Accepted, Answer, Done, Failed, Op, Ready, R
 from server.errors import Unavailable
 
 log = logging.getLogger(__name__)
-OnAnswer = Callable[[Answer], None]
+OnAnswer = Callable[[Answer, float], None]  # the answer, and how long it ran (s)
 ACK_TIMEOUT_S = 300.0  # a first request waits for the worker to start (imports, a model load)
 
 
@@ -143,10 +143,10 @@ class TinkerWorkerProcess:
                 _settle(running.acks.get(request_id), None)
             case Refused(id=request_id, status=status, detail=detail) if request_id is not None:
                 _settle(running.acks.get(request_id), Refusal(status, detail))
-            case Done(id=request_id, answer=answer):
+            case Done(id=request_id, answer=answer, run_s=run_s):
                 on_answer = running.answers.pop(request_id, None)
                 if on_answer is not None:
-                    on_answer(answer)
+                    on_answer(answer, run_s)
             case Ready(pid=pid):
                 log.info("the Tinker worker (pid %s) is ready", pid)
             case Refused(detail=detail):
@@ -163,7 +163,7 @@ class TinkerWorkerProcess:
             _settle(ack, Refusal(503, why))
         answers, running.answers = running.answers, {}
         for on_answer in answers.values():
-            on_answer(Failed(error=why, category="server"))
+            on_answer(Failed(error=why, category="server"), 0.0)
         self._on_exit(why)
 
     def _died(self, child: Child[Reply], when: str) -> str:

@@ -301,7 +301,7 @@ def test_prompt_logprobs_and_base_model_sampling(service, trainer):
     base = service.create_sampling_client(base_model="tiny-random").result()
     base_lps = base.compute_logprobs(prompt(tokens)).result()
     assert not np.allclose(base_lps[1:], lps[1:], atol=1e-3)  # the adapter is switched off
-    with pytest.raises(ValueError, match="not supported by the local backend"):
+    with pytest.raises(ValueError, match="topk_sample_logprobs is not served"):
         sampler.sample(
             prompt(tokens), 1, types.SamplingParams(max_tokens=1), topk_sample_logprobs=2
         )

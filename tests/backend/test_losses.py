@@ -374,12 +374,14 @@ def test_stable_reinforce_config_defaults_and_checks():
 
 
 def test_gspo_inputs_are_the_hosted_services():
-    # The stand-in encodes the hosted service's rule: exactly these keys.
-    required, _ = LOSS_INPUT_KEYS["gspo"]
-    assert set(LOSSES["gspo"].inputs) == required and not LOSSES["gspo"].ignored
+    # The stand-in encodes the hosted service's rule: these keys, the mask optional (the
+    # cookbook's RL trainer, rl/train.py, sends none).
+    required, optional = LOSS_INPUT_KEYS["gspo"]
+    assert set(LOSSES["gspo"].inputs) == required and set(LOSSES["gspo"].optional) == optional
+    check_input_keys("gspo", required | optional)
     check_input_keys("gspo", required)
-    with pytest.raises(ValueError, match="missing required key 'sequence_ratio_mask'"):
-        check_input_keys("gspo", ["target_tokens", "logprobs", "advantages"])
+    with pytest.raises(ValueError, match="missing required key 'advantages'"):
+        check_input_keys("gspo", ["target_tokens", "logprobs"])
 
 
 def test_stable_reinforce_inputs_are_what_the_cookbook_sends():

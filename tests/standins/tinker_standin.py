@@ -48,8 +48,8 @@ LOSS_INPUT_KEYS: dict[str, tuple[frozenset[str], frozenset[str]]] = {
         for name in RL_LOSSES
     },
     "gspo": (
-        frozenset({"target_tokens", "logprobs", "advantages", "sequence_ratio_mask"}),
-        frozenset(),
+        frozenset({"target_tokens", "logprobs", "advantages"}),
+        frozenset({"sequence_ratio_mask"}),
     ),
 }
 # Server-defined losses: accepted without checking inputs or computing a loss.
@@ -789,8 +789,8 @@ def _decode_forward_backward(msg: pb.ForwardBackwardRequest) -> dict[str, Any]:
 def _check_inputs(loss_fn: str, datum: Mapping[str, Any]) -> None:
     inputs = datum["loss_fn_inputs"]
     if loss_fn in LOSS_INPUT_KEYS:
-        required, _ = LOSS_INPUT_KEYS[loss_fn]
-        unknown = sorted(set(inputs) - required)
+        required, optional = LOSS_INPUT_KEYS[loss_fn]
+        unknown = sorted(set(inputs) - required - optional)
         missing = sorted(required - set(inputs))
         if unknown or missing:
             raise _UserError(

@@ -86,24 +86,32 @@ def test_refusals_leave_the_session_and_others_as_they_were(
     )
     with pytest.raises(tinker.RequestFailedError, match=r"expected \(3,\)"):
         training.forward_backward([short], "cross_entropy").result(WAIT_S)
-    with pytest.raises(
-        tinker.RequestFailedError, match="unknown loss_fn 'custom'.*cross_entropy, dro, gspo"
-    ):
+    with pytest.raises(tinker.RequestFailedError, match="'loss_id'.* is no custom loss of this"):
         training.forward_backward(datums("ppo"), "custom").result(WAIT_S)
-    with pytest.raises(tinker.RequestFailedError, match="missing required key 'sequence_ratio"):
-        training.forward_backward(datums("ppo"), "gspo").result(WAIT_S)
+    with pytest.raises(tinker.RequestFailedError, match="unknown key 'weights' for loss 'gspo'"):
+        training.forward_backward(datums("cross_entropy"), "gspo").result(WAIT_S)
     with pytest.raises(tinker.RequestFailedError, match="'stable_reinforce' needs provenance"):
         training.forward_backward(datums("ppo"), "stable_reinforce").result(WAIT_S)
-    with pytest.raises(tinker.RequestFailedError, match="AdamW only"):
+    with pytest.raises(tinker.RequestFailedError, match="Dimuon .* is not served.*AdamParams"):
         training.optim_step(types.DimuonParams(learning_rate=0.01)).result(WAIT_S)
+    with pytest.raises(tinker.BadRequestError, match="optimizer_config: Dimuon .* is not served"):
+        service.create_lora_training_client(
+            "tiny-random", rank=4, optimizer=types.DimuonOptimizerConfig()
+        ).result(WAIT_S)
     sampler = training.save_weights_and_get_sampling_client().result(WAIT_S)
-    with pytest.raises(tinker.RequestFailedError, match="topk_prompt_logprobs is not supported"):
+    with pytest.raises(tinker.RequestFailedError, match="topk_sample_logprobs is not served"):
         sampler.sample(
             types.ModelInput.from_ints([1, 2]),
             1,
             types.SamplingParams(max_tokens=2),
-            include_prompt_logprobs=True,
-            topk_prompt_logprobs=2,
+            topk_sample_logprobs=2,
+        ).result(WAIT_S)
+    with pytest.raises(tinker.RequestFailedError, match=r"target_prompt_logprobs: token ids"):
+        sampler.sample(
+            types.ModelInput.from_ints([1, 2]),
+            1,
+            types.SamplingParams(max_tokens=2),
+            target_prompt_logprobs=types.TensorData(data=[10**6], dtype="int64", shape=[1, 1]),
         ).result(WAIT_S)
 
     # The session goes on, and the other one never noticed.

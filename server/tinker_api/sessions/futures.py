@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 JSON = "application/json"
+MAX_COMPLETIONS = 10_000  # per poll target: a poller that never comes back loses the oldest
 PROTO = "application/x-protobuf"
 
 
@@ -27,11 +29,19 @@ class Outcome:
     category: str = "user"
 
 
+@dataclass(frozen=True)
+class Completion:
+    cursor: int
+    request_id: str
+    failed: bool
+
+
 @dataclass
 class Pending:
     request_id: str
     session_id: str
     kind: str
+    target: str | None = None  # a sample's sampler (and clone): retrieve_futures polls it
     done: asyncio.Event = field(default_factory=asyncio.Event)
     outcome: Outcome | None = None
     settled_at: float | None = None
@@ -43,12 +53,27 @@ class FutureRegistry:
         self._clock = clock
         self._ttl_s = ttl_s
         self._futures: dict[str, Pending] = {}
+        # retrieve_futures: each target's settled requests in order, numbered by one cursor.
+        self._completions: dict[str, deque[Completion]] = {}
+        self._cursor = 0
+        self._completed = asyncio.Event()
 
-    def new(self, session_id: str, kind: str) -> Pending:
-        request_id = f"{session_id}:{kind}:{secrets.token_hex(8)}"
-        pending = Pending(request_id, session_id, kind)
+    def new(
+        self,
+        session_id: str,
+        kind: str,
+        target: str | None = None,
+        request_id: str | None = None,
+    ) -> Pending:
+        """A future; its id made here unless the caller made it first (new_id)."""
+        request_id = request_id or self.new_id(session_id, kind)
+        pending = Pending(request_id, session_id, kind, target)
         self._futures[request_id] = pending
         return pending
+
+    @staticmethod
+    def new_id(session_id: str, kind: str) -> str:
+        return f"{session_id}:{kind}:{secrets.token_hex(8)}"
 
     def get(self, request_id: str) -> Pending | None:
         return self._futures.get(request_id)
@@ -61,7 +86,41 @@ class FutureRegistry:
         pending.outcome = outcome
         pending.settled_at = self._clock()
         pending.done.set()
+        if pending.target is not None:
+            self._cursor += 1
+            log = self._completions.setdefault(pending.target, deque(maxlen=MAX_COMPLETIONS))
+            log.append(Completion(self._cursor, request_id, outcome.error is not None))
+            self._completed.set()
+            self._completed = asyncio.Event()
         return pending
+
+    def cancel(self, request_id: str) -> bool:
+        """cancel_future: the request fails now, saying so (work already taken still runs;
+        its answer is dropped). False if it was settled already."""
+        error = "cancelled by its client (cancel_future)"
+        return self.settle(request_id, Outcome(error=error, category="user")) is not None
+
+    async def completions(
+        self, target: str, after: int, hold_s: float, retrieved: list[str]
+    ) -> tuple[list[Completion], int]:
+        """retrieve_futures: `target`'s requests settled after cursor `after` (waiting up to
+        `hold_s` for one), and the cursor to pass next; those seen are trimmed, and
+        `retrieved` requests' results forgotten."""
+        for request_id in retrieved:
+            pending = self._futures.get(request_id)
+            if pending is not None and pending.target == target and pending.outcome is not None:
+                pending.retrieved = True
+        log = self._completions.setdefault(target, deque(maxlen=MAX_COMPLETIONS))
+        while log and log[0].cursor <= after:
+            log.popleft()
+        deadline = self._clock() + hold_s
+        while not log and self._clock() < deadline:
+            try:
+                await asyncio.wait_for(self._completed.wait(), deadline - self._clock())
+            except TimeoutError:
+                break
+        found = list(log)
+        return found, found[-1].cursor if found else max(after, 0)
 
     def unfinished(self, session_id: str) -> int:
         """A session's requests whose outcome its client has not had (yet)."""

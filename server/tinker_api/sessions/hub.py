@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel
 from sqlalchemy.engine import Engine
 
-from core.checkpoint_check import RECORDS, STATE_KIND
+from core.checkpoint_check import STATE_KIND
 from core.model_names import known_models, model_available
 from core.models import RunStatus
 from core.settings import Settings
@@ -96,9 +96,10 @@ class SessionHub:
             freed = Release(
                 models=[m.model_id for m in session.models.values()],
                 samplers=list(session.samplers),
+                session_id=session.id,
             )
             release_call = self.call(
-                session, freed, lambda answer: _released(session, answer), ended_ok=True
+                session, freed, lambda answer, _: _released(session, answer), ended_ok=True
             )
             asyncio.ensure_future(release_call).add_done_callback(_log_failure)
 
@@ -148,13 +149,27 @@ class SessionHub:
         return session, model
 
     async def submit(
-        self, session: Session, kind: str, request: Op[A], encode: Callable[[A], Outcome]
+        self,
+        session: Session,
+        kind: str,
+        request: Op[A],
+        encode: Callable[[A], Outcome],
+        target: str | None = None,
+        request_id: str | None = None,
     ) -> Pending:
         """A future for a request the worker works on, settled from its answer: `encode`
-        turns the request's kind of answer into the future's outcome."""
-        pending = self.futures.new(session.id, kind)
+        turns the request's kind of answer into the future's outcome (`target`: the poll
+        target retrieve_futures reports it to; `request_id`: its id, made by the caller)."""
+        pending = self.futures.new(session.id, kind, target, request_id)
+        submitted = time.time()
+        track = str(
+            getattr(request, "model_id", None) or getattr(request, "sampler_id", session.id)
+        )
 
-        def answered(answer: Answer) -> None:
+        def answered(answer: Answer, run_s: float) -> None:
+            session.timed(
+                getattr(request, "op", kind), track, submitted, run_s, isinstance(answer, Failed)
+            )
             outcome: Outcome
             expected = request.answered_by(answer)
             if isinstance(answer, Failed):
@@ -225,12 +240,12 @@ class SessionHub:
             raise BadRequest(str(exc)) from None
         if kind is not None and ref.kind != kind:
             raise BadRequest(
-                f"{field}: {path} is a sampler checkpoint; loading a training state needs a "
-                "/weights/ path (save_state makes one)"
+                f"{field}: {path} is a {paths.CHECKPOINT_TYPES[ref.kind]} checkpoint; loading a "
+                "training state needs a /weights/ path (save_state makes one)"
             )
         run = await self.recorder.read(self.records.run, ref.session_id)
         folder = ref.folder(Path(run.run_dir)) if run is not None else None
-        if folder is None or not (folder / RECORDS[ref.kind]).is_file():
+        if folder is None or not (folder / ref.record_file).is_file():
             raise BadRequest(f"{field}: no checkpoint at {path} (never saved, or deleted)")
         return folder
 

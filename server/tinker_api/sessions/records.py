@@ -14,6 +14,7 @@ import os
 import secrets
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -21,11 +22,13 @@ from sqlalchemy import func
 from sqlalchemy.engine import Engine
 from sqlmodel import col, delete, select
 
-from core import lifecycle, procs
+from core import durable, lifecycle, procs, rollout_store, rollouts
 from core.db import read_session, write_session
-from core.models import FINISHED, TINKER_API, Checkpoint, Run, RunStatus, iso, utcnow
+from core.models import FINISHED, TINKER_API, Checkpoint, Metric, Run, RunStatus, iso, utcnow
+from core.rollouts import RolloutRecord
 from core.run_folder import RunFolder, hash_config
 from core.spec import RunSpec
+from server.tinker_api.sessions.trace import TRACE_FILE
 
 T = TypeVar("T")
 
@@ -89,11 +92,31 @@ class SessionRecords:
             run.config_hash = hash_config(config)
             db.add(run)
 
+    def set_project(self, run_id: str, project_id: str) -> None:
+        """The session's project (assign_session_project), kept with what create_session sent."""
+        with write_session(self._engine) as db:
+            run = db.get(Run, run_id)
+            if run is None:
+                return
+            config = json.loads(run.config_json)
+            config.setdefault("session", {})["project_id"] = project_id
+            run.config_json = json.dumps(config, sort_keys=True)
+            run.config_hash = hash_config(config)
+            db.add(run)
+
     def step(self, run_id: str, step: int, metrics: dict[str, float]) -> None:
         lifecycle.record_step(self._engine, run_id, step, metrics)
 
-    def checkpoint(self, run_id: str, step: int, kind: str, name: str, folder: str) -> None:
-        lifecycle.record_checkpoint(self._engine, run_id, step, kind, name, folder)
+    def checkpoint(
+        self,
+        run_id: str,
+        step: int,
+        kind: str,
+        name: str,
+        folder: str,
+        expires_at: datetime | None = None,
+    ) -> None:
+        lifecycle.record_checkpoint(self._engine, run_id, step, kind, name, folder, expires_at)
 
     def forget_checkpoint(self, run_id: str, folder: str) -> None:
         with write_session(self._engine) as db:
@@ -102,6 +125,34 @@ class SessionRecords:
                     col(Checkpoint.run_id) == run_id, col(Checkpoint.path) == folder
                 )
             )
+
+    def update_checkpoint(self, run_id: str, folder: str, **fields: Any) -> Checkpoint | None:
+        """Set a checkpoint row's fields (public, expires_at); the row, None if there is none."""
+        with write_session(self._engine) as db:
+            row = db.exec(
+                select(Checkpoint).where(
+                    col(Checkpoint.run_id) == run_id, col(Checkpoint.path) == folder
+                )
+            ).first()
+            if row is None:
+                return None
+            for key, value in fields.items():
+                setattr(row, key, value)
+            db.add(row)
+            db.flush()
+            db.refresh(row)
+            db.expunge(row)
+        return row
+
+    def expired(self, now: datetime) -> list[Checkpoint]:
+        """Tinker sessions' checkpoints whose time to live passed before `now`."""
+        with read_session(self._engine) as db:
+            rows = db.exec(
+                select(Checkpoint)
+                .join(Run, col(Run.id) == col(Checkpoint.run_id))
+                .where(col(Run.source) == TINKER_API, col(Checkpoint.expires_at) < now)
+            ).all()
+        return list(rows)
 
     def end(self, run_id: str, status: RunStatus, kind: str | None, details: str) -> None:
         """The session's end; a run stopped meanwhile (POST /runs/{id}/stop) ends stopped."""
@@ -118,6 +169,28 @@ class SessionRecords:
         stamp = iso(utcnow())
         with (run_dir / "train.log").open("a") as log_file:
             log_file.write(f"{stamp} {line}\n")
+
+    def rollouts(self, run_dir: Path, run_id: str, step: int, records: list[RolloutRecord]) -> None:
+        """A step's samples and datums as its rollouts, bounded as our runs' are (the defaults
+        of rollouts_per_step and rollouts_max_mb); a failed write is a line in its log."""
+        try:
+            picked = rollouts.pick(records, rollouts.DEFAULT_PER_STEP, seed=step)
+            max_bytes = int(rollouts.DEFAULT_MAX_MB * rollouts.MB)
+            rollout_store.write_step(
+                self._engine, run_id, step, picked, sampled=records, max_bytes=max_bytes
+            )
+        except Exception as exc:  # the session goes on without its record of this step
+            self.log(run_dir, f"step {step}: its rollouts were not recorded ({exc})")
+
+    def write_trace(self, run_dir: Path, trace: dict[str, Any]) -> None:
+        """The session's request trace, kept in its run's folder once it ended."""
+        durable.write_json_atomic(run_dir / TRACE_FILE, trace)
+
+    def read_trace(self, run_dir: Path) -> dict[str, Any] | None:
+        try:
+            return dict(json.loads((run_dir / TRACE_FILE).read_text()))
+        except (OSError, ValueError):
+            return None
 
     # Reading -----------------------------------------------------------------------------
 
@@ -151,6 +224,21 @@ class SessionRecords:
             ).all()
         return list(rows), total
 
+    def step_metrics(self, start: datetime, end: datetime) -> list[tuple[Run, Metric]]:
+        """Tinker sessions' recorded steps between `start` and `end` (billing reads them)."""
+        with read_session(self._engine) as db:
+            rows = db.exec(
+                select(Run, Metric)
+                .join(Metric, col(Metric.run_id) == col(Run.id))
+                .where(
+                    col(Run.source) == TINKER_API,
+                    col(Metric.created_at) >= start,
+                    col(Metric.created_at) < end,
+                )
+                .order_by(col(Metric.created_at))
+            ).all()
+        return [(run, metric) for run, metric in rows]
+
     def checkpoints(self, run_ids: list[str] | None = None) -> list[Checkpoint]:
         with read_session(self._engine) as db:
             query = (
@@ -181,11 +269,25 @@ class Recorder:
     def step(self, run_id: str, step: int, metrics: dict[str, Any]) -> None:
         self._thread.submit(self.records.step, run_id, step, metrics)
 
-    def checkpoint(self, run_id: str, step: int, kind: str, name: str, folder: str) -> None:
-        self._thread.submit(self.records.checkpoint, run_id, step, kind, name, folder)
+    def checkpoint(
+        self,
+        run_id: str,
+        step: int,
+        kind: str,
+        name: str,
+        folder: str,
+        expires_at: datetime | None = None,
+    ) -> None:
+        self._thread.submit(self.records.checkpoint, run_id, step, kind, name, folder, expires_at)
 
     def end(self, run_id: str, status: RunStatus, kind: str | None, details: str) -> None:
         self._thread.submit(self.records.end, run_id, status, kind, details)
+
+    def rollouts(self, run_dir: Path, run_id: str, step: int, records: list[RolloutRecord]) -> None:
+        self._thread.submit(self.records.rollouts, run_dir, run_id, step, records)
+
+    def trace(self, run_dir: Path, trace: dict[str, Any]) -> None:
+        self._thread.submit(self.records.write_trace, run_dir, trace)
 
     async def read(self, fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._thread, fn, *args)

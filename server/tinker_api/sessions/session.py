@@ -8,18 +8,25 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable, Hashable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from core.models import RunStatus, iso, utcnow
-from core.tinker_wire import ModelReady, Sampled, Stepped, Trained
+from core.rollouts import Kind, RolloutRecord, Segment
+from core.tinker_wire import ModelReady, RolloutText, Sampled, Stepped, Trained
 from server.tinker_api.schemas import JsonObject
 from server.tinker_api.sessions.records import Recorder
+from server.tinker_api.sessions.trace import RequestSpan, SessionTrace
 
 log = logging.getLogger(__name__)
+# A step's samples and datums kept for its rollouts (the record keeps rollouts_per_step of them,
+# 256 by default): what the step sampled past this many is counted in its tokens only.
+MAX_STEP_ROLLOUTS = 2048
 
 
 @dataclass
@@ -50,6 +57,7 @@ class Sampler:
     sampler_id: str
     base_model: str
     model_path: str | None
+    clients: int = 0  # clients that joined it (join_sampling_session); the first is 0
 
 
 @dataclass
@@ -59,7 +67,11 @@ class StepTally:
     loss: float = 0.0
     trained_tokens: int = 0
     sampled_tokens: int = 0
+    device_s: float = 0.0  # the union of its requests' runs in the worker
     started: float = 0.0
+    # What it sampled and trained, as rollouts (DESIGN §14): the first MAX_STEP_ROLLOUTS.
+    rollouts: list[RolloutRecord] = field(default_factory=list)
+    groups: int = 0  # its sample requests and forward_backward calls so far
 
 
 @dataclass
@@ -79,6 +91,7 @@ class Session:
     # Its client's requests being answered now (a held poll, a POST waiting for the worker):
     # a client waiting on us is not quiet.
     waiting: int = 0
+    trace: SessionTrace = field(default_factory=SessionTrace)
     _answers: dict[Hashable, asyncio.Future[JsonObject]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -155,9 +168,44 @@ class Session:
         if not trained.forward_only:
             self.tally.loss += float(trained.loss or 0.0)
             self.tally.trained_tokens += trained.tokens
+            self._rollouts("datum", trained.records)
+
+    def timed(self, name: str, track: str, submitted: float, run_s: float, failed: bool) -> None:
+        """A request answered: its span in the trace, its run in the step's device time."""
+        span = RequestSpan(name, track, submitted, time.time(), run_s, failed)
+        self.tally.device_s += self.trace.add(span)
 
     def sampled(self, sampled: Sampled) -> None:
         self.tally.sampled_tokens += sampled.tokens
+        self._rollouts("sample", sampled.records)
+
+    def _rollouts(self, kind: Kind, texts: list[RolloutText]) -> None:
+        """A request's samples or datums, one group, kept for its step's rollouts."""
+        tally, group = self.tally, self.tally.groups
+        tally.groups += 1
+        for text in texts[: max(0, MAX_STEP_ROLLOUTS - len(tally.rollouts))]:
+            tally.rollouts.append(
+                RolloutRecord(
+                    kind=kind,
+                    group=group,
+                    index=len(tally.rollouts),
+                    prompt=text.prompt,
+                    completion=text.completion,
+                    reward=None,  # the server never sees one
+                    advantage=text.advantage,
+                    segments=[
+                        Segment("env", text.prompt, text.prompt_tokens),
+                        Segment(
+                            "model", text.completion, text.completion_tokens, None, text.advantage
+                        ),
+                    ],
+                    finish_reason=text.finish_reason,
+                    prompt_tokens=text.prompt_tokens,
+                    completion_tokens=text.completion_tokens,
+                    logprob_mean=text.logprob_mean,
+                    trained=kind == "datum",
+                )
+            )
 
     def stepped(self, stepped: Stepped) -> None:
         """An optimizer step: its metrics and the tally since the last one, recorded."""
@@ -169,20 +217,27 @@ class Session:
             "train/learning_rate": metrics.get("learning_rate"),
             "train/tokens": tally.trained_tokens,
             "sampler/tokens": tally.sampled_tokens,
+            "time/device_s": tally.device_s,
             "time/step_s": now - tally.started if tally.started else None,
         }
         self.tally = StepTally(started=now)
         self.recorder.step(self.id, self.step, values)
+        if tally.rollouts:
+            self.recorder.rollouts(self.run_dir, self.id, self.step, tally.rollouts)
         self.note(
             f"step {self.step}: loss {tally.loss:.4g}, grad norm "
             f"{metrics.get('grad_norm', float('nan')):.4g}, {tally.trained_tokens} tokens "
             f"trained, {tally.sampled_tokens} sampled"
         )
 
-    def saved(self, kind: str, name: str, folder: str, path: str) -> None:
-        """A checkpoint (`path`, its tinker:// name) at the current step."""
-        self.recorder.checkpoint(self.id, self.step, kind, name, folder)
-        self.note(f"saved {path}")
+    def saved(
+        self, kind: str, name: str, folder: str, path: str, expires_at: datetime | None
+    ) -> None:
+        """A checkpoint (`path`, its tinker:// name) at the current step, kept until
+        `expires_at` (its ttl_seconds) if given."""
+        self.recorder.checkpoint(self.id, self.step, kind, name, folder, expires_at)
+        until = f" (expires {iso(expires_at)})" if expires_at else ""
+        self.note(f"saved {path}{until}")
 
     def end(
         self, status: RunStatus, failure_kind: str | None, told: str, details: str | None
@@ -195,6 +250,7 @@ class Session:
         self.ended_at = self.clock()
         why = details or told
         self.note(f"session ended ({status.value}): {why}")
+        self.recorder.trace(self.run_dir, self.trace.chrome_trace(self.id))
         self.recorder.end(self.id, status, failure_kind, why)
         log.info("Tinker session %s ended (%s): %s", self.id, status.value, why)
         return self.ended

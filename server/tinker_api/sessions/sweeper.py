@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 
 from core.models import RunStatus
 from server.tinker_api.sessions.hub import SessionHub
@@ -16,11 +17,16 @@ log = logging.getLogger(__name__)
 # session at once (request_stop): a second between sweeps is enough, and costs the worker's
 # cores nothing worth measuring.
 SWEEP_S = 1.0
+EXPIRE_S = 60.0
 
 
 class SessionSweeper:
-    def __init__(self, hub: SessionHub) -> None:
+    def __init__(self, hub: SessionHub, expire: Callable[[], list[str]] | None = None) -> None:
         self._hub = hub
+        # Checkpoints past their time to live are deleted (blocking: on the recorder's thread)
+        # once a minute: TTLs are an hour at least.
+        self._expire = expire
+        self._next_expiry = 0.0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._task: asyncio.Task[None] | None = None
 
@@ -61,6 +67,10 @@ class SessionSweeper:
             for run_id in await hub.recorder.read(hub.records.stopping, live_ids):
                 self._stop_if_held(run_id)
         hub.forget_ended()
+        if self._expire is not None and hub.clock() >= self._next_expiry:
+            self._next_expiry = hub.clock() + EXPIRE_S
+            for path in await hub.recorder.read(self._expire):
+                log.info("deleted %s: its time to live passed", path)
 
     def _went_quiet(self, session: Session, quiet: float, timeout: float) -> None:
         """Its script sent nothing for too long: the SDK heartbeats every 10 s while its
