@@ -3,7 +3,7 @@ saved or set with ttl_seconds is deleted once it passes) and `public` (publish_c
 recorded, shown in the RestClient's lists).
 
 Revision ID: 0007_tinker
-Revises: 0005_rollouts (0006_cost when both branches are merged)
+Revises: 0006_cost
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0007_tinker"
-down_revision = "0005_rollouts"
+down_revision = "0006_cost"
 branch_labels = None
 depends_on = None
 
