@@ -96,7 +96,8 @@ class TrainingConfig(BaseModel):
         None,
         max_length=64,
         description="What the KL penalty measures against: base (the base model, the default) "
-        f"or a run's sampler checkpoint, {checkpoint_refs.FORMS}",
+        f"or a run's sampler checkpoint, {checkpoint_refs.FORMS}; named with no penalty, the "
+        "KL is measured (kl/reference) but not penalised",
     )
     teacher: str | None = Field(
         None,

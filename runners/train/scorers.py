@@ -99,17 +99,19 @@ async def open_scorers(
     timeout_s: float | None,
 ) -> Scorers | None:
     """The run's scorers, or None when it folds in nothing (no KL penalty, no teacher, the
-    reward at weight 1)."""
+    reward at weight 1). A `kl_reference` named with no penalty is measured (kl/reference),
+    not penalised."""
     kl_coef = config.kl_penalty_coef or 0.0
     reward_coef = 1.0 if config.reward_coef is None else config.reward_coef
-    if not kl_coef and config.teacher is None and reward_coef == 1.0:
+    measured = bool(kl_coef) or config.kl_reference is not None
+    if not measured and config.teacher is None and reward_coef == 1.0:
         return None
     scorers = Scorers(reward_coef=reward_coef, kl_coef=kl_coef, timeout_s=timeout_s)
     scorers.teacher_coef = 1.0 if config.teacher_kl_coef is None else config.teacher_kl_coef
-    if kl_coef:
+    if measured:
         reference = config.kl_reference or checkpoint_refs.BASE
         scorers.reference = await _client(config, service, training, engine, reference, timeout_s)
-        log.info("KL penalty %g to %s", kl_coef, reference)
+        log.info("KL to %s measured, penalty weight %g", reference, kl_coef)
     if config.teacher is not None:
         teacher = await _client(config, service, training, engine, config.teacher, timeout_s)
         if hasattr(training, "create_base_sampling_client"):  # local: tokenizers at hand
