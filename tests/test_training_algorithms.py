@@ -118,7 +118,7 @@ def test_sampling_ahead_with_a_kl_penalty_and_gspo_stops_and_resumes(tclient: Te
         max_steps_off_policy=1,
         kl_penalty_coef=0.1,
         loss_fn="gspo",
-        **QUIET,
+        **{**QUIET, "steps_per_eval": 2, "eval_num_tasks": 2},  # evaluations beside sampling
     )
     wait_for(lambda: tclient.get(f"/runs/{run_id}").json()["step"] >= 3, 90)
     tclient.post(f"/runs/{run_id}/stop")  # while the producer samples the next step
@@ -127,6 +127,8 @@ def test_sampling_ahead_with_a_kl_penalty_and_gspo_stops_and_resumes(tclient: Te
     at = stopped["step"]
     checkpoints = tclient.get(f"/runs/{run_id}/checkpoints").json()
     assert {c["step"] for c in checkpoints} == {at}  # of the last trained step
+    evaluated = tclient.get(f"/runs/{run_id}/history", params={"keys": "eval/reward_mean"})
+    assert 2 in {row["step"] for row in evaluated.json()["rows"]}
     rows = history(tclient, run_id)
     assert sorted(rows) == list(range(1, at + 1))
     assert rows[1]["sampler/steps_off_policy"] == 0  # step 1: the start's weights

@@ -227,16 +227,16 @@ def fold_teacher(
 
 
 def _diffs(sequences: list[Sequence], other: list[list[float]]) -> list[list[float | None]]:
-    """Per token, the sampler's logprob minus `other`'s where trained, else None."""
+    """Per token, the sampler's logprob minus `other`'s where it is a trained target (never
+    the first token: nothing predicts it), else None."""
     out = []
     for sequence, theirs in zip(sequences, other, strict=True):
         assert sequence.logprobs is not None
+        targets = [False, *sequence.trained[1:]]
         out.append(
             [
-                mine - their if trained else None
-                for mine, their, trained in zip(
-                    sequence.logprobs, theirs, sequence.trained, strict=True
-                )
+                mine - their if target else None
+                for mine, their, target in zip(sequence.logprobs, theirs, targets, strict=True)
             ]
         )
     return out

@@ -119,9 +119,9 @@ class Trainer(RunnerBase[Collector]):
                 advantaged = self.advantages(fresh.sequences, step, self.keep_flat_groups(run))
                 train_metrics = await self.train(run, advantaged.sequences)
         self.step = step
-        if not self.bound:  # a synchronous run: every group is on policy
+        if not self.bound:  # a synchronous run: its wait is its sampling, its groups on policy
             times.pop("time/wait_s")
-            fresh.metrics = {}
+        off_policy = fresh.metrics if self.bound else {}
         r = run.data.renderer
         run.reporter.rollouts(
             step,
@@ -136,7 +136,7 @@ class Trainer(RunnerBase[Collector]):
             {
                 **train_metrics,
                 "sampler/dropped_groups": advantaged.dropped_groups,
-                **fresh.metrics,
+                **off_policy,
                 **times,
             },
         )

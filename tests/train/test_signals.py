@@ -116,10 +116,17 @@ def test_the_kl_penalty_is_the_cookbooks() -> None:
     for got, expected in zip(advantages_of(sequences), want, strict=True):
         assert got == pytest.approx(expected.tolist(), abs=1e-6)
     # Centred: the penalty moves no advantage on average, and none on a prompt token.
-    trained = [a for s in sequences for a, t in zip(s.advantages or [], s.trained) if t]
+    trained = [
+        a for s in sequences for a, t in zip(s.advantages or [], s.trained, strict=True) if t
+    ]
     plain = [a for s in assign_advantages(batch(), "grpo").sequences for a in s.advantages or []]
     assert sum(trained) == pytest.approx(sum(plain), abs=1e-6)
-    assert all(a == 0 for s in sequences for a, t in zip(s.advantages or [], s.trained) if not t)
+    assert all(
+        a == 0
+        for s in sequences
+        for a, t in zip(s.advantages or [], s.trained, strict=True)
+        if not t
+    )
 
 
 def test_the_distillation_advantage_is_the_cookbooks() -> None:
@@ -138,7 +145,9 @@ def test_the_distillation_advantage_is_the_cookbooks() -> None:
     # A token the teacher finds likelier than the sampler did gains; one it finds less, loses.
     first = advantaged.sequences[0]
     assert first.logprobs is not None and first.advantages is not None
-    for lp, q, a, t in zip(first.logprobs, teacher[0], first.advantages, first.trained):
+    for lp, q, a, t in zip(
+        first.logprobs, teacher[0], first.advantages, first.trained, strict=True
+    ):
         if t:
             assert (a > 0) == (q > lp)
 
@@ -159,9 +168,9 @@ def test_reward_kl_and_teacher_combine_by_their_weights() -> None:
     plain = advantages_of(assign_advantages(batch(), "grpo").sequences)
     scorers = Scorers(
         reward_coef=0.5,
-        reference=FixedScorer({tuple(s.tokens): b for s, b in zip(sequences, base)}),
+        reference=FixedScorer({tuple(s.tokens): b for s, b in zip(sequences, base, strict=True)}),
         kl_coef=0.1,
-        teacher=FixedScorer({tuple(s.tokens): t for s, t in zip(sequences, teacher)}),
+        teacher=FixedScorer({tuple(s.tokens): t for s, t in zip(sequences, teacher, strict=True)}),
         teacher_coef=2.0,
     )
     metrics = asyncio.run(scorers.fold(sequences))
@@ -180,9 +189,7 @@ def test_gspo_and_stable_reinforce_datums_train_on_the_local_engine(tmp_path: Pa
     service = local_service(tmp_path)
     try:
         training = service.create_lora_training_client("tiny-random", rank=8, seed=0).result()
-        sampler = training.save_weights_and_get_sampling_client(
-            record_stability_info=True
-        ).result()
+        sampler = training.save_weights_and_get_sampling_client(record_stability_info=True).result()
         params = types.SamplingParams(max_tokens=5, temperature=1.0, seed=3, stop=[])
         sequences = []
         for i, prompt in enumerate([[5, 6, 7, 8], [9, 10]]):  # a 2-token prompt: short spans
