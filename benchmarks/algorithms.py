@@ -2,16 +2,19 @@
 the real server (POST /runs, GET /runs/{id}/history), seeds not tuned, each set beside its
 baseline in the same script:
 
-- async: slow_repeat_word (every episode waits 50 ms, benchmarks/slow_env) sampled ahead with
-  max_steps_off_policy 1 and 2 against the synchronous loop, at equal steps, and steps per
-  minute; with 4 episodes in flight (a service that takes 4 at a time) and with all in flight;
+- async: slow_repeat_word (every episode waits 50 ms, benchmarks/slow_env; 4 episodes in
+  flight, as a service that takes 4 at a time) sampled ahead with max_steps_off_policy 1 and 2
+  against the synchronous loop, at equal steps;
+- speed: steps per minute of bound 1 against the synchronous loop on the same environment,
+  short runs alternating (sync, bound 1, sync, ...) over several rounds so that the load of a
+  shared machine falls on both alike; with 4 episodes in flight and with all in flight;
 - kl: repeat_word with kl_penalty_coef 0.1 against 0, the KL to the base model measured in both;
 - losses: gspo and stable_reinforce against importance_sampling (the kl set's KL 0 run);
 - distill: a teacher trained on repeat_word, then a student distilled from its checkpoint with
   reward_coef 0 (the reward is only recorded), against the teacher's own reward.
 
 Run from the repo root: .venv/bin/python -m benchmarks.algorithms [--steps 12] [--sets ...]
-[--plot-only]. Needs the `bench` extra (matplotlib) for the figure.
+[--keep] [--plot-only]. Needs the `bench` extra (matplotlib) for the figure.
 """
 
 from __future__ import annotations
@@ -40,8 +43,10 @@ COMMON: dict[str, Any] = {
     "use_wandb": False,
     "seed": 0,
 }
-SETS = ("async", "kl", "losses", "distill")
+SETS = ("async", "speed", "kl", "losses", "distill")
 TEACHER_STEPS = 20
+SPEED_STEPS = 6  # per run of the speed set; its first step (start-up) is not counted
+SPEED_ROUNDS = 3
 KEYS = (
     "reward/mean",
     "env/percent_correct",
@@ -79,13 +84,22 @@ def plan(steps: int, sets: list[str]) -> list[Series]:
     """Every run but the distilled student (it needs its teacher's run id)."""
     out = []
     if "async" in sets:
+        for bound in (0, 1, 2):
+            body = {"max_steps_off_policy": bound, "loss_fn": "ppo", "max_num_workers": 4}
+            name = f"bound {bound}" if bound else "sync"
+            out.append(Series("async", name, "slow_repeat_word", body))
+    if "speed" in sets:
         for workers, tag in ((4, "4 in flight"), (-1, "all in flight")):
-            for bound in (0, 1, 2) if workers == 4 else (0, 1):
-                name = f"bound {bound}, {tag}" if bound else f"sync, {tag}"
-                body = {"max_steps_off_policy": bound, "loss_fn": "ppo"}
-                out.append(
-                    Series("async", name, "slow_repeat_word", {**body, "max_num_workers": workers})
-                )
+            for round_ in range(1, SPEED_ROUNDS + 1):
+                for bound in (0, 1):
+                    name = f"{'bound 1' if bound else 'sync'}, {tag}, round {round_}"
+                    body = {
+                        "max_steps_off_policy": bound,
+                        "loss_fn": "ppo",
+                        "max_num_workers": workers,
+                        "total_steps": SPEED_STEPS,
+                    }
+                    out.append(Series("speed", name, "slow_repeat_word", body))
     if "kl" in sets or "losses" in sets:
         # Named with no penalty, the reference is measured, not penalised: the baseline of
         # both the kl set and the losses set.
@@ -128,6 +142,8 @@ def train(http: httpx.Client, series: Series, poll_s: float = 0.5) -> None:
 
 def measure(args: argparse.Namespace) -> list[Series]:
     done: list[Series] = []
+    if args.keep and (args.out / "algorithms.json").exists():
+        done = [s for s in load(args.out)[0] if s.set not in args.sets]
     env_dirs = str(PROJECT_ROOT / "benchmarks" / "slow_env")
     with serving(RLCS_ENV_DIRS=env_dirs) as http:
         for series in plan(args.steps, args.sets):
@@ -164,14 +180,13 @@ def report(done: list[Series]) -> str:
     out = []
     by_set = {name: [s for s in done if s.set == name] for name in SETS}
     if by_set["async"]:
+        base = next(b for b in by_set["async"] if b.name == "sync")
         out.append(
-            "| async (slow_repeat_word, ppo) | reward, steps 1-3 | reward, last 3 | "
+            "| async (slow_repeat_word, ppo, 4 in flight) | reward, steps 1-3 | reward, last 3 | "
             "steps off policy (mean) | steps per minute | vs sync |"
         )
         out.append("|---|---:|---:|---:|---:|---:|")
         for s in by_set["async"]:
-            tag = s.name.split(", ")[1]
-            base = next(b for b in by_set["async"] if b.name == f"sync, {tag}")
             off = s.series("sampler/steps_off_policy")
             out.append(
                 f"| {s.name} | {mean_of(s.series('reward/mean'), head):.3f} | "
@@ -179,6 +194,27 @@ def report(done: list[Series]) -> str:
                 f"{statistics.fmean(off) if off else 0:.2f} | {s.steps_per_minute:.2f} | "
                 f"{s.steps_per_minute / base.steps_per_minute:.2f}x |"
             )
+        out.append("")
+    if by_set["speed"]:
+        out.append(
+            "| speed (slow_repeat_word) | round | sync, steps per minute | bound 1 | ratio |"
+        )
+        out.append("|---|---:|---:|---:|---:|")
+        for tag in ("4 in flight", "all in flight"):
+            ratios = []
+            for round_ in range(1, SPEED_ROUNDS + 1):
+                pair = {
+                    s.name.split(",")[0]: s
+                    for s in by_set["speed"]
+                    if s.name.endswith(f"{tag}, round {round_}")
+                }
+                if len(pair) < 2:
+                    continue
+                sync, ahead = pair["sync"].steps_per_minute, pair["bound 1"].steps_per_minute
+                ratios.append(ahead / sync)
+                out.append(f"| {tag} | {round_} | {sync:.2f} | {ahead:.2f} | {ahead / sync:.2f}x |")
+            if ratios:
+                out.append(f"| {tag} | median | | | **{statistics.median(ratios):.2f}x** |")
         out.append("")
     rest = by_set["kl"] + by_set["losses"]
     if rest:
@@ -271,6 +307,9 @@ def main() -> None:
     parser.add_argument("--sets", type=lambda s: s.split(","), default=list(SETS))
     parser.add_argument("--out", type=Path, default=OUT_DIR)
     parser.add_argument("--plot-only", action="store_true", help="redraw from algorithms.json")
+    parser.add_argument(
+        "--keep", action="store_true", help="keep the other sets' runs from algorithms.json"
+    )
     args = parser.parse_args()
     if set(args.sets) - set(SETS):
         raise SystemExit(f"unknown sets: {sorted(set(args.sets) - set(SETS))}")
