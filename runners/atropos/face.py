@@ -31,7 +31,8 @@ from runners.atropos.requests import BadRequest, SamplingDefaults
 log = logging.getLogger(__name__)
 MAX_N = 1024  # samples per request (managed_server asks for a whole group at once)
 # Completions whose policy is remembered (for the staleness of the groups they end up in): far
-# more than the environment keeps queued (max_batches_offpolicy batches).
+# more than the environment keeps queued (max_batches_offpolicy batches). Each is kept as a
+# hash of its tokens, a few dozen bytes.
 REMEMBERED = 65_536
 
 
@@ -81,7 +82,7 @@ class InferenceFace:
         self._sampler: Any = None
         self.version = 0
         self.policy_step: int | None = None  # optimizer steps behind the policy served now
-        self._served_by: OrderedDict[tuple[int, ...], int] = OrderedDict()
+        self._served_by: OrderedDict[int, int] = OrderedDict()  # tokens' hash -> policy
         self._open = asyncio.Event()
         self._open.set()
         self._in_flight = 0
@@ -103,7 +104,7 @@ class InferenceFace:
     def policy_of(self, tokens: list[int]) -> int | None:
         """The policy step that served a completion of exactly these tokens (the newest one,
         if several did); None when the face did not serve it (or has forgotten it)."""
-        return self._served_by.get(tuple(tokens))
+        return self._served_by.get(hash(tuple(tokens)))
 
     async def drain(self, timeout_s: float) -> None:
         """Hold new requests and wait (at most `timeout_s`) for those being sampled: the
@@ -145,7 +146,7 @@ class InferenceFace:
         sequences = list(response.sequences)
         if policy_step is not None:
             for sequence in sequences:
-                key = tuple(int(t) for t in sequence.tokens)
+                key = hash(tuple(int(t) for t in sequence.tokens))
                 self._served_by[key] = policy_step
                 self._served_by.move_to_end(key)
             while len(self._served_by) > REMEMBERED:

@@ -15,6 +15,7 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from sqlmodel import col, select
 from tinker import types
 
 from core import checkpoint_refs
@@ -106,8 +107,12 @@ async def open_scorers(
     measured = bool(kl_coef) or config.kl_reference is not None
     if not measured and config.teacher is None and reward_coef == 1.0:
         return None
-    scorers = Scorers(reward_coef=reward_coef, kl_coef=kl_coef, timeout_s=timeout_s)
-    scorers.teacher_coef = 1.0 if config.teacher_kl_coef is None else config.teacher_kl_coef
+    scorers = Scorers(
+        reward_coef=reward_coef,
+        kl_coef=kl_coef,
+        teacher_coef=1.0 if config.teacher_kl_coef is None else config.teacher_kl_coef,
+        timeout_s=timeout_s,
+    )
     if measured:
         reference = config.kl_reference or checkpoint_refs.BASE
         scorers.reference = await _client(config, service, training, engine, reference, timeout_s)
@@ -158,8 +163,6 @@ async def _client(
 
 def sampler_path(engine: Engine, reference: str) -> str:
     """The path of the sampler checkpoint a (pinned) run reference names."""
-    from sqlmodel import col, select
-
     parsed = checkpoint_refs.parse(reference)
     assert parsed is not None
     run_id, step = parsed
