@@ -99,7 +99,9 @@ clean:
 demo: $(STAMP)
 	$(BIN)/python scripts/demo.py
 
-# Learning curves (benchmarks/README.md): about 40 minutes on 2 CPU cores.
+# Learning curves (benchmarks/README.md): the losses and advantage modes (about 40 minutes on
+# 2 CPU cores), then the algorithm knobs (sampling ahead, KL, GSPO, distillation; about 45).
 curves: $(STAMP)
 	$(SYNC) --extra bench
 	$(BIN)/python -m benchmarks.learning
+	$(BIN)/python -m benchmarks.algorithms

@@ -162,12 +162,12 @@ def end_to_end(steps: int, model_name: str | None = None) -> Curve:
 
 
 @contextlib.contextmanager
-def serving() -> Iterator[httpx.Client]:
+def serving(**env: str) -> Iterator[httpx.Client]:
     """The real server in a temporary var dir, sharing the converted SmolLM2 with `make serve`
-    (converting is not what is timed)."""
+    (converting is not what is timed); `env`: more of its settings (RLCS_...)."""
     with tempfile.TemporaryDirectory(prefix="rlcs-curves-") as tmp:
         models = os.environ.get("RLCS_MODELS_DIR", str(PROJECT_ROOT / "var" / "models"))
-        with Server(Path(tmp), RLCS_MODELS_DIR=models) as server:
+        with Server(Path(tmp), RLCS_MODELS_DIR=models, **env) as server:
             with httpx.Client(base_url=server.url, timeout=60) as http:
                 yield http
         if server.leftovers:

@@ -10,6 +10,7 @@ import argparse
 import time
 from typing import Any
 
+from cli import algorithms
 from cli.client import Client, seg
 from cli.exits import OK, RUN_FAILED, WAIT_TIMED_OUT, UsageError
 from cli.output import duration, fmt, pairs, print_json, say, steps, table
@@ -101,6 +102,8 @@ def status(client: Client, args: argparse.Namespace) -> int:
     metrics = {k: v for k, v in (run.get("metrics") or {}).items() if k != "step"}
     items += [(k, v) for k, v in metrics.items()]
     items += cost_items(run.get("cost"))
+    if run.get("step"):
+        items += algorithms.items(algorithms.latest(client, run["run_id"]))
     items += [
         ("metrics from", run.get("metrics_source")),
         ("wandb", run.get("wandb_url")),

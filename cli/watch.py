@@ -12,6 +12,7 @@ import sys
 import time
 from typing import Any, TextIO
 
+from cli import algorithms
 from cli.client import Client, seg
 from cli.exits import OK, RUN_FAILED, Unreachable
 from cli.output import clean, duration, fmt, print_json_line, warn
@@ -26,8 +27,9 @@ def exit_code_for(status: str) -> int:
     return RUN_FAILED if status == "failed" else OK
 
 
-def progress_line(run: dict[str, Any]) -> str:
-    """`r-1a2b3c4d running [#####-----] 3/8 38% reward 0.3 loss 1 ETA 0:02`."""
+def progress_line(run: dict[str, Any], extra: dict[str, Any] | None = None) -> str:
+    """`r-1a2b3c4d running [#####-----] 3/8 38% reward 0.3 loss 1 ETA 0:02`, with how far off
+    policy, the KL to the reference and the teacher's reverse KL from `extra` when set."""
     status, step, total = run["status"], run.get("step", 0), run.get("total_steps", 0)
     progress = run.get("progress") or {}
     fraction = progress.get("fraction") or (step / total if total else 0.0)
@@ -44,6 +46,7 @@ def progress_line(run: dict[str, Any]) -> str:
         parts.append(f"reward {fmt(metrics['reward_mean'])}")
     if metrics.get("loss") is not None:
         parts.append(f"loss {fmt(metrics['loss'])}")
+    parts += algorithms.brief(extra or {})
     if status in ("running", "stopping") and progress.get("eta_s") is not None:
         parts.append(f"ETA {duration(progress['eta_s'])}")
     if run.get("stalled"):
@@ -59,22 +62,25 @@ def watch(client: Client, args: argparse.Namespace, stream: TextIO | None = None
     path = f"/runs/{seg(args.run)}"
     seen: tuple[Any, ...] | None = None
     width = 0
+    extra: dict[str, Any] = {}
     while True:
         run = client.get(path)
         # What counts as a change for the one-line-per-change output; ETA alone is not one.
         key = (run["status"], run.get("step"), run.get("stalled"), run.get("metrics_source"))
+        if not args.json and run.get("step") and (seen is None or key[1] != seen[1]):
+            extra = algorithms.latest(client, run["run_id"])  # once per new step
         if args.json:
             if key != seen:
                 print_json_line(run, stream)
         elif in_place:
             # A line wider than the terminal wraps, and \r then redraws only its last part.
-            line = progress_line(run)[: shutil.get_terminal_size().columns - 1]
+            line = progress_line(run, extra)[: shutil.get_terminal_size().columns - 1]
             # Pad to the longest line so far: a shorter line must cover the previous one.
             width = max(width, len(line))
             stream.write("\r" + line.ljust(width))
             stream.flush()
         elif key != seen:
-            stream.write(progress_line(run) + "\n")
+            stream.write(progress_line(run, extra) + "\n")
             stream.flush()
         seen = key
         if run["status"] in FINISHED:

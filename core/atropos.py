@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
-from pydantic import ConfigDict, Field
+from pydantic import ConfigDict, Field, field_validator
 
 from core.settings import PROJECT_ROOT
 from core.training_config import TrainingConfig
@@ -24,7 +24,9 @@ METRICS_FILE_VARIABLE = "RLCS_ATROPOS_METRICS_FILE"
 PARENT_VARIABLE = "RLCS_ATROPOS_PARENT_PID"
 
 # An environment's W&B name and prefix: atroposlib needs a string (`desired_name`).
-OFFPOLICY_BATCHES = 1  # max_batches_offpolicy: keeps the environment a step ahead at most
+# max_batches_offpolicy: the environment samples the next batch while a step trains, so it
+# runs at least one batch ahead; a run's max_steps_off_policy lets it run further.
+OFFPOLICY_BATCHES = 1
 PER_RUN = "<chosen when the run starts>"
 
 # The environment's fields that the training config includes under the same name: the value
@@ -32,13 +34,20 @@ PER_RUN = "<chosen when the run starts>"
 SHADOWED_FIELDS = frozenset({"tokenizer_name", "use_wandb", "wandb_name"})
 
 
-def locked_env_values(group_size: int, groups_per_step: int) -> dict[str, Any]:
+def offpolicy_batches(max_steps_off_policy: int | None) -> int:
+    """The environment's max_batches_offpolicy: the run's staleness bound, at least one."""
+    return max(OFFPOLICY_BATCHES, max_steps_off_policy or 0)
+
+
+def locked_env_values(
+    group_size: int, groups_per_step: int, max_steps_off_policy: int | None = None
+) -> dict[str, Any]:
     """The environment fields the server decides, as a run's config shows them (the runner
     puts the per-run values into the environment's YAML)."""
     return {
         "rollout_server_url": f"http://127.0.0.1:{PER_RUN}",
         "batch_size": group_size * groups_per_step,  # sequences, as the trajectory API counts
-        "max_batches_offpolicy": OFFPOLICY_BATCHES,
+        "max_batches_offpolicy": offpolicy_batches(max_steps_off_policy),
         "data_path_to_save_groups": None,
         "data_dir_to_save_evals": f"{PER_RUN}/atropos/evals (the run's folder)",
         "openai": [
@@ -78,6 +87,17 @@ class AtroposTrainingConfig(TrainingConfig):
         description="Longest sequence (prompt and response) a step trains on, as tinker-atropos "
         "named it; the environment drops groups that reach it (default: the model's context)",
     )
+
+    @field_validator("loss_fn")
+    @classmethod
+    def _recorded_sequences(cls, value: str) -> str:
+        if value == "stable_reinforce":
+            raise ValueError(
+                "stable_reinforce reads the sampler's logprobs from the sequences it recorded, "
+                "by their ids, and an Atropos environment's groups carry no sequence ids; "
+                "choose gspo or ppo (clipped, also stable off-policy)"
+            )
+        return value
 
 
 class AtroposRunConfig(AtroposTrainingConfig):

@@ -67,7 +67,7 @@ LOSS_CONFIG: dict[str, dict[str, ConfigKey]] = {
 }
 
 # What a training run may choose (cross_entropy is supervised, not an RL loss).
-RL_LOSSES = ("importance_sampling", "ppo", "cispo", "dro")
+RL_LOSSES = ("importance_sampling", "ppo", "cispo", "dro", "gspo", "stable_reinforce")
 
 
 def defaults(loss_fn: str) -> dict[str, float]:

@@ -8,7 +8,7 @@ from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from core import loss_config
+from core import checkpoint_refs, loss_config
 from core.model_names import LOCAL_DEFAULT_MODEL
 
 
@@ -64,7 +64,9 @@ class TrainingConfig(BaseModel):
     # Optimisation.
     lora_rank: int = Field(32, ge=1, le=512)
     learning_rate: float = Field(4e-5, gt=0, le=1.0)
-    loss_fn: Literal["importance_sampling", "ppo", "cispo", "dro"] = "importance_sampling"
+    loss_fn: Literal["importance_sampling", "ppo", "cispo", "dro", "gspo", "stable_reinforce"] = (
+        "importance_sampling"
+    )
     loss_fn_config: dict[str, float] = Field(
         default_factory=dict, description="e.g. clip_low_threshold/clip_high_threshold or beta"
     )
@@ -73,6 +75,51 @@ class TrainingConfig(BaseModel):
     )
     scale_advantage_by_std: bool = Field(False, description="grpo: divide by the group's std")
     gamma: float = Field(0.9, ge=0.0, le=1.0, description="Discount for rebn returns")
+    # Off-policy sampling, a KL penalty, distillation (docs/runs.md, "Algorithms"). Unset (None)
+    # is each one's default, so a run frozen before these fields existed resumes with the same
+    # config hash.
+    max_steps_off_policy: int | None = Field(
+        None,
+        ge=0,
+        le=64,
+        description="How many steps sampling may run ahead of training (default 0: sample a "
+        "batch, then train on it); groups sampled more steps before are not trained on",
+    )
+    kl_penalty_coef: float | None = Field(
+        None,
+        ge=0.0,
+        le=100.0,
+        description="Weight of a per-token KL penalty to kl_reference, folded into the "
+        "advantages as tinker-cookbook does (default 0: none)",
+    )
+    kl_reference: str | None = Field(
+        None,
+        max_length=64,
+        description="What the KL penalty measures against: base (the base model, the default) "
+        f"or a run's sampler checkpoint, {checkpoint_refs.FORMS}; named with no penalty, the "
+        "KL is measured (kl/reference) but not penalised",
+    )
+    teacher: str | None = Field(
+        None,
+        min_length=1,
+        max_length=256,
+        description="On-policy distillation: a model name, or a run's sampler checkpoint "
+        f"({checkpoint_refs.FORMS}), that scores the run's own samples token by token; its "
+        "per-token reverse KL is a negative advantage",
+    )
+    teacher_kl_coef: float | None = Field(
+        None,
+        ge=0.0,
+        le=100.0,
+        description="Weight of the teacher's per-token reverse KL in the advantages (default 1)",
+    )
+    reward_coef: float | None = Field(
+        None,
+        ge=0.0,
+        le=100.0,
+        description="Weight of the environment reward's advantage (default 1; 0 with a teacher: "
+        "pure distillation on the environment's prompts)",
+    )
     # Sampling the policy.
     temperature: float = Field(1.0, ge=0.0, le=5.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
@@ -87,6 +134,27 @@ class TrainingConfig(BaseModel):
         loss_fn = info.data.get("loss_fn")
         if loss_fn is not None:
             loss_config.resolve(loss_fn, value)
+        return value
+
+    @field_validator("kl_reference")
+    @classmethod
+    def _reference_form(cls, value: str | None) -> str | None:
+        if value is not None and value != checkpoint_refs.BASE:
+            if checkpoint_refs.parse(value) is None:
+                raise ValueError(
+                    f"{value!r} is neither 'base' (the base model) nor a run's sampler "
+                    f"checkpoint ({checkpoint_refs.FORMS})"
+                )
+        return value
+
+    @field_validator("reward_coef")
+    @classmethod
+    def _something_to_learn(cls, value: float | None, info: ValidationInfo) -> float | None:
+        if value == 0 and info.data.get("teacher") is None:
+            raise ValueError(
+                "0 leaves nothing to learn from without a teacher: set teacher (on-policy "
+                "distillation), or leave reward_coef out"
+            )
         return value
 
     @model_validator(mode="after")

@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from core.atropos import OFFPOLICY_BATCHES, AtroposRunConfig
+from core.atropos import AtroposRunConfig, offpolicy_batches
 
 SERVER_TIMEOUT_S = 1200  # atroposlib's own default for one request
 
@@ -30,7 +30,7 @@ def env_section(
         use_wandb=True,
         wandb_name=wandb_name,
         batch_size=config.group_size * config.groups_per_step,
-        max_batches_offpolicy=OFFPOLICY_BATCHES,
+        max_batches_offpolicy=offpolicy_batches(config.max_steps_off_policy),
         data_path_to_save_groups=None,
         data_dir_to_save_evals=str(evals_dir),
     )

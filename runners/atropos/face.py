@@ -13,6 +13,7 @@ import logging
 import secrets
 import socket
 import time
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -29,6 +30,10 @@ from runners.atropos.requests import BadRequest, SamplingDefaults
 
 log = logging.getLogger(__name__)
 MAX_N = 1024  # samples per request (managed_server asks for a whole group at once)
+# Completions whose policy is remembered (for the staleness of the groups they end up in): far
+# more than the environment keeps queued (max_batches_offpolicy batches). Each is kept as a
+# hash of its tokens, a few dozen bytes.
+REMEMBERED = 65_536
 
 
 @dataclass
@@ -76,6 +81,8 @@ class InferenceFace:
         self.stats = FaceStats()
         self._sampler: Any = None
         self.version = 0
+        self.policy_step: int | None = None  # optimizer steps behind the policy served now
+        self._served_by: OrderedDict[int, int] = OrderedDict()  # tokens' hash -> policy
         self._open = asyncio.Event()
         self._open.set()
         self._in_flight = 0
@@ -89,9 +96,15 @@ class InferenceFace:
         """The policy new requests sample from."""
         return self._sampler
 
-    def set_sampler(self, sampler: Any) -> None:
+    def set_sampler(self, sampler: Any, policy_step: int | None = None) -> None:
         self._sampler = sampler
         self.version += 1
+        self.policy_step = policy_step
+
+    def policy_of(self, tokens: list[int]) -> int | None:
+        """The policy step that served a completion of exactly these tokens (the newest one,
+        if several did); None when the face did not serve it (or has forgotten it)."""
+        return self._served_by.get(hash(tuple(tokens)))
 
     async def drain(self, timeout_s: float) -> None:
         """Hold new requests and wait (at most `timeout_s`) for those being sampled: the
@@ -111,7 +124,7 @@ class InferenceFace:
 
     async def sample(self, prompt: list[int], sampling: shapes.Sampling) -> list[Any]:
         await self._open.wait()
-        sampler = self._sampler
+        sampler, policy_step = self._sampler, self.policy_step
         if sampler is None:
             raise BadRequest("the policy is not loaded yet")
         self._in_flight += 1
@@ -131,6 +144,13 @@ class InferenceFace:
             if not self._in_flight:
                 self._idle.set()
         sequences = list(response.sequences)
+        if policy_step is not None:
+            for sequence in sequences:
+                key = hash(tuple(int(t) for t in sequence.tokens))
+                self._served_by[key] = policy_step
+                self._served_by.move_to_end(key)
+            while len(self._served_by) > REMEMBERED:
+                self._served_by.popitem(last=False)
         self.stats.requests += 1
         self.stats.sequences += len(sequences)
         self.stats.tokens += sum(len(s.tokens) for s in sequences)

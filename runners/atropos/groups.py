@@ -55,10 +55,15 @@ class Batch:
 
 
 def read_batch(
-    groups: list[dict[str, Any]], advantage: AdvantageMode, scale_by_std: bool, context: int | None
+    groups: list[dict[str, Any]],
+    advantage: AdvantageMode,
+    scale_by_std: bool,
+    context: int | None,
+    keep_flat: bool = False,
 ) -> Batch:
     """The batch's usable sequences with their advantages; groups that teach nothing or do
-    not fit the model are dropped and counted by reason."""
+    not fit the model are dropped and counted by reason (`keep_flat`: groups of equal scores
+    stay, at advantage 0, for a teacher's signal)."""
     batch = Batch()
     sequences: list[Sequence] = []
     zeroed: set[int] = set()  # the samples the environment's overrides train with advantage 0
@@ -78,7 +83,9 @@ def read_batch(
         for i, override in enumerate(overrides[: len(scores)]):
             if isinstance(override, dict) and override.get("set_advantage_to_zero"):
                 zeroed.add(first + i)
-    advantaged = assign_advantages(sequences, advantage, scale_by_std=scale_by_std)
+    advantaged = assign_advantages(
+        sequences, advantage, scale_by_std=scale_by_std, keep_flat=keep_flat
+    )
     if advantaged.dropped_groups:
         batch.dropped["equal_scores"] += advantaged.dropped_groups
     for sequence in advantaged.sequences:

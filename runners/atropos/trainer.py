@@ -3,8 +3,10 @@
 It serves the run's current policy on a loopback inference face, starts atroposlib's own
 trajectory API and the environment (`<atropos python> FILE serve --config YAML`, in the file's
 folder) beside itself (`open_data`), registers, and then for each step: takes a batch of scored
-groups from the API (feed.py), reads them as the learner's sequences (groups.py), trains
-(runners/train/learner.py), and swaps the policy the face serves. The run ends
+groups from the API (feed.py), reads them as the learner's sequences (groups.py), drops the
+groups sampled by a policy more than max(1, max_steps_off_policy) steps old (the face knows which
+policy served each completion), trains (runners/train/learner.py), and swaps the policy the face
+serves. The run ends
 when total_steps are trained (the environment exits earlier, once enough is queued); an API
 or environment that dies while data is still needed fails the run with its log's tail.
 """
@@ -22,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 
 from core import lifecycle
-from core.atropos import METRICS_FILE_VARIABLE, OFFPOLICY_BATCHES, AtroposRunConfig
+from core.atropos import METRICS_FILE_VARIABLE, AtroposRunConfig, offpolicy_batches
 from core.models import RunStatus
 from core.run_folder import RunFolder
 from core.settings import Settings
@@ -35,6 +37,7 @@ from runners.atropos.groups import Batch, read_batch
 from runners.atropos.requests import SamplingDefaults
 from runners.atropos.rollout_records import sequence_records
 from runners.atropos.watch import EvalWatch, LogWatch, MetricsTap
+from runners.train import staleness
 from runners.train.learner import Sequence
 from runners.train.report import timed
 from runners.train.run_base import RunContext, RunnerBase
@@ -90,7 +93,7 @@ class AtroposTrainer(RunnerBase[Feed]):
             _end_ids(tokenizer),
             cfg.model_name,
         )
-        face.set_sampler(await self._snapshot(training))
+        face.set_sampler(await self.snapshot(training), self.step)
         face_url = await exits.enter_async_context(serving(face))
         exits.push_async_callback(self._retire, face)
         api, api_url = await self._start_api(exits, http, face.key)
@@ -232,7 +235,7 @@ class AtroposTrainer(RunnerBase[Feed]):
             cfg.groups_per_step,
             cfg.group_size,
             longest,
-            OFFPOLICY_BATCHES,
+            offpolicy_batches(cfg.max_steps_off_policy),
         )
 
     def _note_stall(self, details: str | None) -> None:
@@ -248,16 +251,24 @@ class AtroposTrainer(RunnerBase[Feed]):
                 groups = await self._until_stopped(feed.next_batch(step))
             with timed(times, "train"):
                 cfg = self.config
-                batch = read_batch(groups, cfg.advantage, cfg.scale_advantage_by_std, feed.context)
-                recomputed = await self.fill_logprobs(feed.face, batch.sequences)
+                batch = read_batch(
+                    groups,
+                    cfg.advantage,
+                    cfg.scale_advantage_by_std,
+                    feed.context,
+                    keep_flat=self.keep_flat_groups(run),
+                )
+                fresh = self.fresh(feed.face, batch.sequences, step)
+                recomputed = await self.fill_logprobs(feed.face, fresh.sequences)
                 local = run.backend == "local"
                 # The local backend trains on what also samples: one at a time.
                 with feed.face.paused() if local else contextlib.nullcontext():
-                    train_metrics = await self.train(run, batch.sequences)
-                    feed.face.set_sampler(await self._snapshot(run.training))
+                    train_metrics = await self.train(run, fresh.sequences)
+                    feed.face.set_sampler(await self.snapshot(run.training), step)
         self.step = step
         metrics = {
             **batch.metrics(),
+            **fresh.metrics,
             **train_metrics,
             **feed.face.stats.take(),
             **feed.log_watch.take(),
@@ -269,7 +280,7 @@ class AtroposTrainer(RunnerBase[Feed]):
         face = feed.face
         run.reporter.rollouts(
             step,
-            lambda: sequence_records(groups, batch.sequences, face.decode, face.end_ids),
+            lambda: sequence_records(groups, fresh.sequences, face.decode, face.end_ids),
             metrics,
         )
         run.reporter.step(step, self.total_steps, metrics, batch.reward_mean())
@@ -281,6 +292,19 @@ class AtroposTrainer(RunnerBase[Feed]):
             run.reporter.eval(step, evals)
         if self.checkpoint_due(step):
             await self.checkpoint(run)
+
+    def fresh(self, face: InferenceFace, sequences: list[Sequence], step: int) -> staleness.Fresh:
+        """The sequences of groups the staleness bound keeps, each tagged with the policy that
+        served its trained tokens (the oldest, over its turns), where the face served them as
+        they are (an environment that tokenized text itself may not match: untagged, kept).
+        The environment samples the next batch while a step trains, so the bound is at
+        least 1 here."""
+        for sequence in sequences:
+            served = [face.policy_of(run) for run in _trained_runs(sequence)]
+            known = [s for s in served if s is not None]
+            sequence.meta[staleness.POLICY_STEP] = min(known) if known else None
+        limit = max(1, self.config.max_steps_off_policy or 0)
+        return staleness.bound(sequences, step, limit)
 
     async def fill_logprobs(self, face: InferenceFace, sequences: list[Sequence]) -> int:
         """The sampler's logprobs for sequences the environment sent without them (it sampled
@@ -305,9 +329,6 @@ class AtroposTrainer(RunnerBase[Feed]):
             sequence.logprobs = [0.0 if v is None else float(v) for v in values]
         return len(missing)
 
-    async def _snapshot(self, training: TrainingClient) -> Any:
-        return await self._call(training.save_weights_and_get_sampling_client(), "sampler snapshot")
-
     # Teardown ------------------------------------------------------------------------------
 
     async def tear_down(self, run: Run, status: RunStatus) -> None:
@@ -326,6 +347,19 @@ class AtroposTrainer(RunnerBase[Feed]):
         env_yaml = self.work / "env.yaml"
         if env_yaml.exists():
             env_yaml.write_text(env_yaml.read_text().replace(face.key, REDACTED.decode()))
+
+
+def _trained_runs(sequence: Sequence) -> list[list[int]]:
+    """The sequence's runs of trained tokens (each one completion the face served)."""
+    runs: list[list[int]] = []
+    previous = False
+    for token, trained in zip(sequence.tokens, sequence.trained, strict=True):
+        if trained and not previous:
+            runs.append([])
+        if trained:
+            runs[-1].append(token)
+        previous = trained
+    return runs
 
 
 def _size(path: Path) -> int:

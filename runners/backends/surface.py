@@ -46,7 +46,9 @@ class TrainingClient(Protocol):
         self, name: str
     ) -> Future[types.SaveWeightsForSamplerResponse]: ...
 
-    def save_weights_and_get_sampling_client(self) -> Future[SamplingClient]: ...
+    def save_weights_and_get_sampling_client(
+        self, record_stability_info: bool = False
+    ) -> Future[SamplingClient]: ...
 
 
 class ServiceClient(Protocol):

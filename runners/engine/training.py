@@ -199,6 +199,15 @@ class LocalTrainingClient:
     ) -> LocalFuture[LocalSamplingClient]:
         return self._open_sampler(model_path, record_stability_info)
 
+    def create_base_sampling_client(self) -> LocalSamplingClient:
+        """A sampler of the base model alone on this client's loaded weights, the adapter
+        switched off (no second copy): the reference of a run's KL penalty. Ours, not
+        tinker's (there: create_sampling_client(base_model=...))."""
+        self._host.acquire()  # the sampler's own hold, as a snapshot's
+        return LocalSamplingClient(
+            self._host, None, release=self._host.release, sequences=self._sequences
+        )
+
     def load_state(self, path: str) -> LocalFuture[None]:
         """Adapter weights from a state checkpoint (the optimizer starts fresh)."""
         return submit(self._worker, self.restore, path, False)

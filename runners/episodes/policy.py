@@ -19,6 +19,9 @@ class Completion:
     tokens: list[int]
     logprobs: list[float]
     stop_reason: str  # "stop" (a stop token or string) or "length" (a limit, or the deadline)
+    # The sampler's id for it (a sampler made with record_stability_info recorded it under this
+    # id: stable_reinforce datums name it); None where the backend gave none.
+    sequence_id: str | None = None
 
 
 class SamplerPolicy:
@@ -74,7 +77,9 @@ class SamplerPolicy:
         sequence = response.sequences[0]
         tokens = list(sequence.tokens)
         logprobs = list(sequence.logprobs) if sequence.logprobs is not None else [0.0] * len(tokens)
-        return Completion(tokens, logprobs, sequence.stop_reason)
+        return Completion(
+            tokens, logprobs, sequence.stop_reason, getattr(sequence, "sequence_id", None)
+        )
 
 
 async def bounded(call: Awaitable[T], timeout_s: float | None, what: str) -> T:

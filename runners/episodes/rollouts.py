@@ -31,6 +31,7 @@ class Transition:
     reward: float
     done: bool
     metrics: dict[str, float] = field(default_factory=dict)
+    sequence_id: str | None = None  # the sampler's id for the action (Completion.sequence_id)
 
 
 @dataclass
@@ -83,7 +84,7 @@ async def run_episode(
         transitions: list[Transition] = []
         for _ in range(MAX_TURNS):
             prompt = render(observation)
-            tokens, logprobs = await policy.sample(prompt)
+            tokens, logprobs, sequence_id = await _sample(policy, prompt)
             result = await env.step(decode(tokens))
             transitions.append(
                 Transition(
@@ -93,6 +94,7 @@ async def run_episode(
                     float(result.reward),
                     result.done,
                     dict(result.metrics),
+                    sequence_id,
                 )
             )
             if result.done:
@@ -101,6 +103,17 @@ async def run_episode(
         return Episode(spec.group, spec.seed, transitions, spec.source)
     finally:
         await env.close()
+
+
+async def _sample(policy: Policy, prompt: list[int]) -> tuple[list[int], list[float], str | None]:
+    """The action, its logprobs and, from a policy that gives it (SamplerPolicy.complete), the
+    sampler's id for it."""
+    complete = getattr(policy, "complete", None)
+    if complete is None:
+        tokens, logprobs = await policy.sample(prompt)
+        return tokens, logprobs, None
+    completion = await complete(prompt)
+    return completion.tokens, completion.logprobs, completion.sequence_id
 
 
 async def collect(

@@ -4,8 +4,9 @@
     Atropos trainer (runners/atropos/): ScoredDataGroups, one per sequence ─┴─> [Sequence]
         tokens, trained mask, sampler logprobs, reward, group, sample (, own advantages)
     -> assign_advantages: grpo (group-relative) | rebn (batch-normalised returns) | own
-    -> datum per sequence (tinker's shape) -> train_on: forward_backward + optim_step
-    -> train/* metrics and the sampler/learner KL
+    -> fold_* (optional): x reward_coef, a KL penalty to a reference, a teacher's reverse KL
+    -> datum per sequence (tinker's shape; gspo's mask, stable_reinforce's provenance)
+    -> train_on: forward_backward + optim_step -> train/* metrics and the sampler/learner KL
 
 Drivers keep what is theirs: sampling or reading a batch, their data's metrics, checkpoints.
 """
@@ -31,6 +32,8 @@ AdvantageMode = Literal["grpo", "rebn"]
 # A native turn's place in its step, (sample, turn) under this meta key: how its rollout record
 # finds the advantage it was trained with.
 TURN = "turn"
+# The sampler's id for the sequence's sampled (trained) tokens: stable_reinforce's provenance.
+SEQUENCE_ID = "sequence_id"
 
 
 @dataclass
@@ -77,6 +80,7 @@ def assign_advantages(
     gamma: float = 1.0,
     limit: int | None = None,
     seed: int = 0,
+    keep_flat: bool = False,
 ) -> Advantaged:
     """Each sequence's per-token advantages (DESIGN §7), set in place; sequences that came
     with their own keep them, masked to their trained tokens.
@@ -85,6 +89,8 @@ def assign_advantages(
     groups whose returns are all equal teach nothing and are dropped. `rebn`: per-turn
     discounted returns (`gamma`) z-scored across the batch, as the GEM reference trainer
     does; with more than `limit` sequences a random subset of `limit` (`seed`) is kept.
+    `keep_flat`: what has no signal of its own is kept with advantage 0 instead (a teacher's
+    per-token signal still teaches it).
     """
     for sequence in sequences:
         if sequence.advantages is not None:
@@ -92,11 +98,15 @@ def assign_advantages(
     todo = [s for s in sequences if s.advantages is None]
     if mode == "rebn":
         dropped = _rebn(todo, gamma)
+        if keep_flat:
+            dropped = _zero_unset(todo)
         kept = [s for s in sequences if s.advantages is not None]
         if limit is not None and len(kept) > limit:
             kept = random.Random(seed).sample(kept, limit)
         return Advantaged(kept, dropped)
     dropped = sum(_grpo(members, scale_by_std) for members in _grouped(todo, "group"))
+    if keep_flat:
+        dropped = _zero_unset(todo)
     by_group = [s for members in _grouped(sequences, "group") for s in members]
     return Advantaged([s for s in by_group if s.advantages is not None], dropped)
 
@@ -123,6 +133,14 @@ def _rebn(sequences: list[Sequence], gamma: float) -> int:
     ordered = [s for turns in samples for s in turns]
     for sequence, value in zip(ordered, values, strict=True):
         sequence.advantages = _on_trained(sequence, value)
+    return 0
+
+
+def _zero_unset(sequences: list[Sequence]) -> int:
+    """Advantage 0 for those that got none (kept, not dropped): 0 groups dropped."""
+    for sequence in sequences:
+        if sequence.advantages is None:
+            sequence.advantages = _on_trained(sequence, 0.0)
     return 0
 
 
@@ -171,12 +189,77 @@ def _on_trained(sequence: Sequence, value: float | list[float]) -> list[float]:
     return [float(a) if t else 0.0 for a, t in zip(values, sequence.trained, strict=True)]
 
 
+# Other signals, folded into the advantages -----------------------------------------------
+
+
+def scale_advantages(sequences: list[Sequence], coef: float) -> None:
+    """The environment reward's share (`reward_coef`) of what is folded in next."""
+    for sequence in sequences:
+        assert sequence.advantages is not None
+        sequence.advantages = [a * coef for a in sequence.advantages]
+
+
+def fold_kl_penalty(
+    sequences: list[Sequence], reference: list[list[float]], coef: float
+) -> float | None:
+    """tinker-cookbook's `incorporate_kl_penalty`: per trained token, d_t = log p_sampler -
+    log p_reference, and the advantage gains coef * (mean d - d_t), the mean over every
+    trained token of the batch. Returns the mean d (the KL estimate; None without tokens)."""
+    diffs = _diffs(sequences, reference)
+    mean = _mean(diffs)
+    if mean is None:
+        return None
+    for sequence, diff in zip(sequences, diffs, strict=True):
+        _add(sequence, [coef * (mean - d) if d is not None else 0.0 for d in diff])
+    return mean
+
+
+def fold_teacher(
+    sequences: list[Sequence], teacher: list[list[float]], coef: float
+) -> float | None:
+    """On-policy distillation (tinker-cookbook's distillation/train_on_policy.py): per trained
+    token the reverse KL r_t = log p_sampler - log p_teacher, and the advantage gains
+    -coef * r_t. Returns the mean r (None without trained tokens)."""
+    diffs = _diffs(sequences, teacher)
+    for sequence, diff in zip(sequences, diffs, strict=True):
+        _add(sequence, [-coef * d if d is not None else 0.0 for d in diff])
+    return _mean(diffs)
+
+
+def _diffs(sequences: list[Sequence], other: list[list[float]]) -> list[list[float | None]]:
+    """Per token, the sampler's logprob minus `other`'s where it is a trained target (never
+    the first token: nothing predicts it), else None."""
+    out = []
+    for sequence, theirs in zip(sequences, other, strict=True):
+        assert sequence.logprobs is not None
+        targets = [False, *sequence.trained[1:]]
+        out.append(
+            [
+                mine - their if target else None
+                for mine, their, target in zip(sequence.logprobs, theirs, targets, strict=True)
+            ]
+        )
+    return out
+
+
+def _mean(diffs: list[list[float | None]]) -> float | None:
+    values = [d for diff in diffs for d in diff if d is not None]
+    return sum(values) / len(values) if values else None
+
+
+def _add(sequence: Sequence, values: list[float]) -> None:
+    assert sequence.advantages is not None, "advantages are assigned before signals are folded"
+    sequence.advantages = [a + v for a, v in zip(sequence.advantages, values, strict=True)]
+
+
 # Training --------------------------------------------------------------------------------
 
 
-def datum(sequence: Sequence) -> types.Datum | None:
+def datum(sequence: Sequence, loss_fn: str = "importance_sampling") -> types.Datum | None:
     """Input = tokens[:-1], target = tokens[1:]; the sampler's logprobs and the advantages sit
-    on the trained targets only. None when no target is trained."""
+    on the trained targets only. None when no target is trained. `gspo` also gets its
+    sequence_ratio_mask (the trained targets), `stable_reinforce` the provenance spans naming
+    the sampled sequence (SEQUENCE_ID in meta), as tinker-cookbook builds them."""
     targets = sequence.trained[1:]
     if not any(targets):
         return None
@@ -185,13 +268,50 @@ def datum(sequence: Sequence) -> types.Datum | None:
     sampled = [lp if t else 0.0 for lp, t in zip(sequence.logprobs[1:], targets, strict=True)]
     # As Datum would convert plain lists (int64 targets, float32 values), done here so the
     # values have the type its field declares.
-    return types.Datum(
-        model_input=types.ModelInput.from_ints(sequence.tokens[:-1]),
-        loss_fn_inputs={
-            "target_tokens": _tensor(sequence.tokens[1:], np.int64),
-            "logprobs": _tensor(sampled, np.float32),
-            "advantages": _tensor(sequence.advantages[1:], np.float32),
-        },
+    inputs = {
+        "target_tokens": _tensor(sequence.tokens[1:], np.int64),
+        "logprobs": _tensor(sampled, np.float32),
+        "advantages": _tensor(sequence.advantages[1:], np.float32),
+    }
+    if loss_fn == "gspo":
+        inputs["sequence_ratio_mask"] = _tensor([float(t) for t in targets], np.float32)
+    made = types.Datum(
+        model_input=types.ModelInput.from_ints(sequence.tokens[:-1]), loss_fn_inputs=inputs
+    )
+    return with_provenance(made, sequence) if loss_fn == "stable_reinforce" else made
+
+
+def with_provenance(made: types.Datum, sequence: Sequence) -> types.Datum:
+    """The datum's spans: its prompt (the untrained head) and its sampled tokens (the trained
+    tail) are those of the sampled sequence the sampler recorded under SEQUENCE_ID."""
+    sequence_id = sequence.meta.get(SEQUENCE_ID)
+    prompt = sequence.trained.index(True)
+    sampled = len(sequence.tokens) - prompt
+    if sequence_id is None or sequence.trained != [False] * prompt + [True] * sampled:
+        raise ValueError(
+            "stable_reinforce trains sequences the sampler recorded: each needs its sampled "
+            "sequence's id and one run of sampled tokens after its prompt"
+        )
+
+    def spans(
+        prompt_from: int, prompt_length: int, sampled_length: int
+    ) -> list[types.PromptProvenanceSpan | types.SampledProvenanceSpan]:
+        out: list[types.PromptProvenanceSpan | types.SampledProvenanceSpan] = []
+        if prompt_length:
+            out.append(
+                types.PromptProvenanceSpan(
+                    sequence_id=sequence_id, offset=prompt_from, length=prompt_length
+                )
+            )
+        if sampled_length:
+            out.append(types.SampledProvenanceSpan(sequence_id=sequence_id, length=sampled_length))
+        return out
+
+    # Inputs are tokens[:-1] (the prompt, then the sampled tokens but the last); targets are
+    # tokens[1:] (the prompt from its second token, then every sampled token).
+    return made.with_provenance(
+        model_input=spans(0, prompt, sampled - 1),
+        loss_fn_inputs=spans(1, prompt - 1, sampled),
     )
 
 
@@ -213,7 +333,7 @@ async def train_on(
     kept: list[Sequence] = []
     datums: list[types.Datum] = []
     for sequence in sequences:
-        made = datum(sequence)
+        made = datum(sequence, loss_fn)
         if made is not None:
             kept.append(sequence)
             datums.append(made)
@@ -225,11 +345,18 @@ async def train_on(
     await bounded(optim, timeout_s, "optim_step")
     tokens = sum(sum(s.trained[1:]) for s in kept)
     loss_sum = float(result.metrics.get("loss:sum", 0.0))
+    # The loss's own counts (stable_reinforce: its masked and truncated tokens).
+    own = {
+        f"train/{key.removesuffix(':sum')}": float(value)
+        for key, value in result.metrics.items()
+        if key.endswith(":sum") and key != "loss:sum"
+    }
     return {
         "train/loss": loss_sum / max(1, tokens),
         "train/loss_sum": loss_sum,
         "train/num_datums": float(len(datums)),
         "train/num_action_tokens": float(tokens),
+        **own,
         **kl_metrics(kept, result.loss_fn_outputs),
     }
 

@@ -1,10 +1,13 @@
 """The training runner: `python -m runners.train --run-dir DIR` is what a run is.
 
 It reads DIR/config.json (the RunSpec frozen by the server), records its progress in the
-database, and runs the RL loop, one step at a time: sample with the current weights -> the
-episodes' turns as the learner's sequences -> advantages -> forward_backward + optim_step
-(runners/train/learner.py) -> record; checkpoints and evaluations between steps. SIGTERM ends
-it cleanly with a checkpoint.
+database, and runs the RL loop, one step at a time: take the step's episodes, sampled from the
+newest weights by a producer that runs at most `max_steps_off_policy` steps ahead (pipeline.py;
+0: sampled after the previous step trained) -> the episodes' turns as the learner's sequences
+-> groups too far off policy dropped -> advantages -> forward_backward + optim_step
+(runners/train/learner.py) -> record; checkpoints and evaluations between steps; the new
+weights go to the producer as the next step starts. SIGTERM ends it cleanly with a checkpoint
+of the last trained step.
 """
 
 from __future__ import annotations
@@ -35,7 +38,9 @@ from runners.episodes.policy import SamplerPolicy
 from runners.episodes.render import Renderer
 from runners.episodes.rollouts import Collected, Episode, mean_return
 from runners.episodes.sources import env_context, load_sources
-from runners.train.learner import TURN, Advantaged, Sequence, assign_advantages
+from runners.train import staleness
+from runners.train.learner import SEQUENCE_ID, TURN, Advantaged, Sequence, assign_advantages
+from runners.train.pipeline import Pipeline
 from runners.train.report import timed
 from runners.train.rollout_records import episode_records
 from runners.train.run_base import RunContext, RunnerBase
@@ -62,6 +67,9 @@ class Trainer(RunnerBase[Collector]):
         self.sources = sources
         self.config = config
         self.seeds = RunSeeds(config.seed)
+        self.bound = config.max_steps_off_policy or 0
+        self.pipeline: Pipeline[Collected] | None = None
+        self.published = 0  # the newest policy (optimizer steps) the producer samples from
 
     # Set-up --------------------------------------------------------------------------------
 
@@ -71,26 +79,49 @@ class Trainer(RunnerBase[Collector]):
     async def open_data(
         self, backend: str, training: TrainingClient, exits: contextlib.AsyncExitStack
     ) -> Collector:
-        """The collector: the run's environments, rendered with the model's tokenizer."""
+        """The collector (the run's environments, rendered with the model's tokenizer), and
+        the producer that samples its steps' episodes, started from the current weights."""
         # A heavy import (transformers), here so `--help` stays light.
         from runners.models.loading import load_tokenizer
 
         cfg = self.config
         tokenizer = load_tokenizer(cfg.model_name, self.settings.models_dir)
         renderer = Renderer(tokenizer, cfg.prompt_template, cfg.system_prompt)
-        return Collector(self.sources, renderer, concurrency_for(cfg, backend))
+        collector = Collector(self.sources, renderer, concurrency_for(cfg, backend))
+        self.pipeline = Pipeline(
+            lambda step, _policy_step, sampler: self.sample(collector, step, sampler),
+            bound=self.bound,
+            steps=range(self.step + 1, self.total_steps + 1),
+        )
+        exits.push_async_callback(self.pipeline.close)
+        self.pipeline.start(self.step, await self.snapshot(training))
+        self.published = self.step
+        return collector
 
     # One step ------------------------------------------------------------------------------
 
     async def train_step(self, run: Run, step: int) -> None:
+        assert self.pipeline is not None
         times: dict[str, float] = {}
         with timed(times, "step"):
-            with timed(times, "sample"):
-                collected = await self.sample(run, step)
+            if step - 1 > self.published:
+                # The weights the last step trained, after its checkpoint and evaluation (as
+                # the synchronous loop always took them): the producer samples on from them.
+                await self.pipeline.publish(step - 1, await self.snapshot(run.training))
+                self.published = step - 1
+            with timed(times, "wait"):
+                produced = await self._until_stopped(self.pipeline.take(step))
+            collected = produced.batch
+            times["time/sample_s"] = produced.sample_s
             with timed(times, "train"):
-                advantaged = self.advantages(run.data.usable(collected), step)
+                sequences = sequences_of(run.data.usable(collected), produced.policy_step)
+                fresh = staleness.bound(sequences, step, self.bound)
+                advantaged = self.advantages(fresh.sequences, step, self.keep_flat_groups(run))
                 train_metrics = await self.train(run, advantaged.sequences)
         self.step = step
+        if not self.bound:  # a synchronous run: its wait is its sampling, its groups on policy
+            times.pop("time/wait_s")
+        off_policy = fresh.metrics if self.bound else {}
         r = run.data.renderer
         run.reporter.rollouts(
             step,
@@ -102,7 +133,12 @@ class Trainer(RunnerBase[Collector]):
             run,
             step,
             collected,
-            {**train_metrics, "sampler/dropped_groups": advantaged.dropped_groups, **times},
+            {
+                **train_metrics,
+                "sampler/dropped_groups": advantaged.dropped_groups,
+                **off_policy,
+                **times,
+            },
         )
         cfg = self.config
         if self.checkpoint_due(step):
@@ -110,13 +146,10 @@ class Trainer(RunnerBase[Collector]):
         if cfg.steps_per_eval and step % cfg.steps_per_eval == 0:
             await self.evaluate(run)
 
-    async def sample(self, run: Run, step: int) -> Collected:
-        """The step's episodes, sampled from a snapshot of the current weights."""
-        sampler = await self._call(
-            run.training.save_weights_and_get_sampling_client(), "sampler snapshot"
-        )
-        policy = self._policy(run, sampler, self.seeds.sampling(step))
-        collected = await self._until_stopped(run.data.train_batch(policy, step))
+    async def sample(self, collector: Collector, step: int, sampler: SamplingClient) -> Collected:
+        """Step `step`'s episodes (its tasks, its seeds), sampled from `sampler`."""
+        policy = self._policy(collector.renderer, sampler, self.seeds.sampling(step))
+        collected = await collector.train_batch(policy, step)
         if not collected.episodes and collected.failed:
             raise RuntimeError(
                 f"every episode of step {step} failed ({collected.failed}), e.g. "
@@ -131,16 +164,19 @@ class Trainer(RunnerBase[Collector]):
             )
         return collected
 
-    def advantages(self, episodes: list[Episode], step: int) -> Advantaged:
-        """The episodes' turns with their advantages, and the groups dropped (no signal)."""
+    def advantages(
+        self, sequences: list[Sequence], step: int, keep_flat: bool = False
+    ) -> Advantaged:
+        """The turns with their advantages, and the groups dropped (no signal)."""
         cfg = self.config
         return assign_advantages(
-            sequences_of(episodes),
+            sequences,
             cfg.advantage,
             scale_by_std=cfg.scale_advantage_by_std,
             gamma=cfg.gamma,
             limit=cfg.batch_size,  # rebn: transitions per step
             seed=self.seeds.subset(step),
+            keep_flat=keep_flat,
         )
 
     def record(self, run: Run, step: int, collected: Collected, metrics: dict[str, float]) -> None:
@@ -162,7 +198,7 @@ class Trainer(RunnerBase[Collector]):
         sampler = await self._call(
             run.training.save_weights_and_get_sampling_client(), "sampler snapshot"
         )
-        policy = self._policy(run, sampler, self.seeds.evaluation(self.step))
+        policy = self._policy(run.data.renderer, sampler, self.seeds.evaluation(self.step))
         collected = await self._until_stopped(run.data.eval_batch(policy))
         metrics = run.data.metrics(collected.episodes, "eval")
         metrics["eval/failed_episodes"] = collected.failed
@@ -171,8 +207,11 @@ class Trainer(RunnerBase[Collector]):
     # Teardown ------------------------------------------------------------------------------
 
     async def tear_down(self, run: Run, status: RunStatus) -> None:
-        """A last checkpoint (also on a stop), a last evaluation when one is due, W&B closed."""
+        """Sampling ahead cancelled; a last checkpoint (also on a stop: of the last trained
+        step), a last evaluation when one is due, W&B closed."""
         cfg = self.config
+        if self.pipeline is not None:
+            await self.pipeline.close()
         await self.checkpoint(run, final=status == RunStatus.succeeded)
         due = cfg.steps_per_eval and cfg.total_steps % cfg.steps_per_eval != 0
         if status == RunStatus.succeeded and due:
@@ -181,7 +220,7 @@ class Trainer(RunnerBase[Collector]):
 
     # Helpers -------------------------------------------------------------------------------
 
-    def _policy(self, run: Run, sampler: SamplingClient, seed: int) -> SamplerPolicy:
+    def _policy(self, renderer: Renderer, sampler: SamplingClient, seed: int) -> SamplerPolicy:
         cfg = self.config
         return SamplerPolicy(
             sampler,
@@ -189,15 +228,16 @@ class Trainer(RunnerBase[Collector]):
             temperature=cfg.temperature,
             top_p=cfg.top_p,
             top_k=cfg.top_k,
-            stop=run.data.renderer.stop_token_ids(),
+            stop=renderer.stop_token_ids(),
             seed=seed,
             timeout_s=self.settings.backend_call_timeout_s,
         )
 
 
-def sequences_of(episodes: list[Episode]) -> list[Sequence]:
+def sequences_of(episodes: list[Episode], policy_step: int | None = None) -> list[Sequence]:
     """Each turn as one learner sequence: its prompt, then the action trained on; the turns of
-    an episode are one sample of its group."""
+    an episode are one sample of its group. Meta: the policy that sampled it, its sampled
+    sequence's id."""
     out = []
     for index, episode in enumerate(episodes):
         for turn, t in enumerate(episode.transitions):
@@ -210,7 +250,11 @@ def sequences_of(episodes: list[Episode]) -> list[Sequence]:
                     reward=t.reward,
                     group=episode.group,
                     sample=index,
-                    meta={TURN: (index, turn)},
+                    meta={
+                        TURN: (index, turn),
+                        staleness.POLICY_STEP: policy_step,
+                        SEQUENCE_ID: t.sequence_id,
+                    },
                 )
             )
     return out

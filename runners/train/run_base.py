@@ -1,7 +1,8 @@
 """What every run's runner does around its loop, whatever it trains on (our environments, or an
 Atropos environment in processes of its own): one `open_run` (the backend, a training client
-fresh or resumed from a state checkpoint, reporting, the driver's data), the step loop and its
-SIGTERM stop, checkpoints, one learner step (runners/train/learner.py).
+fresh or resumed from a state checkpoint, reporting, the scorers of a KL penalty or a teacher,
+the driver's data), the step loop and its SIGTERM stop, checkpoints, one learner step
+(runners/train/learner.py).
 """
 
 from __future__ import annotations
@@ -21,12 +22,13 @@ from core.training_config import TrainingConfig
 from runners.episodes.policy import bounded
 from runners.train.learner import Sequence, train_on
 from runners.train.resume import loadable_state
+from runners.train.scorers import Scorers, open_scorers
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
     from tinker import types
 
-    from runners.backends.surface import ServiceClient, TrainingClient
+    from runners.backends.surface import SamplingClient, ServiceClient, TrainingClient
     from runners.train.report import Reporter
 
 log = logging.getLogger("runner")
@@ -43,6 +45,8 @@ class RunContext(Generic[D]):
     reporter: Reporter
     adam: types.AdamParams
     data: D  # the driver's own (`RunnerBase.open_data`)
+    # What is folded into the advantages besides the reward (None: nothing).
+    scorers: Scorers | None = None
 
 
 class Stopped(Exception):
@@ -129,8 +133,11 @@ class RunnerBase(Generic[D]):
         exits.callback(reporter.settle_cost)  # the run's last seconds, however it ends
         training = await self.open_training(service, reporter)
         adam = types.AdamParams(learning_rate=cfg.learning_rate, beta1=0.9, beta2=0.95, eps=1e-8)
+        scorers = await open_scorers(
+            cfg, service, training, self.engine, self.settings.backend_call_timeout_s
+        )
         data = await self.open_data(backend, training, exits)
-        return RunContext(backend, training, reporter, adam, data)
+        return RunContext(backend, training, reporter, adam, data, scorers)
 
     async def open_training(self, service: ServiceClient, reporter: Reporter) -> TrainingClient:
         """A training client: fresh, or from the checkpoint this attempt resumes (a resume of
@@ -162,9 +169,11 @@ class RunnerBase(Generic[D]):
     # The learner ---------------------------------------------------------------------------
 
     async def train(self, run: RunContext[D], sequences: list[Sequence]) -> dict[str, float]:
-        """One optimizer step on `sequences` with the run's loss; its train/* metrics."""
+        """One optimizer step on `sequences` (advantages assigned) with the run's loss, after
+        the scorers' signals are folded into their advantages; train/*, kl/, teacher/ metrics."""
         cfg = self.training_config
-        return await train_on(
+        folded = await run.scorers.fold(sequences) if run.scorers is not None else {}
+        metrics = await train_on(
             run.training,
             sequences,
             cfg.loss_fn,
@@ -172,6 +181,21 @@ class RunnerBase(Generic[D]):
             run.adam,
             timeout_s=self.settings.backend_call_timeout_s,
         )
+        return {**folded, **metrics}
+
+    def keep_flat_groups(self, run: RunContext[D]) -> bool:
+        """Whether groups whose rewards are all equal still train (a teacher scores them)."""
+        return run.scorers is not None and run.scorers.keeps_flat_groups
+
+    async def snapshot(self, training: TrainingClient) -> SamplingClient:
+        """A sampler of the current weights; stable_reinforce's records what it samples."""
+        record = self.training_config.loss_fn == "stable_reinforce"
+        call = (
+            training.save_weights_and_get_sampling_client(record_stability_info=True)
+            if record
+            else training.save_weights_and_get_sampling_client()
+        )
+        return await self._call(call, "sampler snapshot")
 
     # Between steps -------------------------------------------------------------------------
 

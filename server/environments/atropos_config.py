@@ -33,8 +33,8 @@ LOCKED_REASONS = {
     "tokenizer as a local folder",
     "rollout_server_url": "each run starts its own trajectory API on a loopback port",
     "batch_size": "it is groups_per_step x group_size (edit those)",
-    "max_batches_offpolicy": "the server keeps the environment at most one batch ahead of the "
-    "policy it trains",
+    "max_batches_offpolicy": "the server keeps the environment max_steps_off_policy batches "
+    "ahead of the policy it trains (at least one)",
     "data_path_to_save_groups": "the runner reads the groups from the trajectory API",
     "data_dir_to_save_evals": "evaluations are written into the run's folder",
     "openai": "the environment samples from the run's own policy, served on a loopback port "
@@ -76,7 +76,11 @@ class AtroposConfigSchema(ConfigSchema):
         # Training fields first, as for ours; the environment's own after them.
         out = trained.model_dump(mode="json")
         out.update({k: v for k, v in theirs.items() if k not in out})
-        out.update(locked_env_values(int(out["group_size"]), trained.groups_per_step))
+        out.update(
+            locked_env_values(
+                int(out["group_size"]), trained.groups_per_step, trained.max_steps_off_policy
+            )
+        )
         return out
 
     def locked_reason(self, name: str) -> str:

@@ -121,6 +121,14 @@ class ConfigService:
         """422 when the backend that will run `config` cannot serve its model."""
         self._models.check(config.model_name, config.backend, "model_name", purpose)
 
+    def check_model_name(self, model: str, backend: str, field: str, purpose: str) -> None:
+        """422 naming `field` when `backend` cannot serve `model` (a teacher, say)."""
+        self._models.check(model, backend, field, purpose)
+
+    def backend_of(self, backend: str) -> str:
+        """The backend a config's `backend` (auto, local, tinker) resolves to here."""
+        return self._models.backend_for(backend)
+
     def _validated(self, config_schema: ConfigSchema, values: dict[str, Any]) -> Resolved:
         return _validate(config_schema, self._with_model_default(config_schema, values))
 

@@ -28,6 +28,7 @@ from server.environments.configs import ConfigService, Resolved
 from server.errors import Conflict, InvalidValue, NotFound
 from server.launch.launchers import Launchers
 from server.runs.metrics import MetricsService
+from server.runs.references import References
 from server.runs.schemas import (
     CheckpointOut,
     RunCreatedOut,
@@ -91,6 +92,7 @@ class RunService:
         self._configs = configs
         self._metrics = metrics
         self._views = RunViews(settings, metrics)
+        self._references = References(engine, configs)
         self._launchers = launchers
         self._wake = wake_supervisor
 
@@ -126,7 +128,9 @@ class RunService:
 
     def plan(self, entry: EnvEntry, config: Resolved, **row: Any) -> PlannedRun:
         """A run's row and frozen spec for a validated config (`row`: extra Run fields);
-        nothing is written until `launch`."""
+        nothing is written until `launch`. Run references (kl_reference, teacher) are
+        checked and pinned to their step."""
+        config = config.model_copy(update=self._references.pins(config.model_dump(mode="json")))
         values = config.model_dump(mode="json")
         config_hash = hash_config(values)
         assert entry.class_name is not None  # resolve() imported it
@@ -345,6 +349,7 @@ class RunService:
         checkpoint = self.state_checkpoint(run_id, checkpoint_step)
         spec = self.spec(run)
         _, config = self._configs.revalidate(run.environment, spec.config, overrides)
+        config = config.model_copy(update=self._references.pins(config.model_dump(mode="json")))
         # A field added since the run was frozen, left unset, is no change to its config.
         values = {
             k: v

@@ -14,7 +14,7 @@ import openai
 import pytest
 
 from runners.atropos.face import InferenceFace, serving
-from runners.atropos.requests import BadRequest, SamplingDefaults, stop_param
+from runners.atropos.requests import BadRequest, SamplingDefaults, sampling_from, stop_param
 from runners.engine.local import LocalServiceClient
 from runners.models.tiny import build_tiny_tokenizer
 
@@ -177,3 +177,23 @@ def test_nothing_is_served_before_a_policy_is_loaded(tmp_path: Path) -> None:
 
     answer = asyncio.run(scenario())
     assert answer.status_code == 400 and "not loaded" in answer.json()["error"]
+
+
+def test_the_face_remembers_which_policy_served_each_completion(sampler: Any) -> None:
+    """How an Atropos run knows how far off policy a group is (runners/atropos/trainer.py)."""
+    face = make_face(sampler)
+    sampling = sampling_from(
+        {"n": 2, "max_tokens": 4}, face.defaults, [END], 2, 2048, "max_tokens", 8
+    )
+
+    async def scenario() -> tuple[list[Any], list[Any]]:
+        face.set_sampler(sampler, 3)  # the policy after 3 optimizer steps
+        first = await face.sample(list(b"Hi"), sampling)
+        face.set_sampler(sampler, 4)
+        second = await face.sample(list(b"Hello"), sampling)
+        return first, second
+
+    first, second = asyncio.run(scenario())
+    assert {face.policy_of(list(s.tokens)) for s in first} <= {3, 4}  # 4: served again since
+    assert all(face.policy_of(list(s.tokens)) == 4 for s in second)
+    assert face.policy_of([1, 2, 3, 999]) is None  # never served

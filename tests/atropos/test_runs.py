@@ -38,6 +38,8 @@ pytestmark = pytest.mark.slow
 
 TINY = {"model_name": "tiny-random", "lora_rank": 8, "use_wandb": False, "groups_per_step": 2}
 GOOD = ("word_echo", "chat_dialogue", "counting")
+# One run also lets its environment run 2 batches ahead, with a KL penalty and gspo.
+OWN = {"counting": {"max_steps_off_policy": 2, "kl_penalty_coef": 0.1, "loss_fn": "gspo"}}
 
 CRASHES = '''
 """Fails in its setup, as an environment whose data is missing does."""
@@ -109,7 +111,10 @@ def finished(server: LiveServer) -> Finished:
     have ended; the details each said while it was running."""
     # The one that waits longest (for RLCS_ATROPOS_START_TIMEOUT_S) starts first.
     names = ("hangs", "crashes", "flat_scores", *GOOD)
-    ids = {name: start_run(server.api, environment=name, total_steps=3, **TINY) for name in names}
+    ids = {
+        name: start_run(server.api, environment=name, total_steps=3, **TINY, **OWN.get(name, {}))
+        for name in names
+    }
     said: dict[str, str] = {}
 
     def all_ended() -> bool:
@@ -159,6 +164,14 @@ def test_a_three_step_run_records_its_rewards(
         assert max(r.get("atropos/recomputed_logprobs", 0) for r in rows) > 0
     else:  # through managed_server: the environment sent them
         assert all(r.get("atropos/recomputed_logprobs", 0) == 0 for r in rows)
+        # ... and its tokens are the face's: each group's policy is known.
+        bound = max(1, OWN.get(name, {}).get("max_steps_off_policy", 0))
+        for row in steps:
+            assert 0 <= row["sampler/steps_off_policy"] <= row["sampler/steps_off_policy_max"]
+            assert row["sampler/steps_off_policy_max"] <= bound
+            assert "sampler/untagged_groups" not in row
+    if name in OWN:
+        assert all("kl/reference" in row for row in steps)
 
 
 def test_an_environment_that_never_yields_a_group_says_so_then_fails(

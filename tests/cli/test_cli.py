@@ -119,13 +119,19 @@ class _Terminal(io.StringIO):
 
 
 class _Polls:
-    """Stands in for the client: answers GET /runs/{id} from a script of states."""
+    """Stands in for the client: answers GET /runs/{id} from a script of states, and its
+    history with what a run that samples ahead with a KL penalty records."""
 
     def __init__(self, *states: tuple[str, int]) -> None:
         self.states = list(states)
+        self.step = 0
 
-    def get(self, path: str) -> dict[str, Any]:
+    def get(self, path: str, params: dict[str, Any] | None = None) -> dict[str, Any]:
+        if path.endswith("/history"):
+            row = {"step": self.step, "sampler/steps_off_policy_max": 1.0, "kl/reference": 0.02}
+            return {"rows": [row]}
         status, step = self.states.pop(0) if len(self.states) > 1 else self.states[0]
+        self.step = step
         return {
             "run_id": "r-0000abcd",
             "status": status,
@@ -145,7 +151,10 @@ def test_watch_redraws_one_line_on_a_terminal(monkeypatch: pytest.MonkeyPatch) -
     assert watch_mod.watch(polls, args, out) == RUN_FAILED  # type: ignore[arg-type]
     text = out.getvalue()
     assert text.count("\r") == 4 and text.count("\n") == 2
-    assert "[######------------------]  1/4  25%  reward 0.25  loss 0.5  ETA 0:03" in text
+    assert (
+        "[######------------------]  1/4  25%  reward 0.25  loss 0.5  off-policy 1  kl 0.02  "
+        "ETA 0:03" in text
+    )
     assert text.rstrip().endswith("run r-0000abcd failed at step 3/4")
 
     monkeypatch.setenv("COLUMNS", "40")  # a narrow terminal: lines are cut, never wrapped
