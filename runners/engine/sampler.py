@@ -113,11 +113,15 @@ class LocalSamplingClient:
         deadline: float | None = None,
         cancel: threading.Event | None = None,
         on_token: Callable[[int, int, float], None] | None = None,
+        min_tokens: int = 0,
+        ignore_eos: bool = False,
     ) -> LocalFuture[types.SampleResponse]:
         """tinker's sample(), plus local extensions: `deadline` (a time.monotonic() value)
         after which every sequence stops where it is, with stop_reason "length", `cancel`,
-        an event that does the same at the next decode step once set, and `on_token`, called
-        with (sample index, token, logprob) on the engine thread as each token is picked."""
+        an event that does the same at the next decode step once set, `on_token`, called
+        with (sample index, token, logprob) on the engine thread as each token is picked, and
+        vLLM's `min_tokens` (no stop id can be drawn, and no stop ends a sequence, before that
+        many tokens) and `ignore_eos` (end-of-sequence ids are not stops)."""
         unsupported = {
             "topk_prompt_logprobs": topk_prompt_logprobs,
             "topk_sample_logprobs": topk_sample_logprobs,
@@ -138,6 +142,8 @@ class LocalSamplingClient:
             deadline,
             cancel,
             on_token,
+            min_tokens,
+            ignore_eos,
         )
 
     def compute_logprobs(
@@ -171,6 +177,8 @@ class LocalSamplingClient:
         deadline: float | None = None,
         cancel: threading.Event | None = None,
         on_token: Callable[[int, int, float], None] | None = None,
+        min_tokens: int = 0,
+        ignore_eos: bool = False,
     ) -> LocalFuture[types.SampleResponse]:
         tokens = _prompt_tokens(prompt, self._vocab)
         limit = self._host.max_positions
@@ -185,7 +193,11 @@ class LocalSamplingClient:
             raise ValueError(f"temperature must be >= 0, got {params.temperature}")
         if not 0 < params.top_p <= 1:
             raise ValueError(f"top_p must lie in (0, 1], got {params.top_p}")
-        stop_ids, stop_strings = _stops(params.stop, self._eos)
+        if isinstance(min_tokens, bool) or not isinstance(min_tokens, int) or min_tokens < 0:
+            raise ValueError(f"min_tokens must be a non-negative integer, got {min_tokens!r}")
+        if min_tokens > max_tokens:
+            raise ValueError(f"min_tokens ({min_tokens}) must not exceed max_tokens ({max_tokens})")
+        stop_ids, stop_strings = _stops(params.stop, set() if ignore_eos else self._eos)
         seed = params.seed if params.seed is not None else random.SystemRandom().randrange(2**62)
         rows = []
         for index in range(num_samples):
@@ -199,6 +211,7 @@ class LocalSamplingClient:
                     stop_ids=stop_ids,
                     stop_strings=stop_strings,
                     seed=_row_seed(seed, index),
+                    min_tokens=min_tokens,
                     deadline=deadline,
                     cancel=cancel,
                     on_token=partial(on_token, index) if on_token is not None else None,
