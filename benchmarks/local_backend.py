@@ -580,6 +580,12 @@ def main() -> None:
         "--repeats", type=int, default=3, help="rounds of each timing (the best counts)"
     )
     parser.add_argument("--device", default="auto")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=0,
+        help="torch's intra-op threads for every route (0: torch's default, one per core)",
+    )
     parser.add_argument("--sampling-dtype", default="auto")
     parser.add_argument("--models-dir", default="var/models")
     parser.add_argument("--episodes", type=int, default=64)
@@ -617,6 +623,8 @@ def main() -> None:
         "--e2e-steps", type=int, default=0, help="then time a real run through the server"
     )
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     print(
         f"# local backend benchmark: {os.cpu_count()} CPU cores, torch {torch.__version__} "
         f"({torch.get_num_threads()} threads), {platform.processor() or platform.machine()}, "
