@@ -61,6 +61,18 @@ RANDOM_SHAPES = {
         tie_word_embeddings=True,
         max_position_embeddings=32768,
     ),
+    "random-7b": dict(  # Qwen2.5-7B
+        model_type="qwen2",
+        hidden_size=3584,
+        intermediate_size=18944,
+        num_hidden_layers=28,
+        num_attention_heads=28,
+        num_key_value_heads=4,
+        vocab_size=152064,
+        tie_word_embeddings=False,
+        max_position_embeddings=32768,
+        rope_theta=1000000.0,
+    ),
 }
 
 
@@ -73,7 +85,9 @@ def build_random(alias: str, folder: Path) -> str:
     shape = dict(RANDOM_SHAPES[alias])
     config = AutoConfig.for_model(shape.pop("model_type"), **shape)
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    # Initialised on the GPU where there is one (a 7B model takes minutes on a CPU).
+    with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
     path = folder / alias
     model.save_pretrained(path)
     build_tiny_tokenizer().save_pretrained(path)
@@ -458,7 +472,7 @@ def measure_backend(
     )
     # The service's default for this device and shape (microbatch_budget.py) is always timed.
     default_budget = trainer._tokens_per_microbatch
-    budgets = [int(b) for b in args.tokens_per_microbatch.split(",")]
+    budgets = [int(b) for b in args.tokens_per_microbatch.split(",") if b]
     trained: dict[int, tuple[float, float, int, float, float] | None] = {}
     for budget in sorted({*budgets, default_budget}):
         trainer._tokens_per_microbatch = budget
@@ -595,7 +609,7 @@ def main() -> None:
         "--tokens-per-microbatch",
         default="4096",
         help="comma-separated training micro-batch budgets; the service's default for the "
-        "device and model (4096 on the CPU) is timed too",
+        "device and model (4096 on the CPU) is timed too ('': the default alone)",
     )
     parser.add_argument(
         "--static",

@@ -171,10 +171,17 @@ def test_min_tokens_and_ignore_eos_decode_exact_lengths(client, runs) -> None:
 
 
 def test_a_stream_whose_client_leaves_frees_the_worker(client, server: LiveServer) -> None:
-    """SmolLM2 on the CPU tells a long story slowly enough to leave in the middle of it."""
+    """SmolLM2 on the CPU tells a long story slowly enough to leave in the middle of it (with
+    ignore_eos, so that the story cannot end on its own first)."""
     story = [{"role": "user", "content": "Tell me a very long story about a river."}]
     stream = client.chat.completions.create(
-        model=SMOLLM2, messages=story, max_tokens=4000, temperature=0.7, seed=1, stream=True
+        model=SMOLLM2,
+        messages=story,
+        max_tokens=4000,
+        temperature=0.7,
+        seed=1,
+        stream=True,
+        extra_body={"ignore_eos": True},
     )
     pieces = iter(stream)
     wait_for(lambda: next(pieces).choices[0].delta.content, 120)  # the story is under way
