@@ -208,8 +208,11 @@ def per_step(routes: dict[str, Callable[[int], float]], new_tokens: int, rounds:
                 peak[label] = max(peak[label], torch.cuda.max_memory_allocated() / 2**30)
             one[label].append(timer(1))
     return {
-        label: (min(full[label]), (min(full[label]) - min(one[label])) / (new_tokens - 1) * 1e3,
-                peak[label])
+        label: (
+            min(full[label]),
+            (min(full[label]) - min(one[label])) / (new_tokens - 1) * 1e3,
+            peak[label],
+        )
         for label in routes
     }
 

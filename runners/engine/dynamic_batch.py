@@ -83,7 +83,9 @@ class DynamicCacheBatch:
         if passes.banning:
             ban = (
                 self._tensor(ban_lists(rows), torch.long),
-                self._tensor([r.banning and len(r.tokens) < r.min_tokens for r in rows], torch.bool),
+                self._tensor(
+                    [r.banning and len(r.tokens) < r.min_tokens for r in rows], torch.bool
+                ),
             )
         picked = select_tokens(
             self._logits,

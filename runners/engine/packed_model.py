@@ -395,7 +395,11 @@ class PackedModel:
 
 
 def _norm_weight(norm: nn.Module | None, dtype: torch.dtype) -> torch.Tensor | None:
-    return None if norm is None else norm.weight.detach().to(dtype)  # type: ignore[union-attr]
+    if norm is None:
+        return None
+    weight = norm.weight
+    assert isinstance(weight, torch.Tensor)
+    return weight.detach().to(dtype)
 
 
 def _module_name(model: nn.Module, module: nn.Module) -> str:

@@ -17,11 +17,11 @@ from runners.engine import scheduler as engine
 from runners.engine.batch import Row
 from runners.engine.dynamic_batch import DynamicCacheBatch
 from runners.engine.host import ModelHost
+from runners.engine.local import LocalServiceClient
 from runners.engine.packed_model import PackedModel, packable
 from runners.engine.sampling_model import SamplingModel
 from runners.engine.slot_batch import SlotBatch, SlotCache
 from runners.models.tiny import build_tiny_tokenizer
-from runners.engine.local import LocalServiceClient
 
 ATOL = 2e-5  # float32 rounding of a different but equivalent order of operations
 
@@ -181,7 +181,9 @@ def _drain(batch, rows: list[Row]) -> None:
 
 
 @pytest.mark.parametrize(
-    "settings", [{}, {"top_k": 5, "top_p": 0.8}, {"temperature": 0.0}], ids=["plain", "nucleus", "greedy"]
+    "settings",
+    [{}, {"top_k": 5, "top_p": 0.8}, {"temperature": 0.0}],
+    ids=["plain", "nucleus", "greedy"],
 )
 def test_packed_slot_batch_samples_what_the_transformers_batch_samples(trainer, settings):
     _nudge(trainer._host)
@@ -193,7 +195,10 @@ def test_packed_slot_batch_samples_what_the_transformers_batch_samples(trainer, 
     want, got = _rows(**settings), _rows(**settings)
     _drain(
         DynamicCacheBatch(
-            reference.module, pad_id=0, device=trainer._host.device, decode=trainer.get_tokenizer().decode
+            reference.module,
+            pad_id=0,
+            device=trainer._host.device,
+            decode=trainer.get_tokenizer().decode,
         ),
         want,
     )
