@@ -7,9 +7,10 @@ gate and up; under each (and under o, down and the unembedding) sit the adapter'
 one product gives the base output and the adapter's `x A^T` together. The adapters' B
 products of a group are one more product (a block-diagonal B, the LoRA scale folded in),
 added to the base output in the same call (`addmm`). Rotary is one batched product per layer
-(each position's rotation as a [head_dim, head_dim] matrix), the KV write one scatter each for
-keys and values into the slot cache, attention one SDPA call with the query heads grouped
-under their key/value head. Without an adapter the A and B parts are skipped.
+(each position's rotation as a [head_dim, head_dim] matrix; three elementwise operations on
+the CPU), the KV write one indexed copy each for keys and values into the slot cache,
+attention one SDPA call with the query heads grouped under their key/value head. Without an
+adapter the A and B parts are skipped.
 
 Loading an adapter copies its A and B into those rows and blocks (no new tensors, so captured
 CUDA graphs stay valid); nothing is merged into the base weights, so updates smaller than a
@@ -152,14 +153,15 @@ class _Layer:
     down: _Group
 
 
-def _normalize(x: torch.Tensor, eps: float) -> torch.Tensor:
+def _normalize(x: torch.Tensor, eps: float, eps_tensor: torch.Tensor) -> torch.Tensor:
     """RMSNorm without its weight, the mean square in float32 (as transformers computes it):
     one fused kernel on CUDA; on the CPU, where F.rms_norm is about ten operations (a float32
-    copy of `x` among them), a norm and a product."""
+    copy of `x` among them), a norm, one tiny fused step and a product (`eps_tensor`: `eps`
+    as a float32 scalar tensor, so that no Python number is wrapped per call)."""
     if x.is_cuda:
         return F.rms_norm(x, (x.shape[-1],), None, eps)
     norm = torch.linalg.vector_norm(x, dim=-1, keepdim=True, dtype=torch.float32)
-    scale = norm.square_().div_(x.shape[-1]).add_(eps).rsqrt_()
+    scale = torch.addcmul(eps_tensor, norm, norm, value=1.0 / x.shape[-1]).rsqrt_()
     return (x * scale).to(x.dtype)
 
 
@@ -236,14 +238,19 @@ class PackedModel:
             self.norm_out = decoder.norm.weight.detach().to(dtype)
         first = decoder.layers[0].self_attn
         self.eps = float(decoder.norm.variance_epsilon)
+        self._eps = torch.tensor(self.eps, dtype=torch.float32, device=self.device)
         self.scaling = float(first.scaling)
         self.head_dim = int(first.head_dim)
         self.heads = int(config.num_attention_heads)
         self.kv_heads = int(getattr(config, "num_key_value_heads", None) or self.heads)
         self.hidden = int(config.hidden_size)
         self._rotary = decoder.rotary_emb
-        self._rotate = _rotate_half_matrix(self.head_dim, dtype, self.device)
+        self._rotate_half = _rotate_half_matrix(self.head_dim, dtype, self.device)
         self._cos = self._sin = torch.zeros(0, self.head_dim, dtype=dtype, device=self.device)
+        # Rotary as one batched product per layer on CUDA (one kernel); on the CPU as three
+        # elementwise operations, which are as quick and, small, never wait on a second
+        # thread (a matrix product does, for milliseconds, on a loaded CPU).
+        self.matrix_rotary = self.device.type == "cuda"
         self.adapted = False
         self._loaded: AdapterWeights | None | bool = False  # False: nothing loaded yet
 
@@ -288,11 +295,24 @@ class PackedModel:
             cos, sin = self._rotary(probe, positions)
             self._cos, self._sin = cos[0].contiguous(), sin[0].contiguous()
 
-    def _rotations(self, positions: torch.Tensor) -> torch.Tensor:
-        """[tokens, head_dim, head_dim]: x @ R[t] is rotary at position t (cos and sin of HF's
-        rotary module, in the sampling dtype)."""
+    def _rotations(self, positions: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Rotary at `positions` (cos and sin of HF's rotary module, in the sampling dtype):
+        each position's rotation as a [head_dim, head_dim] matrix R (x @ R), or its cos and
+        its sin signed for `roll` ([tokens, 1, head_dim] each)."""
         cos, sin = self._cos[positions], self._sin[positions]
-        return torch.diag_embed(cos).addcmul_(self._rotate[None], sin[:, None, :])
+        if self.matrix_rotary:
+            return (torch.diag_embed(cos).addcmul_(self._rotate_half[None], sin[:, None, :]),)
+        half = self.head_dim // 2
+        signed = torch.cat([-sin[:, :half], sin[:, half:]], dim=-1)
+        return cos[:, None, :], signed[:, None, :]
+
+    def _rotate(self, qk: torch.Tensor, rotations: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        """Queries and keys [tokens, heads, head_dim] rotated: rotate_half(x) * sin is
+        roll(x, head_dim / 2) times the sin signed (-sin on the first half)."""
+        if len(rotations) == 1:
+            return torch.bmm(qk, rotations[0])
+        cos, signed = rotations
+        return torch.addcmul(qk * cos, qk.roll(self.head_dim // 2, dims=-1), signed)
 
     # ----- the forward passes -----------------------------------------------------------
 
@@ -362,21 +382,21 @@ class PackedModel:
         hidden = self._layers(F.embedding(tokens[:, 0], self.embedding), rotations, attend)
         return self._logits(hidden)
 
-    def _layers(self, h: torch.Tensor, rotations: torch.Tensor, attend) -> torch.Tensor:
+    def _layers(self, h: torch.Tensor, rotations: tuple[torch.Tensor, ...], attend) -> torch.Tensor:
         """The decoder layers on hidden states [tokens, hidden]; `attend(layer, q, k, v)`
         stores keys and values and returns the attention output [tokens, heads * head_dim]."""
         adapted = self.adapted
-        eps, dim = self.eps, self.head_dim
+        eps, eps_tensor, dim = self.eps, self._eps, self.head_dim
         q_width = self.heads * dim
         kv_width = self.kv_heads * dim
         for index, layer in enumerate(self.layers):
-            qkv = layer.qkv(_normalize(h, eps), adapted)
+            qkv = layer.qkv(_normalize(h, eps, eps_tensor), adapted)
             qk = qkv[:, : q_width + kv_width].view(len(h), -1, dim)
             if layer.q_norm is not None and layer.k_norm is not None:
                 q = F.rms_norm(qk[:, : self.heads], (dim,), layer.q_norm, eps)
                 k = F.rms_norm(qk[:, self.heads :], (dim,), layer.k_norm, eps)
                 qk = torch.cat([q, k], dim=1)
-            qk = torch.bmm(qk, rotations)
+            qk = self._rotate(qk, rotations)
             out = attend(
                 index,
                 qk[:, : self.heads],
@@ -384,14 +404,15 @@ class PackedModel:
                 qkv[:, q_width + kv_width :],
             )
             h = layer.o.add_to(h, out, adapted)
-            gate_up = layer.gate_up(_normalize(h, eps), adapted)
+            gate_up = layer.gate_up(_normalize(h, eps, eps_tensor), adapted)
             half = gate_up.shape[1] // 2
             h = layer.down.add_to(h, F.silu(gate_up[:, :half]) * gate_up[:, half:], adapted)
         return h
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
         # The final norm's weight stays a multiply: a tied unembedding is also the embedding.
-        return self.head(_normalize(hidden, self.eps) * self.norm_out, self.adapted)
+        normed = _normalize(hidden, self.eps, self._eps)
+        return self.head(normed * self.norm_out, self.adapted)
 
 
 def _norm_weight(norm: nn.Module | None, dtype: torch.dtype) -> torch.Tensor | None:

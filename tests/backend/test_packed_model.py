@@ -71,8 +71,12 @@ def _reference(host: ModelHost, ids: list[int], adapter: bool) -> torch.Tensor:
             return host.model(input_ids=batch).logits[0, -1]
 
 
-def _check_against_reference(host: ModelHost, adapter: bool, atol: float = ATOL) -> None:
+def _check_against_reference(
+    host: ModelHost, adapter: bool, atol: float = ATOL, matrix_rotary: bool | None = None
+) -> None:
     packed = PackedModel(host, torch.float32)
+    if matrix_rotary is not None:
+        packed.matrix_rotary = matrix_rotary
     packed.load(host.snapshot() if adapter else None)
     prompts = [[1, 5, 9, 2, 7], [4, 8, 3]]
     ids = torch.tensor([[1, 5, 9, 2, 7], [4, 8, 3, 0, 0]], device=host.device)
@@ -105,6 +109,14 @@ def _check_against_reference(host: ModelHost, adapter: bool, atol: float = ATOL)
 def test_packed_logits_equal_the_peft_model_in_float32(trainer, adapter):
     _nudge(trainer._host)
     _check_against_reference(trainer._host, adapter)
+
+
+def test_the_rotary_products_cuda_uses_rotate_as_the_cpu_does(trainer):
+    """Each position's rotation as a matrix (one batched product: CUDA's way) gives the same
+    numbers as the CPU's elementwise rotary."""
+    _nudge(trainer._host)
+    _check_against_reference(trainer._host, adapter=True, matrix_rotary=True)
+    _check_against_reference(trainer._host, adapter=True, matrix_rotary=False)
 
 
 @pytest.mark.parametrize(
