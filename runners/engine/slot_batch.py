@@ -114,6 +114,8 @@ class SlotCache:
 class SlotModel(Protocol):
     """What a slot batch needs of its model."""
 
+    trims: bool  # whether a step may attend to fewer columns than the cache holds
+
     @property
     def variant(self) -> object:
         """Anything a captured step depends on besides its tensors (graphs are kept per value)."""
@@ -350,14 +352,15 @@ class SlotBatch:
             self._graph(bucket, passes).replay()
         else:
             columns = self._cache.length
-            if getattr(self._model, "trims", False) and not self._ahead:
+            if self._model.trims and not self._ahead:
                 # The longest row's next position is its length so far: attend that far.
                 columns = max(len(r.prompt) + len(r.tokens) for r in live)
             with torch.no_grad():
                 self._step(bucket, passes, columns)
         read = self._read[0]
         self._read.reverse()  # the next step's copy goes to the other buffer
-        read[:, :bucket].copy_(self._out[:, :bucket], non_blocking=self._graphs)
+        # The whole buffer: a contiguous copy into pinned memory stays asynchronous.
+        read.copy_(self._out, non_blocking=self._graphs)
         event = None
         if self._graphs:
             event = torch.cuda.Event()
