@@ -111,7 +111,13 @@ def main() -> None:
     prompt = prompt_ids(tokenizer)
     pad = int(tokenizer.pad_token_id or 0)
     with tempfile.TemporaryDirectory() as tmp:
-        server = LiveServer(Path(tmp) / "var", RLCS_MODELS_DIR=str(models_dir)).start(60)
+        # A request's time budget (24 s by default) would cut rows short on a busy machine.
+        server = LiveServer(
+            Path(tmp) / "var",
+            RLCS_MODELS_DIR=str(models_dir),
+            RLCS_INFERENCE_BUDGET_S="600",
+            RLCS_INFERENCE_TIMEOUT_S="600",
+        ).start(60)
         try:
             with httpx.Client(base_url=server.url, timeout=600) as api:
                 run = start_run(api, **RUN)
