@@ -3,10 +3,9 @@ base model (as /v1 and test inference of a base model do), against the strongest
 transformers' batched `generate` on the base model (the faster of float32 and bfloat16 on the
 CPU, compiled with a static cache on CUDA), every row decoding exactly the same number of
 tokens, per decode step and overall; training tokens per second; and one RL step of the
-backend (sample, train, refresh the sampler). On a GPU also
-the ceilings measured in the same run (copy bandwidth, bf16 matrix rate), each decode step's
-memory floor and the training's share of the matrix rate; `--e2e-steps` adds a real run
-through the server on the same model.
+backend (sample, train, refresh the sampler). On a GPU also the ceilings measured in the same
+run (copy bandwidth, bf16 matrix rate), each decode step's memory floor and the training's
+share of the matrix rate; `--e2e-steps` adds a real run through the server on the same model.
 
 Run from the repo root:
     .venv/bin/python -m benchmarks.local_backend --models tiny-random,smollm2
