@@ -1,9 +1,11 @@
-"""Local backend throughput: our sampling engine against transformers' `generate` (one at a
-time, batched, and with a static cache compiled), per decode step and overall; training tokens
-per second; and one RL step of the backend (sample, train, refresh the sampler). On a GPU also
-the ceilings measured in the same run (copy bandwidth, bf16 matrix rate), each decode step's
-memory floor and the training's share of the matrix rate; `--e2e-steps` adds a real run
-through the server on the same model.
+"""Local backend throughput: our sampling engine, with an adapter (as runs sample) and on the
+base model (as /v1 and test inference of a base model do), against the strongest plain route,
+transformers' batched `generate` on the base model (the faster of float32 and bfloat16 on the
+CPU, compiled with a static cache on CUDA), every row decoding exactly the same number of
+tokens, per decode step and overall; training tokens per second; and one RL step of the
+backend (sample, train, refresh the sampler). On a GPU also the ceilings measured in the same
+run (copy bandwidth, bf16 matrix rate), each decode step's memory floor and the training's
+share of the matrix rate; `--e2e-steps` adds a real run through the server on the same model.
 
 Run from the repo root:
     .venv/bin/python -m benchmarks.local_backend --models tiny-random,smollm2
@@ -18,6 +20,7 @@ import os
 import platform
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +32,7 @@ from core.model_names import SMOLLM2, TINY_RANDOM
 from runners.engine import scheduler
 from runners.engine.dynamic_batch import left_pad
 from runners.engine.local import LocalSamplingClient, LocalServiceClient, LocalTrainingClient
+from runners.engine.packed_model import PackedModel
 from runners.models import loading
 
 ALIASES = {"tiny-random": TINY_RANDOM, "tiny": TINY_RANDOM, "smollm2": SMOLLM2}
@@ -56,6 +60,18 @@ RANDOM_SHAPES = {
         tie_word_embeddings=True,
         max_position_embeddings=32768,
     ),
+    "random-7b": dict(  # Qwen2.5-7B
+        model_type="qwen2",
+        hidden_size=3584,
+        intermediate_size=18944,
+        num_hidden_layers=28,
+        num_attention_heads=28,
+        num_key_value_heads=4,
+        vocab_size=152064,
+        tie_word_embeddings=False,
+        max_position_embeddings=32768,
+        rope_theta=1000000.0,
+    ),
 }
 
 
@@ -68,7 +84,9 @@ def build_random(alias: str, folder: Path) -> str:
     shape = dict(RANDOM_SHAPES[alias])
     config = AutoConfig.for_model(shape.pop("model_type"), **shape)
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    # Initialised on the GPU where there is one (a 7B model takes minutes on a CPU).
+    with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
     path = folder / alias
     model.save_pretrained(path)
     build_tiny_tokenizer().save_pretrained(path)
@@ -111,16 +129,17 @@ def chat_prompts(tokenizer, count: int) -> list[list[int]]:
 
 
 def time_batched(sampler: LocalSamplingClient, prompts: list[list[int]], new_tokens: int) -> float:
-    """All prompts sampled by concurrent callers (one asyncio task each), as the loop does."""
+    """All prompts sampled by concurrent callers (one asyncio task each), as the loop does;
+    every row decodes exactly `new_tokens` (end-of-sequence ignored)."""
     params = [
-        types.SamplingParams(max_tokens=new_tokens, temperature=1.0, seed=i, stop=[])
+        types.SamplingParams(max_tokens=new_tokens, temperature=1.0, seed=i)
         for i in range(len(prompts))
     ]
 
     async def run() -> list[types.SampleResponse]:
         return await asyncio.gather(
             *(
-                sampler.sample(types.ModelInput.from_ints(p), 1, params[i])
+                sampler.sample(types.ModelInput.from_ints(p), 1, params[i], ignore_eos=True)
                 for i, p in enumerate(prompts)
             )
         )
@@ -172,15 +191,29 @@ def sync() -> None:
         torch.cuda.synchronize()
 
 
-def per_step(timer, new_tokens: int) -> tuple[float, float, float]:
-    """Seconds for `new_tokens`, ms per decode step ((t(new) - t(1)) / (new - 1)), peak GiB."""
-    timer(1)
-    if torch.cuda.is_available():
-        torch.cuda.reset_peak_memory_stats()
-    full = timer(new_tokens)
-    peak = torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else 0.0
-    one = min(timer(1) for _ in range(3))
-    return full, (full - one) / (new_tokens - 1) * 1e3, peak
+def per_step(routes: dict[str, Callable[[int], float]], new_tokens: int, rounds: int) -> dict:
+    """Each route's best seconds for `new_tokens`, ms per decode step ((t(new) - t(1)) /
+    (new - 1), best of each), and peak GiB; the routes take turns, `rounds` times, so a
+    change in the machine's load falls on all of them alike."""
+    full: dict[str, list[float]] = {label: [] for label in routes}
+    one: dict[str, list[float]] = {label: [] for label in routes}
+    peak: dict[str, float] = dict.fromkeys(routes, 0.0)
+    for _ in range(rounds):
+        for label, timer in routes.items():
+            if torch.cuda.is_available():
+                torch.cuda.reset_peak_memory_stats()
+            full[label].append(timer(new_tokens))
+            if torch.cuda.is_available():
+                peak[label] = max(peak[label], torch.cuda.max_memory_allocated() / 2**30)
+            one[label].append(timer(1))
+    return {
+        label: (
+            min(full[label]),
+            (min(full[label]) - min(one[label])) / (new_tokens - 1) * 1e3,
+            peak[label],
+        )
+        for label in routes
+    }
 
 
 def time_generate(model, prompts: list[list[int]], new_tokens: int, pad_id: int) -> float:
@@ -307,11 +340,25 @@ def exactness(trainer, sampler, prompts: list[list[int]], new_tokens: int) -> tu
     return float(np.abs(diffs).max()), float(np.abs(diffs).mean()), float(diffs.mean())
 
 
-def plain_model(name: str, args: argparse.Namespace, device: str, dtype: str):
-    """The base model alone (no adapter, no peft), for the compiled `generate` baseline: the
-    strongest plain route, since it does less work than sampling with an adapter."""
-    model, _ = loading.load_model_and_tokenizer(name, Path(args.models_dir), device, dtype)
-    return model
+PLAIN_ROUTES = ("generate, plain", "generate, static")
+
+
+def plain_baselines(name: str, args: argparse.Namespace, service: LocalServiceClient) -> dict:
+    """The strongest plain routes, `generate` on the base model alone (no adapter, no peft:
+    less work than sampling through an adapter), by label: on CUDA compiled with a static
+    cache (--static), in the service's dtype; on the CPU in float32 and in bfloat16, since
+    which of the two is faster depends on the CPU and the batch."""
+    models_dir = Path(args.models_dir)
+    routes: dict[str, tuple[object, bool]] = {}
+    if torch.device(service.device).type == "cuda":
+        if args.static:
+            model, _ = loading.load_model_and_tokenizer(name, models_dir, service.device, "auto")
+            routes["generate, static cache compiled"] = (model, True)
+        return routes
+    for dtype in ("float32", "bfloat16"):
+        model, _ = loading.load_model_and_tokenizer(name, models_dir, service.device, dtype)
+        routes[f"generate, plain {dtype}"] = (model, False)
+    return routes
 
 
 def bench_model(alias: str, args: argparse.Namespace, ceilings: gpu.Ceilings | None) -> None:
@@ -365,29 +412,39 @@ def measure_backend(
         f"\n## {alias}  ({params / 1e6:.0f}M parameters, load {load_s:.1f} s, "
         f"LoRA rank {args.rank}, device {service.device}, sampling dtype {args.sampling_dtype})"
     )
-    plain = plain_model(name, args, service.device, service.dtype) if args.static else None
+    base_sampler = service.create_sampling_client(base_model=name).result()
+    baselines = plain_baselines(name, args, service)
     new = args.new_tokens
     counts = [int(c) for c in args.prompts.split(",")]
     static_counts = {int(c) for c in (args.static_prompts or args.prompts).split(",")}
     for count in counts:
         prompts = random_prompts(count, vocab) if randomised else chat_prompts(tokenizer, count)
-        routes = {"ours (continuous batching)": lambda k, p=prompts: time_batched(sampler, p, k)}
-        if args.dynamic:
-            routes["generate, batched"] = lambda k, p=prompts: time_generate_batched(
+        routes = {
+            f"ours, rank-{args.rank} adapter": lambda k, p=prompts: time_batched(sampler, p, k),
+            "ours, base model": lambda k, p=prompts: time_batched(base_sampler, p, k),
+        }
+        for label, (plain, static) in baselines.items():
+            if static and count not in static_counts:
+                continue
+            routes[label] = lambda k, p=prompts, m=plain, st=static: time_generate_batched(
+                m, p, k, pad, static=st
+            )
+        if args.peft_generate:
+            routes["generate, peft adapter"] = lambda k, p=prompts: time_generate_batched(
                 model, p, k, pad
             )
-        if plain is not None and count in static_counts:
-            routes["generate, static cache compiled"] = lambda k, p=prompts: time_generate_batched(
-                plain, p, k, pad, static=True
-            )
-        figures = {}
+        warm = {}
         for label, timer in routes.items():
             started = time.perf_counter()
             timer(new)  # warm-up (captures graphs; compiles, for the static route)
-            warm_s = time.perf_counter() - started
+            warm[label] = time.perf_counter() - started
+        timed = per_step(routes, new, args.repeats)
+        figures = {}
+        for label, (seconds, ms, peak) in timed.items():
+            plain = baselines.get(label, (None, False))[0]
             if "static" in label and getattr(plain, "_compiled_call", None) is None:
                 label += " (NOT compiled)"  # generate compiles on CUDA only
-            figures[label] = (*per_step(timer, new), warm_s)
+            figures[label] = (seconds, ms, peak, warm[label.removesuffix(" (NOT compiled)")])
         if args.one_at_a_time:
             nan = float("nan")
             figures["generate, one at a time"] = (
@@ -405,7 +462,10 @@ def measure_backend(
                 f"ours, {count} rows x 16 tokens",
                 None,
             )
-    plain = None  # its memory goes back before training
+    base_sampler.close()
+    if args.sampling_only:
+        return
+    baselines.clear()  # their memory goes back before training
     free_gpu()
     train_prompts = (
         random_prompts(args.train_sequences, vocab)
@@ -414,7 +474,7 @@ def measure_backend(
     )
     # The service's default for this device and shape (microbatch_budget.py) is always timed.
     default_budget = trainer._tokens_per_microbatch
-    budgets = [int(b) for b in args.tokens_per_microbatch.split(",")]
+    budgets = [int(b) for b in args.tokens_per_microbatch.split(",") if b]
     trained: dict[int, tuple[float, float, int, float, float] | None] = {}
     for budget in sorted({*budgets, default_budget}):
         trainer._tokens_per_microbatch = budget
@@ -477,7 +537,11 @@ def print_floor(trainer, count, prompts, new, figures, ceilings: gpu.Ceilings) -
     """Each route's ms per step against the memory floor: the sampler's weights (base and
     adapter) and the mean cached context read once per step at the measured bandwidth."""
     sampling = scheduler.scheduler_for(trainer._host)._sampling_model()
-    weights = gpu.module_bytes(sampling.module)
+    weights = (
+        sampling.nbytes()
+        if isinstance(sampling, PackedModel)
+        else gpu.module_bytes(sampling.module)
+    )
     context = sum(len(p) for p in prompts) / count + new / 2
     kv = int(count * context * gpu.kv_bytes_per_token(trainer._host.model.config))
     floor = gpu.decode_floor_ms(weights, kv, ceilings.copy_bytes_per_s)
@@ -502,18 +566,22 @@ def print_training_share(trainer, tokens_per_s: float, ceilings: gpu.Ceilings) -
 
 
 def print_sampling(count: int, new: int, prompts: list[list[int]], figures: dict) -> None:
+    """The routes' figures, and how many times faster each of ours is than the fastest
+    `generate` route (by whole-call time and by decode step)."""
     plen = sum(len(p) for p in prompts) / count
     total = count * new
-    ours_s, ours_ms, *_ = figures["ours (continuous batching)"]
+    plain = {k: v for k, v in figures.items() if k.startswith(PLAIN_ROUTES)}
+    best_s = min((v[0] for v in plain.values()), default=float("nan"))
+    best_ms = min((v[1] for v in plain.values()), default=float("nan"))
     print(f"sampling: {count} prompts (mean {plen:.0f} tokens) x {new} new tokens")
     print(
-        f"  {'route':34} {'total s':>8} {'tok/s':>9} {'ms/step':>8} {'peak GiB':>8} "
-        f"{'ours x faster':>15} {'per step':>10} {'first call s':>12}"
+        f"  {'route':36} {'total s':>8} {'tok/s':>9} {'ms/step':>8} {'peak GiB':>8} "
+        f"{'x fastest generate':>19} {'per step':>9} {'first call s':>12}"
     )
     for label, (seconds, ms, peak, warm) in figures.items():
         print(
-            f"  {label:34} {seconds:8.2f} {total / seconds:9.1f} {ms:8.2f} {peak:8.2f} "
-            f"{seconds / ours_s:14.2f}x {ms / ours_ms:9.2f}x {warm:12.1f}"
+            f"  {label:36} {seconds:8.2f} {total / seconds:9.1f} {ms:8.2f} {peak:8.2f} "
+            f"{best_s / seconds:18.2f}x {best_ms / ms:8.2f}x {warm:12.1f}"
         )
 
 
@@ -524,8 +592,16 @@ def main() -> None:
     parser.add_argument("--prompts", default="16", help="comma-separated batch sizes")
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--rank", type=int, default=8)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--repeats", type=int, default=3, help="rounds of each timing (the best counts)"
+    )
     parser.add_argument("--device", default="auto")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=0,
+        help="torch's intra-op threads for every route (0: torch's default, one per core)",
+    )
     parser.add_argument("--sampling-dtype", default="auto")
     parser.add_argument("--models-dir", default="var/models")
     parser.add_argument("--episodes", type=int, default=64)
@@ -535,7 +611,7 @@ def main() -> None:
         "--tokens-per-microbatch",
         default="4096",
         help="comma-separated training micro-batch budgets; the service's default for the "
-        "device and model (4096 on the CPU) is timed too",
+        "device and model (4096 on the CPU) is timed too ('': the default alone)",
     )
     parser.add_argument(
         "--static",
@@ -548,11 +624,12 @@ def main() -> None:
         "--static-prompts", default=None, help="batch sizes for the static route (default: all)"
     )
     parser.add_argument(
-        "--dynamic",
-        action=argparse.BooleanOptionalAction,
-        default=not cuda,
-        help="also time generate with a dynamic cache on the trainer's peft model "
-        "(default off CUDA)",
+        "--peft-generate",
+        action="store_true",
+        help="also time generate on the trainer's peft model (the adapter through peft)",
+    )
+    parser.add_argument(
+        "--sampling-only", action="store_true", help="time sampling alone (no training)"
     )
     parser.add_argument(
         "--one-at-a-time", action="store_true", help="also time generate one prompt at a time"
@@ -562,6 +639,8 @@ def main() -> None:
         "--e2e-steps", type=int, default=0, help="then time a real run through the server"
     )
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     print(
         f"# local backend benchmark: {os.cpu_count()} CPU cores, torch {torch.__version__} "
         f"({torch.get_num_threads()} threads), {platform.processor() or platform.machine()}, "

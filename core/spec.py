@@ -101,6 +101,10 @@ class ChatJob(_Frozen):
     seed: int | None = None
     stream: bool = False
     deadline: float | None = Field(None, description="epoch seconds; sampling stops there")
+    # vLLM's: no stop (end of turn, stop string) before `min_tokens` tokens; `ignore_eos`:
+    # the end of turn does not stop (local backend only).
+    min_tokens: int = Field(0, ge=0)
+    ignore_eos: bool = False
 
 
 class WarmJob(_Frozen):

@@ -148,11 +148,40 @@ def test_seeded_text_the_stream_and_a_stop_string_agree(client, runs) -> None:
     assert events[-1].choices[0].finish_reason == "stop"
 
 
+def test_min_tokens_and_ignore_eos_decode_exact_lengths(client, runs) -> None:
+    """vLLM's options, as benchmarks send them: every choice decodes its whole limit, and the
+    usage counts what was decoded."""
+    for model in ("tiny-random", runs["trained"]):
+        answer = client.chat.completions.create(
+            model=model,
+            messages=HI,
+            max_tokens=12,
+            n=3,
+            seed=5,
+            extra_body={"min_tokens": 12, "ignore_eos": True},
+        )
+        assert [c.finish_reason for c in answer.choices] == ["length"] * 3
+        assert answer.usage.completion_tokens == 36
+    # min_tokens alone: no choice ends before it (the end of turn cannot be drawn).
+    held = client.chat.completions.create(
+        model="tiny-random", messages=HI, max_tokens=10, n=4, seed=1, extra_body={"min_tokens": 7}
+    )
+    assert held.usage.completion_tokens >= 4 * 7
+    assert all(c.finish_reason in ("stop", "length") for c in held.choices)
+
+
 def test_a_stream_whose_client_leaves_frees_the_worker(client, server: LiveServer) -> None:
-    """SmolLM2 on the CPU tells a long story slowly enough to leave in the middle of it."""
+    """SmolLM2 on the CPU tells a long story slowly enough to leave in the middle of it (with
+    ignore_eos, so that the story cannot end on its own first)."""
     story = [{"role": "user", "content": "Tell me a very long story about a river."}]
     stream = client.chat.completions.create(
-        model=SMOLLM2, messages=story, max_tokens=4000, temperature=0.7, seed=1, stream=True
+        model=SMOLLM2,
+        messages=story,
+        max_tokens=4000,
+        temperature=0.7,
+        seed=1,
+        stream=True,
+        extra_body={"ignore_eos": True},
     )
     pieces = iter(stream)
     wait_for(lambda: next(pieces).choices[0].delta.content, 120)  # the story is under way
@@ -185,6 +214,9 @@ def test_bad_input_in_openai_error_shape(client, runs, server: LiveServer) -> No
         ({"max_tokens": 0}, "max_tokens"),
         ({"top_logprobs": 3, "logprobs": True}, "top_logprobs"),
         ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+        ({"extra_body": {"min_tokens": -1}}, "min_tokens"),
+        ({"extra_body": {"min_tokens": 9}, "max_tokens": 8}, "min_tokens"),
+        ({"extra_body": {"ignore_eos": "sometimes"}}, "ignore_eos"),
     ):
         with pytest.raises(openai.BadRequestError) as caught:
             client.chat.completions.create(model="tiny-random", messages=HI, **bad)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
@@ -28,6 +28,9 @@ class Row:
     seed: int
     deadline: float | None = None  # time.monotonic() after which the row stops ("length")
     cancel: threading.Event | None = None  # set: the row stops at the next step ("length")
+    # Tokens decoded before a stop id or string may end the row (stop ids cannot be drawn
+    # until then), as vLLM's min_tokens.
+    min_tokens: int = 0
     # Told of each token as it is picked (on the scheduler's thread: keep it quick), for streaming.
     on_token: Callable[[int, float], None] | None = None
     tokens: list[int] = field(default_factory=list)
@@ -37,6 +40,41 @@ class Row:
     @property
     def filtered(self) -> bool:
         return self.temperature > 0 and (self.top_k > 0 or self.top_p < 1.0)
+
+    @property
+    def banning(self) -> bool:
+        """Whether the row's stop ids are banned from some of its draws (min_tokens)."""
+        return self.min_tokens > 0 and bool(self.stop_ids)
+
+
+@dataclass(frozen=True)
+class Passes:
+    """Which optional passes over the vocabulary a step's token selection needs for its rows
+    (a captured step is kept per combination)."""
+
+    filtered: bool  # some row uses top-k or top-p (a sort)
+    greedy: bool  # some row has temperature 0 (an argmax)
+    banning: bool  # some row bans its stop ids until min_tokens
+
+    @staticmethod
+    def of(rows: Iterable[Row | None]) -> Passes:
+        live = [row for row in rows if row is not None]
+        return Passes(
+            filtered=any(r.filtered for r in live),
+            greedy=any(r.temperature <= 0 for r in live),
+            banning=any(r.banning for r in live),
+        )
+
+
+def ban_lists(rows: Sequence[Row | None]) -> list[list[int]]:
+    """Each row's stop ids as one width (a row repeats its first id; a row without any gets
+    id 0, never banned since its flag stays off), for selection's `ban`."""
+    width = max((len(r.stop_ids) for r in rows if r is not None and r.banning), default=1)
+    lists = []
+    for row in rows:
+        ids = sorted(row.stop_ids) if row is not None and row.banning else [0]
+        lists.append(ids + [ids[0]] * (width - len(ids)))
+    return lists
 
 
 def record(row: Row, token: int, logprob: float) -> None:
@@ -49,9 +87,10 @@ def record(row: Row, token: int, logprob: float) -> None:
 
 def finished(row: Row, decode: Callable[[list[int]], str], max_positions: int | None) -> bool:
     token = row.tokens[-1]
-    if token in row.stop_ids:
+    stops = len(row.tokens) >= row.min_tokens  # before that, nothing but the length stops it
+    if stops and token in row.stop_ids:
         row.stop_reason = "stop"
-    elif row.stop_strings and any(s in decode(row.tokens) for s in row.stop_strings):
+    elif stops and row.stop_strings and any(s in decode(row.tokens) for s in row.stop_strings):
         row.stop_reason = "stop"
     elif len(row.tokens) >= row.max_tokens:
         row.stop_reason = "length"

@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import torch
 
-from runners.engine.batch import Row, finished, record
+from runners.engine.batch import Passes, Row, ban_lists, finished, record
 from runners.engine.lora import LanguageModel
 from runners.engine.sampling_model import next_token_logits
 from runners.engine.selection import row_keys, select_tokens
@@ -78,6 +78,15 @@ class DynamicCacheBatch:
         """Pick a token for every row; rows that finish leave. Returns the finished rows."""
         assert self._logits is not None
         rows = self.rows
+        passes = Passes.of(rows)
+        ban = None
+        if passes.banning:
+            ban = (
+                self._tensor(ban_lists(rows), torch.long),
+                self._tensor(
+                    [r.banning and len(r.tokens) < r.min_tokens for r in rows], torch.bool
+                ),
+            )
         picked = select_tokens(
             self._logits,
             self._tensor([r.temperature for r in rows], torch.float32),
@@ -87,7 +96,9 @@ class DynamicCacheBatch:
                 self._tensor([r.seed for r in rows], torch.long),
                 self._tensor([len(r.tokens) for r in rows], torch.long),
             ),
-            filtered=any(r.filtered for r in rows),
+            filtered=passes.filtered,
+            greedy=passes.greedy,
+            ban=ban,
         )
         tokens_f, logprobs = picked.tolist()  # the step's one transfer to the host
         tokens = [int(t) for t in tokens_f]

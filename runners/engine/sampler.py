@@ -128,15 +128,19 @@ class LocalSamplingClient:
         on_token: Callable[[int, int, float], None] | None = None,
         sequence_ids: Sequence[str] | None = None,
         record_stability_info: bool | None = None,
+        min_tokens: int = 0,
+        ignore_eos: bool = False,
     ) -> LocalFuture[types.SampleResponse]:
         """tinker's sample(), plus local extensions: `deadline` (a time.monotonic() value)
         after which every sequence stops where it is, with stop_reason "length", `cancel`,
         an event that does the same at the next decode step once set, `on_token`, called
         with (sample index, token, logprob) on the scheduler's thread as each token is picked,
-        and `sequence_ids`, the samples' ids when the caller fixed them at submission (the
-        Tinker API does); by default each gets a new one. `record_stability_info` records this
+        `sequence_ids`, the samples' ids when the caller fixed them at submission (the Tinker
+        API does; by default each gets a new one), `record_stability_info`, which records this
         call's sequences (True) or not (False) whatever the client was made with (None: as made;
-        the SDK sends the flag with each request)."""
+        the SDK sends the flag with each request), and vLLM's `min_tokens` (no stop id can be
+        drawn, and no stop ends a sequence, before that many tokens) and `ignore_eos`
+        (end-of-sequence ids are not stops)."""
         if topk_sample_logprobs:
             raise ValueError(
                 "topk_sample_logprobs is not served: the local backend's decode step keeps the "
@@ -185,6 +189,8 @@ class LocalSamplingClient:
             sequence_ids,
             store,
             asked,
+            min_tokens,
+            ignore_eos,
         )
 
     def compute_logprobs(
@@ -221,6 +227,8 @@ class LocalSamplingClient:
         sequence_ids: list[str] | None = None,
         store: SequenceStore | None = None,
         scoring: PromptScoring | None = None,
+        min_tokens: int = 0,
+        ignore_eos: bool = False,
     ) -> LocalFuture[types.SampleResponse]:
         tokens = _prompt_tokens(prompt, self._vocab)
         limit = self._host.max_positions
@@ -235,7 +243,11 @@ class LocalSamplingClient:
             raise ValueError(f"temperature must be >= 0, got {params.temperature}")
         if not 0 < params.top_p <= 1:
             raise ValueError(f"top_p must lie in (0, 1], got {params.top_p}")
-        stop_ids, stop_strings = _stops(params.stop, self._eos)
+        if isinstance(min_tokens, bool) or not isinstance(min_tokens, int) or min_tokens < 0:
+            raise ValueError(f"min_tokens must be a non-negative integer, got {min_tokens!r}")
+        if min_tokens > max_tokens:
+            raise ValueError(f"min_tokens ({min_tokens}) must not exceed max_tokens ({max_tokens})")
+        stop_ids, stop_strings = _stops(params.stop, set() if ignore_eos else self._eos)
         seed = params.seed if params.seed is not None else random.SystemRandom().randrange(2**62)
         rows = []
         for index in range(num_samples):
@@ -249,6 +261,7 @@ class LocalSamplingClient:
                     stop_ids=stop_ids,
                     stop_strings=stop_strings,
                     seed=_row_seed(seed, index),
+                    min_tokens=min_tokens,
                     deadline=deadline,
                     cancel=cancel,
                     on_token=partial(on_token, index) if on_token is not None else None,

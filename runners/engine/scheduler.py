@@ -28,7 +28,7 @@ from runners.engine.batch import DecodeBatch, Row
 from runners.engine.dynamic_batch import DynamicCacheBatch
 from runners.engine.futures import LocalFuture
 from runners.engine.host import AdapterWeights, ModelHost
-from runners.engine.lora import LanguageModel
+from runners.engine.packed_model import PackedModel, packable
 from runners.engine.prompt_scores import PromptScoring
 from runners.engine.sampling_model import SamplingModel, resolve_sampling_dtype
 from runners.engine.slot_batch import SlotBatch
@@ -87,8 +87,22 @@ def scheduler_for(host: ModelHost) -> DecodeScheduler:
 
 
 def slots_wanted(device: torch.device) -> bool:
-    """Slot batches where captured steps pay (CUDA); tests turn them on for the CPU too."""
+    """Slot batches for a transformers module where captured steps pay (CUDA); tests turn
+    them on for the CPU too. A packed model always decodes in slot batches."""
     return device.type == "cuda"
+
+
+def packing_wanted(host: ModelHost) -> bool:
+    """The packed sampling model wherever the architecture allows (tests may turn it off to
+    exercise the transformers path)."""
+    return packable(host) is None
+
+
+def sampling_model(host: ModelHost, dtype: torch.dtype) -> SamplingModel | PackedModel:
+    """The sampler's copy of the host's model: packed when it can be, else plain modules."""
+    if packing_wanted(host):
+        return PackedModel(host, dtype)
+    return SamplingModel(host, dtype)
 
 
 class DecodeScheduler:
@@ -105,7 +119,7 @@ class DecodeScheduler:
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._backlog: deque[SampleRequest] = deque()
         self._closed = False
-        self._model: SamplingModel | None = None  # built by the scheduler's thread on first use
+        self._model: SamplingModel | PackedModel | None = None  # built on first use
         self._batch: DecodeBatch | None = None
         self._thread = threading.Thread(target=self._run, name="local-sampler", daemon=True)
         self._thread.start()
@@ -212,7 +226,7 @@ class DecodeScheduler:
         self._fail(list(self._backlog), RuntimeError("the decode scheduler was closed"))
         self._backlog.clear()
 
-    def _sampling_model(self) -> SamplingModel:
+    def _sampling_model(self) -> SamplingModel | PackedModel:
         """The scheduler's copy of the model in the sampling dtype (built once)."""
         if self._model is None:
             host = self.host
@@ -220,7 +234,7 @@ class DecodeScheduler:
                 host.sampling_dtype, next(host.model.parameters()).dtype, host.device
             )
             with host.lock:  # a consistent read of the weights while they are copied
-                self._model = SamplingModel(host, dtype)
+                self._model = sampling_model(host, dtype)
         return self._model
 
     def _batch_for(self, adapter: AdapterWeights | None) -> DecodeBatch:
@@ -228,10 +242,10 @@ class DecodeScheduler:
         sampling = self._sampling_model()
         sampling.load(adapter)
         if self._batch is None:
-            self._batch = self._make_batch(sampling.module)
+            self._batch = self._make_batch(sampling)
         return self._batch
 
-    def _make_batch(self, model: LanguageModel) -> DecodeBatch:
+    def _make_batch(self, sampling: SamplingModel | PackedModel) -> DecodeBatch:
         host = self.host
         pad_id = int(host.tokenizer.pad_token_id or 0)
 
@@ -240,6 +254,17 @@ class DecodeScheduler:
 
         # No host lock when decoding: the copy's own buffers hold the adapter, and the base
         # weights it may share with the trainer are frozen.
+        if isinstance(sampling, PackedModel):
+            return SlotBatch(
+                sampling,
+                slots=self.max_batch_sequences,
+                graphs=True,  # on CUDA; elsewhere the step runs eagerly
+                pad_id=pad_id,
+                device=host.device,
+                decode=decode,
+                max_positions=host.max_positions,
+            )
+        model = sampling.module
         if slots_wanted(host.device) and supports_slots(model):
             return SlotBatch(
                 model,

@@ -1,21 +1,31 @@
 """Continuous batching over a static KV cache with one slot per row, decode steps replayed as
-CUDA graphs (one per batch-size bucket).
+CUDA graphs (one per batch-size bucket) and, with graphs, launched one step ahead of the host.
 
 Each row writes its keys and values at the column equal to its position, so rows of any
-length share the cache without padding and a row joins by copying its prefill into a free
-slot. The step (forward, token selection, bookkeeping) reads and writes only fixed tensors,
-so it is captured once per bucket and replayed; adapters change by `copy_` into the sampling
-model's buffers, which the graphs read in place. Without CUDA the same step runs eagerly.
+length share the cache without padding and a row joins by prefilling into a free slot. The
+step (forward, token selection, bookkeeping) reads and writes only fixed tensors, so it is
+captured once per bucket and replayed; adapters change by `copy_` into the sampling model's
+tensors, which the graphs read in place. Without CUDA the same step runs eagerly, attending
+only to the columns some row has reached, and the cache holds only the slots in use.
+
+One step ahead: the next step is launched before the current step's tokens are read back
+(the graph feeds its own tokens forward), so the host's bookkeeping overlaps the GPU's work;
+a row that finished is retired one step late and its extra token dropped.
+
+The model is either the sampler's packed model (`packed_model.PackedModel`, which writes the
+slot cache itself) or a transformers module (`TransformersSlots` adapts it).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any, Protocol
 
 import torch
+from torch import nn
 
 from runners.engine import decode_attention
-from runners.engine.batch import Row, finished, record
+from runners.engine.batch import Passes, Row, ban_lists, finished, record
 from runners.engine.dynamic_batch import right_pad
 from runners.engine.lora import LanguageModel
 from runners.engine.sampling_model import next_token_logits, plain_head
@@ -36,13 +46,43 @@ class SlotCache:
         self.values: list[torch.Tensor] = []
         self.rows = positions.shape[0]  # rows the model sees (a bucket's leading slots)
 
+    @property
+    def capacity(self) -> int:
+        """Slots the buffers hold (0 before they are allocated)."""
+        return self.keys[0].shape[0] if self.keys else 0
+
     def allocate(self, like: object) -> None:
         """Size the buffers after a prefill cache (layers, heads, head_dim, dtype)."""
-        slots = self.positions.shape[0]
-        for layer in like.layers:  # type: ignore[attr-defined]
-            k, v = layer.keys, layer.values
-            self.keys.append(k.new_zeros(slots, k.shape[1], self.length, k.shape[3]))
-            self.values.append(v.new_zeros(slots, v.shape[1], self.length, v.shape[3]))
+        layer = like.layers[0]  # type: ignore[attr-defined]
+        k = layer.keys
+        self.allocate_for(
+            len(like.layers),  # type: ignore[attr-defined]
+            k.shape[1],
+            k.shape[3],
+            k.dtype,
+            k.device,
+            self.positions.shape[0],
+        )
+
+    def allocate_for(
+        self,
+        layers: int,
+        heads: int,
+        dim: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        rows: int,
+    ) -> None:
+        """Buffers for `rows` slots (more than before: the old rows are copied over)."""
+        if rows <= self.capacity:
+            return
+        shape = (rows, heads, self.length, dim)
+        old = self.capacity
+        keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
+        values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
+        for new, previous in zip(keys + values, self.keys + self.values, strict=False):
+            new[:old].copy_(previous)
+        self.keys, self.values = keys, values
 
     def bucket(self, rows: int) -> SlotCache:
         """A view over the first `rows` slots (same buffers)."""
@@ -71,6 +111,69 @@ class SlotCache:
             mine_v[:, :, :width].index_copy_(0, slots, layer.values[:, :, :width])
 
 
+class SlotModel(Protocol):
+    """What a slot batch needs of its model."""
+
+    trims: bool  # whether a step may attend to fewer columns than the cache holds
+
+    @property
+    def variant(self) -> object:
+        """Anything a captured step depends on besides its tensors (graphs are kept per value)."""
+        ...
+
+    def allocate(self, cache: SlotCache, rows: int) -> None:
+        """Make room in `cache` for at least `rows` slots (or leave it to the first prefill)."""
+        ...
+
+    def prefill(
+        self,
+        ids: torch.Tensor,
+        mask: torch.Tensor,
+        last: torch.Tensor,
+        cache: SlotCache,
+        slots: torch.Tensor,
+    ) -> torch.Tensor:
+        """Right-padded prompts into `slots`; logits [rows, vocab] at each row's `last`."""
+        ...
+
+    def decode(
+        self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, cache: SlotCache
+    ) -> torch.Tensor:
+        """One token per row of `cache` (a bucket), attending where `mask` [rows, columns]
+        allows (columns may stop short of the cache's length when `trims`)."""
+        ...
+
+
+class TransformersSlots:
+    """A transformers module as a slot model: prefill through a DynamicCache copied into the
+    slots, decode through the module with the slot cache standing in for its cache."""
+
+    variant = None
+    trims = False  # its attention reads the whole cache
+
+    def __init__(self, model: LanguageModel) -> None:
+        self.model = model
+
+    def allocate(self, cache: SlotCache, rows: int) -> None:
+        pass  # sized after the first prefill, which knows the cache's shapes
+
+    def prefill(self, ids, mask, last, cache, slots) -> torch.Tensor:
+        from transformers import DynamicCache
+
+        rows, width = ids.shape
+        positions = torch.arange(width, device=ids.device)[None].expand(rows, width)
+        prefill = DynamicCache()
+        logits = next_token_logits(self.model, ids, mask, positions, prefill, last)
+        if not cache.keys:
+            cache.allocate(prefill)
+        cache.place(slots, prefill, width)
+        return logits
+
+    def decode(self, tokens, positions, mask, cache) -> torch.Tensor:
+        mask4d = mask.view(mask.shape[0], 1, 1, mask.shape[1])
+        return next_token_logits(self.model, tokens, mask4d, positions, cache)
+
+
 def supports(model: LanguageModel) -> bool:
     """Full attention in every layer and a plain unembedding (what the slot step assumes)."""
     config = model.config
@@ -88,7 +191,7 @@ class SlotBatch:
 
     def __init__(
         self,
-        model: LanguageModel,
+        model: Any,
         *,
         slots: int,
         pad_id: int,
@@ -96,18 +199,24 @@ class SlotBatch:
         decode: Callable[[list[int]], str],
         max_positions: int | None,
         graphs: bool,
+        ahead: bool | None = None,
     ) -> None:
-        self._model = model
+        self._model: SlotModel = TransformersSlots(model) if isinstance(model, nn.Module) else model
         self._pad_id = pad_id
         self._device = device
         self._decode = decode
         self._max_positions = max_positions
         self._graphs = graphs and device.type == "cuda"
+        # One step ahead where the host and the device work side by side (graphs), or when
+        # asked (tests on the CPU check that it changes no token).
+        self._ahead = self._graphs if ahead is None else ahead
         self.prefills = 0
         self.captures = 0
         self._pool: torch.cuda._POOL_HANDLE | None = None  # the captured graphs' shared memory
         self._cache: SlotCache | None = None
-        self._captured: dict[tuple[int, bool], torch.cuda.CUDAGraph] = {}
+        self._captured: dict[tuple[int, Passes, object], torch.cuda.CUDAGraph] = {}
+        # A launched step not yet read: its slots, their rows then, and its tokens' copy.
+        self._pending: tuple[list[int], list[Row], torch.Tensor, Any] | None = None
         self._allocate_slots(slots)
 
     def __len__(self) -> int:
@@ -127,9 +236,15 @@ class SlotBatch:
         self._temp = new(slots, dtype=torch.float32, device=device)
         self._top_k = new(slots, dtype=torch.long, device=device)
         self._top_p = torch.ones(slots, dtype=torch.float32, device=device)
+        self._min = new(slots, dtype=torch.long, device=device)  # min_tokens
+        self._ban = new((slots, 1), dtype=torch.long, device=device)  # stop ids until then
         self._out = new((2, slots), dtype=torch.float32, device=device)
+        self._read = [torch.zeros_like(self._out, device="cpu") for _ in range(2)]
+        if self._graphs:
+            self._read = [t.pin_memory() for t in self._read]
         self._cache = None  # sized at the next join; graphs read the old tensors, so go too
         self._captured.clear()
+        self._pending = None
 
     # ----- joining ------------------------------------------------------------------------
 
@@ -145,34 +260,62 @@ class SlotBatch:
         """Prefill `rows` into free slots and pick their first tokens; returns those that
         already finished (their slots are free again)."""
         if not len(self):
+            self._pending = None  # what is still in flight belongs to rows already gone
             if len(rows) > self.slots:
                 # One request with more samples than slots: the batch grows to hold it.
                 self._allocate_slots(len(rows))
             self._size_cache(max(self._needed(row) for row in rows))
         assert self._cache is not None
         free = [s for s, row in enumerate(self.rows) if row is None][: len(rows)]
+        self._model.allocate(self._cache, self._room(free[-1] + 1))
         slots = torch.tensor(free, device=self._device)
-        logits, prefill, width = self._prefill(rows)
-        if not self._cache.keys:
-            self._cache.allocate(prefill)
-        self._cache.place(slots, prefill, width)
+        ids, mask = right_pad([r.prompt for r in rows], self._pad_id)
+        ids, mask = ids.to(self._device), mask.to(self._device)
+        with torch.no_grad():
+            logits = self._model.prefill(ids, mask, mask.sum(dim=1) - 1, self._cache, slots)
+        self.prefills += 1
         lengths = torch.tensor([len(r.prompt) for r in rows], device=self._device)
         self._seed[slots] = torch.tensor([r.seed for r in rows], device=self._device)
         self._count[slots] = 0
         self._temp[slots] = torch.tensor([r.temperature for r in rows], device=self._device)
         self._top_k[slots] = torch.tensor([r.top_k for r in rows], device=self._device)
         self._top_p[slots] = torch.tensor([r.top_p for r in rows], device=self._device)
+        # A row's min_tokens matters only with stop ids to ban (else its flag would ban id 0).
+        minimum = [r.min_tokens if r.banning else 0 for r in rows]
+        self._min[slots] = torch.tensor(minimum, device=self._device)
+        self._set_bans(slots, rows)
         self._pos[slots] = lengths[:, None]
-        picked = self._select(logits, slots, any(r.filtered for r in rows))
+        picked = self._select(logits, slots, Passes.of(rows))
         self._tok[slots] = picked[0].long()[:, None]
         self._count[slots] = 1
         for slot, row in zip(free, rows, strict=True):
             self.rows[slot] = row
-        return self._settle(free, picked.tolist())
+        tokens, logprobs = picked.tolist()
+        return self._settle(free, list(rows), tokens, logprobs)
+
+    def _set_bans(self, slots: torch.Tensor, rows: list[Row]) -> None:
+        lists = ban_lists(rows)
+        width = len(lists[0])
+        if width > self._ban.shape[1]:
+            # A row with more stop ids than any before: wider lists (graphs read the old ones).
+            wider = self._ban.new_zeros(self.slots, width)
+            wider[:, : self._ban.shape[1]] = self._ban
+            wider[:, self._ban.shape[1] :] = self._ban[:, :1]
+            self._ban = wider
+            self._captured.clear()
+        fill = [ids + [ids[0]] * (self._ban.shape[1] - width) for ids in lists]
+        self._ban[slots] = torch.tensor(fill, device=self._device)
 
     def _needed(self, row: Row) -> int:
         need = len(row.prompt) + row.max_tokens
         return min(need, self._max_positions) if self._max_positions else need
+
+    def _room(self, highest: int) -> int:
+        """Slots the cache should hold to reach slot `highest - 1`: every slot when graphs
+        read the buffers (they must never move), else the smallest bucket that fits."""
+        if self._graphs:
+            return self.slots
+        return min(b for b in self._buckets if b >= highest)
 
     def _size_cache(self, needed: int) -> None:
         """A cache of at least `needed` columns, reused when it is not much longer."""
@@ -186,68 +329,93 @@ class SlotBatch:
         self._captured.clear()  # graphs read the old buffers
         self._columns = torch.arange(length, device=self._device)
 
-    def _prefill(self, rows: list[Row]) -> tuple[torch.Tensor, object, int]:
-        """One right-padded forward pass over the prompts: logits at each last token."""
-        from transformers import DynamicCache
-
-        ids, mask = right_pad([r.prompt for r in rows], self._pad_id)
-        ids, mask = ids.to(self._device), mask.to(self._device)
-        width = ids.shape[1]
-        positions = torch.arange(width, device=self._device)[None].expand(len(rows), width)
-        last = mask.sum(dim=1) - 1
-        cache = DynamicCache()
-        with torch.no_grad():
-            logits = next_token_logits(self._model, ids, mask, positions, cache, last)
-        self.prefills += 1
-        return logits, cache, width
-
     # ----- stepping -----------------------------------------------------------------------
 
     def step(self) -> list[Row]:
-        """One decode step for every occupied slot; returns the rows that finished."""
+        """One decode step for every occupied slot; returns the rows that finished (ahead:
+        those of the step before, read while this one runs)."""
         occupied = [s for s, row in enumerate(self.rows) if row is not None]
-        if not occupied:
-            return []
+        launched = self._launch(occupied) if occupied else None
+        if not self._ahead:
+            assert launched is not None
+            return self._read_back(launched)
+        pending, self._pending = self._pending, launched
+        return self._read_back(pending) if pending is not None else []
+
+    def _launch(self, occupied: list[int]) -> tuple[list[int], list[Row], torch.Tensor, Any]:
+        """Run (or enqueue) the step for the bucket holding `occupied`; its tokens' copy."""
+        assert self._cache is not None
         bucket = min(b for b in self._buckets if b > occupied[-1])
-        filtered = any(row.filtered for row in self.rows if row is not None)
+        live = [row for row in self.rows if row is not None]
+        passes = Passes.of(live)
         if self._graphs:
-            self._graph(bucket, filtered).replay()
+            self._graph(bucket, passes).replay()
         else:
+            columns = self._cache.length
+            if self._model.trims and not self._ahead:
+                # The longest row's next position is its length so far: attend that far.
+                columns = max(len(r.prompt) + len(r.tokens) for r in live)
             with torch.no_grad():
-                self._step(bucket, filtered)
-        tokens, logprobs = self._out[:, :bucket].tolist()  # the step's one transfer to the host
+                self._step(bucket, passes, columns)
+        read = self._read[0]
+        self._read.reverse()  # the next step's copy goes to the other buffer
+        # The whole buffer: a contiguous copy into pinned memory stays asynchronous.
+        read.copy_(self._out, non_blocking=self._graphs)
+        event = None
+        if self._graphs:
+            event = torch.cuda.Event()
+            event.record()
+        rows = [self.rows[s] for s in occupied]
+        return occupied, rows, read[:, :bucket], event  # type: ignore[return-value]
+
+    def _read_back(self, launched: tuple[list[int], list[Row], torch.Tensor, Any]) -> list[Row]:
+        """Settle a launched step's rows that are still in their slots."""
+        occupied, rows, read, event = launched
+        if event is not None:
+            event.synchronize()
+        tokens, logprobs = read.tolist()  # the step's one transfer to the host
+        keep = [i for i, slot in enumerate(occupied) if self.rows[slot] is rows[i]]
         return self._settle(
-            occupied, [[tokens[s] for s in occupied], [logprobs[s] for s in occupied]]
+            [occupied[i] for i in keep],
+            [rows[i] for i in keep],
+            [tokens[occupied[i]] for i in keep],
+            [logprobs[occupied[i]] for i in keep],
         )
 
-    def _step(self, rows: int, filtered: bool) -> None:
+    def _step(self, rows: int, passes: Passes, columns: int) -> None:
         """The captured body: forward the current tokens, pick the next, advance."""
         assert self._cache is not None
         tok, pos = self._tok[:rows], self._pos[:rows]
-        mask = (self._columns[None, :] <= pos).view(rows, 1, 1, -1)
-        logits = next_token_logits(self._model, tok, mask, pos, self._cache.bucket(rows))
-        picked = self._select(logits, slice(0, rows), filtered)
+        mask = self._columns[None, :columns] <= pos
+        logits = self._model.decode(tok, pos, mask, self._cache.bucket(rows))
+        picked = self._select(logits, slice(0, rows), passes)
         self._out[:, :rows].copy_(picked)
         tok.copy_(picked[0].long()[:, None])
         pos.add_(1)
         self._count[:rows].add_(1)
 
-    def _select(self, logits: torch.Tensor, slots, filtered: bool) -> torch.Tensor:
+    def _select(self, logits: torch.Tensor, slots, passes: Passes) -> torch.Tensor:
         """Tokens and raw logprobs [2, rows] for `slots` (an index tensor or a slice)."""
+        count = self._count[slots]
+        ban = (self._ban[slots], count < self._min[slots]) if passes.banning else None
         return select_tokens(
             logits,
             self._temp[slots],
             self._top_k[slots],
             self._top_p[slots],
-            row_keys(self._seed[slots], self._count[slots]),
-            filtered=filtered,
+            row_keys(self._seed[slots], count),
+            filtered=passes.filtered,
+            greedy=passes.greedy,
+            ban=ban,
         )
 
-    def _graph(self, rows: int, filtered: bool) -> torch.cuda.CUDAGraph:
-        key = (rows, filtered)
+    def _graph(self, rows: int, passes: Passes) -> torch.cuda.CUDAGraph:
+        assert self._cache is not None
+        key = (rows, passes, self._model.variant)
         graph = self._captured.get(key)
         if graph is not None:
             return graph
+        columns = self._cache.length
         # Warm-up runs execute the step, so the state they advance is put back afterwards
         # (the cache columns they write are written again by the real step).
         saved = [t.clone() for t in (self._tok, self._pos, self._count)]
@@ -255,7 +423,7 @@ class SlotBatch:
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream), torch.no_grad():
             for _ in range(2):
-                self._step(rows, filtered)
+                self._step(rows, passes, columns)
         torch.cuda.current_stream().wait_stream(stream)
         for tensor, value in zip((self._tok, self._pos, self._count), saved, strict=True):
             tensor.copy_(value)
@@ -266,16 +434,16 @@ class SlotBatch:
         # host lock), and its allocations and copies must neither fail nor join the capture.
         capture = torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local")
         with capture, torch.no_grad():
-            self._step(rows, filtered)
+            self._step(rows, passes, columns)
         self._captured[key] = graph
         self.captures += 1
         return graph
 
-    def _settle(self, slots: list[int], values: list[list[float]]) -> list[Row]:
+    def _settle(
+        self, slots: list[int], rows: list[Row], tokens: list[float], logprobs: list[float]
+    ) -> list[Row]:
         done = []
-        for slot, token, logprob in zip(slots, values[0], values[1], strict=True):
-            row = self.rows[slot]
-            assert row is not None
+        for slot, row, token, logprob in zip(slots, rows, tokens, logprobs, strict=True):
             record(row, int(token), logprob)
             if finished(row, self._decode, self._cache_limit()):
                 done.append(row)

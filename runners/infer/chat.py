@@ -80,7 +80,9 @@ class ChatCompletion:
 
     def sampling_params(self) -> types.SamplingParams:
         job = self.job
-        markers = Renderer(self._tokenizer).stop_token_ids()
+        # With ignore_eos the end-of-turn markers are not stops either (they are the chat's
+        # end of sequence); the sampler then also leaves out the model's EOS ids.
+        markers = [] if job.ignore_eos else Renderer(self._tokenizer).stop_token_ids()
         stop: list[str] | list[int] = markers
         if job.stop:
             # One list cannot mix ids and strings: the end-of-turn markers go in as text.
@@ -109,7 +111,12 @@ class ChatCompletion:
             sampling_params=self.sampling_params(),
         )
         if job.backend == "local":
-            call_args.update(deadline=deadline, cancel=cancel)
+            call_args.update(
+                deadline=deadline,
+                cancel=cancel,
+                min_tokens=min(job.min_tokens, job.max_tokens),
+                ignore_eos=job.ignore_eos,
+            )
             streams = [TextStream(self.decode, job.stop) for _ in range(job.n)]
             if job.stream and emit is not None:
                 response = await self._streamed(call_args, streams, emit)

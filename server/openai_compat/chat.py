@@ -51,6 +51,7 @@ class ChatService:
         stream has started)."""
         arrived = time.time()
         target = self.models.resolve(body.model)
+        check_decoding_options(body, target)
         messages = [
             ChatMessage(role="system" if m.role == "developer" else m.role, content=m.text())
             for m in body.messages
@@ -69,6 +70,8 @@ class ChatService:
             seed=body.seed,
             stream=bool(body.stream),
             deadline=arrived + self._budget_s(),
+            min_tokens=body.min_tokens or 0,
+            ignore_eos=bool(body.ignore_eos),
         )
         usage = bool(body.stream_options and body.stream_options.include_usage)
         return Prepared(target, job, arrived, f"chatcmpl-{uuid.uuid4().hex[:24]}", usage)
@@ -107,6 +110,27 @@ class ChatService:
 
     def _budget_s(self) -> float:
         return min(self._settings.inference_budget_s, self._settings.inference_timeout_s)
+
+
+def check_decoding_options(body: ChatCompletionIn, target: Target) -> None:
+    """vLLM's min_tokens and ignore_eos: within the token limit, and on the local backend
+    only (hosted Tinker's sampler has neither)."""
+    limit = body.token_limit()
+    if body.min_tokens is not None and body.min_tokens > limit:
+        raise InvalidValue(
+            f"min_tokens: {body.min_tokens} is more than the token limit ({limit}); give at "
+            "most max_tokens (or max_completion_tokens)",
+            param="min_tokens",
+        )
+    if target.backend == "local":
+        return
+    for name in ("min_tokens", "ignore_eos"):
+        if getattr(body, name):
+            raise InvalidValue(
+                f"{name}: the {target.backend} backend that serves {target.model_id} does not "
+                "support it; leave it out",
+                param=name,
+            )
 
 
 def completion_body(prepared: Prepared, answer: dict[str, Any]) -> ChatCompletionOut:

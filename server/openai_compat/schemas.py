@@ -68,6 +68,18 @@ class ChatCompletionIn(_In):
     stream_options: StreamOptions | None = None
     frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0, description="Only 0")
     presence_penalty: float | None = Field(None, ge=-2.0, le=2.0, description="Only 0")
+    min_tokens: int | None = Field(
+        None,
+        ge=0,
+        le=MAX_TOKENS,
+        description="vLLM's: tokens decoded before the end of turn or a stop string may end "
+        "a choice (the end of turn cannot be drawn before); at most the token limit",
+    )
+    ignore_eos: bool | None = Field(
+        None,
+        description="vLLM's: the end of turn does not end a choice (stop strings still do), "
+        "so each choice decodes its whole token limit unless a stop string ends it",
+    )
     user: str | None = Field(None, max_length=256, description="Accepted and ignored")
     store: bool | None = Field(None, description="Accepted and ignored")
     metadata: dict[str, str] | None = Field(None, description="Accepted and ignored")

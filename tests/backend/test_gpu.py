@@ -1,5 +1,6 @@
-"""The local backend on CUDA: captured decode steps, bf16 sampler against the bf16 trainer,
-chunked training logprobs. Marked `gpu`; skipped where CUDA is not available.
+"""The local backend on CUDA: captured decode steps (the transformers path and the packed
+model, one step ahead), bf16 sampler against the bf16 trainer, min_tokens bans in captured
+steps, chunked training logprobs. Marked `gpu`; skipped where CUDA is not available.
 
 Tolerances are those of bfloat16 (8 bits of mantissa): logprobs near -10 carry rounding of a
 few hundredths, and a row's numbers depend on the kernels its batch size picks."""
@@ -15,8 +16,9 @@ import torch
 from tinker import types
 
 from runners.engine import scheduler
+from runners.engine.packed_model import PackedModel
 from runners.engine.sampling_model import SamplingModel
-from runners.engine.slot_batch import SlotBatch
+from runners.engine.slot_batch import SlotBatch, SlotCache
 from tests.backend.conftest import local_service
 from tests.backend.test_local_backend import ADAM, ce_batch, ce_datum, prompt, train_steps
 from tests.backend.test_slot_batch import SPECS, _drain, _rows
@@ -160,3 +162,76 @@ def test_buckets_are_captured_while_the_trainer_trains_on_another_thread(cuda_tr
     assert isinstance(batch, SlotBatch) and batch.captures >= 2
     for a, b in zip(want, got, strict=True):
         assert [s.tokens for s in a] == [s.tokens for s in b]
+
+
+def _packed(trainer) -> PackedModel:
+    packed = PackedModel(trainer._host, torch.bfloat16)
+    packed.load(trainer._host.snapshot())
+    return packed
+
+
+def test_packed_captured_steps_one_ahead_replay_what_eager_steps_compute(cuda_trainer):
+    """The packed model under captured graphs, each step's tokens read while the next runs,
+    against the same steps run eagerly and read at once."""
+    _, trainer = cuda_trainer
+    train_steps(trainer, ce_batch(trainer), 3)
+    packed = _packed(trainer)
+    eager, graphed = _rows(SPECS), _rows(SPECS)
+    _drain(_slot_batch(packed, trainer, graphs=False), eager)
+    batch = _slot_batch(packed, trainer, graphs=True)
+    assert batch._ahead
+    _drain(batch, graphed)
+    assert batch.captures >= 1
+    for a, b in zip(eager, graphed, strict=True):
+        assert a.tokens == b.tokens
+        np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-3)
+
+
+def test_packed_graphs_follow_a_new_adapter_and_the_base_model(cuda_trainer):
+    _, trainer = cuda_trainer
+    packed = _packed(trainer)
+    batch = _slot_batch(packed, trainer, graphs=True)
+    before = _rows(SPECS, temperature=0.0)
+    _drain(batch, before)
+    captures = batch.captures
+    train_steps(trainer, ce_batch(trainer), 5)
+    packed.load(trainer._host.snapshot())
+    after, eager = _rows(SPECS, temperature=0.0), _rows(SPECS, temperature=0.0)
+    _drain(batch, after)
+    _drain(_slot_batch(packed, trainer, graphs=False), eager)
+    assert batch.captures == captures  # same tensors, new numbers: no capture
+    assert [r.tokens for r in after] == [r.tokens for r in eager]
+    assert [r.tokens for r in after] != [r.tokens for r in before]
+    packed.load(None)  # the base model: a graph of its own (no adapter products)
+    base = _rows(SPECS, temperature=0.0)
+    _drain(batch, base)
+    assert batch.captures > captures
+
+
+def test_packed_bf16_logits_stay_close_to_the_bf16_trainer(cuda_trainer):
+    _, trainer = cuda_trainer
+    train_steps(trainer, ce_batch(trainer), 3)
+    packed = _packed(trainer)
+    ids = torch.tensor([[1, 5, 9, 2, 7, 3, 11, 4]], device="cuda")
+    cache = SlotCache(torch.zeros(1, 1, dtype=torch.long, device="cuda"), 256)
+    packed.allocate(cache, 1)
+    slots, last = torch.tensor([0], device="cuda"), torch.tensor([7], device="cuda")
+    with torch.no_grad():
+        logits = packed.prefill(ids, torch.ones_like(ids), last, cache, slots)
+        with torch.autocast("cuda", dtype=torch.bfloat16):  # as the trainer computes
+            want = trainer._host.model(input_ids=ids).logits[0, -1]
+    got = torch.log_softmax(logits[0].float(), -1)
+    np.testing.assert_allclose(
+        got.cpu().numpy(), torch.log_softmax(want.float(), -1).cpu().numpy(), atol=BF16_LOGPROB_ATOL
+    )
+
+
+def test_min_tokens_bans_stop_ids_in_captured_steps(cuda_trainer):
+    _, trainer = cuda_trainer
+    sampler = trainer.save_weights_and_get_sampling_client().result()
+    tokens = trainer.get_tokenizer().encode("min tokens")
+    greedy = types.SamplingParams(max_tokens=8, temperature=0.0, stop=[])
+    first = sampler.sample(prompt(tokens), 1, greedy).result().sequences[0].tokens[0]
+    params = types.SamplingParams(max_tokens=8, temperature=1.0, seed=2, stop=[first])
+    held = sampler.sample(prompt(tokens), 4, params, min_tokens=6).result().sequences
+    assert all(first not in s.tokens[:6] and len(s.tokens) >= 6 for s in held)

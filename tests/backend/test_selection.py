@@ -1,4 +1,5 @@
-"""Batched token selection against a per-row reference, its distribution, and its noise."""
+"""Batched token selection against a per-row reference, its distribution, its uniforms and
+its bans."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import math
 import pytest
 import torch
 
-from runners.engine.selection import row_keys, select_tokens, uniform_noise
+from runners.engine.selection import row_keys, row_uniforms, select_tokens
 
 
 def settings(rows: int, vocab: int, seed: int = 0) -> dict[str, torch.Tensor]:
@@ -94,13 +95,40 @@ def test_draws_follow_the_softmax() -> None:
     assert chi2 < 24.3  # p = 0.001 for 7 degrees of freedom
 
 
-def test_noise_is_uniform_and_differs_across_rows_and_counters() -> None:
-    keys = row_keys(torch.tensor([1, 1, 2]), torch.tensor([0, 1, 0]))
-    u = uniform_noise(keys, 50_000)
+def test_uniforms_are_uniform_and_differ_across_rows_and_counters() -> None:
+    keys = row_keys(torch.full((50_000,), 1), torch.arange(50_000))
+    u = row_uniforms(keys)
+    assert u.dtype == torch.float64
     assert float(u.min()) > 0 and float(u.max()) < 1
     assert abs(float(u.mean()) - 0.5) < 0.01
-    assert not torch.equal(u[0], u[1]) and not torch.equal(u[0], u[2])
-    assert torch.equal(uniform_noise(keys[:1], 50_000)[0], u[0])  # a pure function of the key
+    # Deciles hold a tenth each (a loose check of the whole range, not just the mean).
+    counts = torch.histc(u.float(), bins=10, min=0, max=1)
+    assert float((counts / len(u) - 0.1).abs().max()) < 0.01
+    assert len(set(u.tolist())) == len(u)
+    assert torch.equal(row_uniforms(keys[:3]), u[:3])  # a pure function of the key
+
+
+def test_a_banned_id_is_never_drawn_and_keeps_its_raw_logprob() -> None:
+    """The ban removes ids from the draw (greedy rows too); the reported logprob stays the
+    raw model's, and a row whose flag is off draws as if nothing were banned."""
+    logits = torch.tensor([[0.0, 4.0, 1.0, 3.0]]).expand(4, 4)
+    temperature = torch.tensor([0.0, 1.0, 1.0, 0.0])
+    ids = torch.tensor([[1, 3]] * 4)
+    on = torch.tensor([True, True, False, False])
+    tokens_seen: list[set[int]] = [set() for _ in range(4)]
+    for counter in range(200):
+        keys = row_keys(torch.arange(4), torch.full((4,), counter))
+        tokens, logprobs = select_tokens(
+            logits, temperature, torch.full((4,), -1), torch.ones(4), keys, ban=(ids, on)
+        )
+        raw = torch.log_softmax(logits, -1).gather(-1, tokens.long()[:, None])[:, 0]
+        assert torch.allclose(logprobs, raw)
+        for row, token in enumerate(tokens.long().tolist()):
+            tokens_seen[row].add(token)
+    assert tokens_seen[0] == {2}  # greedy, 1 and 3 banned: the next best
+    assert tokens_seen[1] <= {0, 2} and tokens_seen[1] == {0, 2}
+    assert {1, 3} <= tokens_seen[2]  # not banned: the likely ids come up
+    assert tokens_seen[3] == {1}
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2**31, 2**62 + 5])

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Issue 38's GPU figures in one run on a device machine (an H100 or H200; at most 8 minutes):
+# the gpu tests, then for the 135M, 1.5B and 7B (Qwen2.5-7B) shapes with random weights our
+# decode step at 64 rows (with a rank-8 adapter and on the base model) against compiled
+# static-cache `generate` on the plain model, training's share of the measured bf16 rate at the
+# device's default micro-batch budget, the RL step (64 x 64) and sampler-vs-trainer logprobs.
+#
+# Here, once (the device image lacks tinker and pydantic; .whl is git-ignored):
+#     echo /.whl/ >> .git/info/exclude && bash benchmarks/gpu_check.sh wheels
+# There (the device tool):
+#     run(command="bash benchmarks/gpu_check.sh", carry=[".whl"], timeout_s=560)
+# Logs come back under $OUT (gpu_tests.log, random-135m.log, random-1.5b.log, random-7b.log).
+set -uo pipefail
+
+if [ "${1:-}" = wheels ]; then
+    # The versions uv.lock pins; the device runs CPython 3.12 on x86-64.
+    python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
+        --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+        --platform manylinux2014_x86_64 -d .whl \
+        tinker==0.38.0 pydantic==2.14.3 pydantic-core==2.50.4 annotated-types==0.8.0 \
+        typing-inspection==0.4.5 distro==1.9.0 orjson==3.13.0 zstandard==0.25.0 sniffio==1.3.1
+    exit
+fi
+
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl || exit
+export PYTHONPATH="/tmp/site:$PWD" PYTHONUNBUFFERED=1
+OUT="${OUT:-/tmp/gpu-check}"
+mkdir -p "$OUT"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/device.txt"
+python3 -c 'import torch, transformers, peft; print(torch.__version__, transformers.__version__, peft.__version__)' | tee -a "$OUT/device.txt"
+
+# --noconftest: tests/conftest.py builds the server app, whose packages (fastapi, sqlmodel,
+# mcp, ...) the image lacks; the gpu tests need none of its fixtures.
+timeout 120 python3 -m pytest --noconftest -m gpu tests/backend/test_gpu.py -q -p no:cacheprovider \
+    2>&1 | tee "$OUT/gpu_tests.log"
+
+# Each shape in its own process (its memory goes back); 64 rows x 64 tokens, as the goals say.
+bench() {
+    timeout "$1" python3 -m benchmarks.local_backend --models "$2" --prompts 64 \
+        --static-prompts 64 --new-tokens 64 --train-sequences 64 --repeats 2 \
+        --episodes 64 --episode-tokens 64 --tokens-per-microbatch "" "${@:3}" 2>&1 \
+        | grep -v "Loading weights" | tee "$OUT/$2.log"
+}
+bench 90 random-135m
+bench 120 random-1.5b
+bench 150 random-7b
