@@ -57,6 +57,11 @@ class RolloutRecorder:
         self._thread: threading.Thread | None = None
         self.stopped: str | None = None  # why the record stopped
         self.skipped = 0  # steps not recorded because the writer was behind
+        # The last step queued and the last one the writer is done with (written, failed or
+        # passed over), for `wait_for`.
+        self._queued = 0
+        self._handled = 0
+        self._progress = threading.Condition()
 
     def record(
         self,
@@ -71,6 +76,7 @@ class RolloutRecorder:
         picked = pick(records, self.per_step, self._seed * 1_000_003 + step)
         try:
             self._queue.put_nowait(_Job(step, picked, records, metrics))
+            self._queued = step
         except queue.Full:
             self.skipped += 1
             self._tell(f"rollouts of step {step} not recorded: the writer is behind")
@@ -87,6 +93,15 @@ class RolloutRecorder:
             out["rollouts/skipped_steps"] = float(self.skipped)
         return out
 
+    def wait_for(self, step: int, timeout_s: float) -> bool:
+        """Wait (at most `timeout_s`) until the writer is done with every queued step up to
+        `step`, its `on_written` included; whether it is."""
+        with self._progress:
+            return self._progress.wait_for(
+                lambda: self._handled >= min(step, self._queued) or self._thread is None,
+                timeout_s,
+            )
+
     def close(self, timeout_s: float = CLOSE_TIMEOUT_S) -> None:
         """Write what is queued, waiting at most `timeout_s` (a hung database must not hold
         the run's end)."""
@@ -99,36 +114,45 @@ class RolloutRecorder:
         self._thread.join(timeout_s)
         if self._thread.is_alive():
             self._tell(f"rollouts still being written after {timeout_s:g} s were left unwritten")
-        self._thread = None
+        with self._progress:
+            self._thread = None
+            self._progress.notify_all()
 
     def _work(self) -> None:
         while (job := self._queue.get()) is not None:
-            if self.stopped is not None:
-                continue
+            self._handle(job)
+            with self._progress:
+                self._handled = job.step
+                self._progress.notify_all()
+
+    def _handle(self, job: _Job) -> None:
+        """Write one step, then hand it to `on_written`; a failure stops the record."""
+        if self.stopped is not None:
+            return
+        try:
+            written = rollout_store.write_step(
+                self._engine,
+                self.run_id,
+                job.step,
+                job.picked,
+                sampled=job.sampled,
+                max_bytes=self.max_bytes,
+                metrics=job.metrics,
+            )
+        except Exception as exc:  # a full disk, a database error: the record stops, not the run
+            self._stop(job.step, exc)
+            return
+        if written.thinned_steps:
+            log.info(
+                "rollouts: steps %s thinned to keep the run under %s MB",
+                written.thinned_steps,
+                self.max_bytes / 1e6,
+            )
+        if self._on_written is not None and job.picked:
             try:
-                written = rollout_store.write_step(
-                    self._engine,
-                    self.run_id,
-                    job.step,
-                    job.picked,
-                    sampled=job.sampled,
-                    max_bytes=self.max_bytes,
-                    metrics=job.metrics,
-                )
-            except Exception as exc:  # a full disk, a database error: the record stops, not the run
-                self._stop(job.step, exc)
-                continue
-            if written.thinned_steps:
-                log.info(
-                    "rollouts: steps %s thinned to keep the run under %s MB",
-                    written.thinned_steps,
-                    self.max_bytes / 1e6,
-                )
-            if self._on_written is not None and job.picked:
-                try:
-                    self._on_written(job.step, job.picked)
-                except Exception as exc:  # a mirror of the record (W&B): never stops it
-                    log.warning("rollouts of step %s: %s", job.step, exc)
+                self._on_written(job.step, job.picked)
+            except Exception as exc:  # a mirror of the record (W&B): never stops it
+                log.warning("rollouts of step %s: %s", job.step, exc)
 
     def _stop(self, step: int, exc: Exception) -> None:
         # A database error's own words (SQLAlchemy's text goes on with the statement).

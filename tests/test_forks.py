@@ -18,7 +18,11 @@ from tests.helpers import TINY_RUN, finish_run, processes_with, start_run, wait_
 
 @pytest.fixture
 def tclient(tmp_path: Path) -> Iterator[TestClient]:
-    with TestClient(create_app(make_settings(tmp_path, stop_grace_s=30.0))) as c:
+    # float32 sampling: a rerun's sampler logprobs then agree to float32 noise. In bfloat16 (the
+    # CPU's default) they agree to bf16 noise only, since a row's numbers depend on the batch
+    # it shares (which requests join a step is timing), and the loss carries that into weights.
+    settings = make_settings(tmp_path, stop_grace_s=30.0, sampling_dtype="float32")
+    with TestClient(create_app(settings)) as c:
         yield c
     wait_for(lambda: not processes_with(tmp_path / "var" / "runs"), 30)
 

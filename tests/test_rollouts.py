@@ -5,10 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import math
+from collections.abc import Callable
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
 from environments.base import BaseEnv, StepResult
+from runners.episodes.policy import SamplerPolicy
 from runners.episodes.rollouts import Episode, EpisodeSpec, Transition, collect
 from runners.train.learner import Advantaged, assign_advantages, datum, discounted_returns
 from runners.train.loop import sequences_of
@@ -148,3 +152,50 @@ def test_collect_stops_when_enough() -> None:
     )
     # Episodes in flight when the batch filled up still finish (up to 3 turns each).
     assert 10 <= got.transitions <= 10 + 3 * 3
+
+
+class TurnsEnv(BaseEnv):
+    """Episode `seed` plays seed % 3 + 1 turns; each observation names its episode and turn."""
+
+    async def reset(self, seed: int, split: str = "train") -> str:
+        self.seed, self.turn = seed, 0
+        return f"{seed}:0"
+
+    async def step(self, action: str) -> StepResult:
+        self.turn += 1
+        return StepResult(f"{self.seed}:{self.turn}", 0.0, self.turn == self.seed % 3 + 1)
+
+
+class SeedRecordingSampler:
+    """A sampling client that notes each call's seed by (episode, turn) and answers after a
+    delay of the caller's choosing (so concurrent episodes reach it in another order)."""
+
+    def __init__(self, delay: Callable[[int], float]) -> None:
+        self.delay = delay
+        self.seeds: dict[tuple[int, ...], int] = {}
+
+    async def sample(self, prompt: Any, num_samples: int, sampling_params: Any) -> Any:
+        key = tuple(prompt.to_ints())
+        self.seeds[key] = sampling_params.seed
+        await asyncio.sleep(self.delay(key[0]))
+        sequence = SimpleNamespace(tokens=[1], logprobs=[-0.5], stop_reason="stop")
+        return SimpleNamespace(sequences=[sequence])
+
+
+def test_an_episode_samples_with_its_own_seeds_whatever_order_episodes_call_in() -> None:
+    def seeds_when(delay: Callable[[int], float]) -> dict[tuple[int, ...], int]:
+        client = SeedRecordingSampler(delay)
+        policy = SamplerPolicy(
+            client, max_tokens=4, temperature=1.0, top_p=1.0, top_k=-1, stop=[], seed=1000
+        )
+        specs = iter([EpisodeSpec(0, seed, TurnsEnv) for seed in range(6)])
+        render = lambda o: [int(part) for part in o.split(":")]  # noqa: E731
+        asyncio.run(collect(specs, policy, render, lambda t: "x", concurrency=6))
+        return client.seeds
+
+    early_first = seeds_when(lambda episode: 0.001 * episode)
+    late_first = seeds_when(lambda episode: 0.001 * (6 - episode))
+    assert early_first == late_first
+    # The k-th episode's first turn has seed + k, as calls counted in order gave it.
+    assert [early_first[(k, 0)] for k in range(6)] == [1000 + k for k in range(6)]
+    assert early_first[(2, 2)] == 1002 + (2 << 32)

@@ -5,6 +5,7 @@ first, and a write that fails stopping the record, never the caller."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 
 import pytest
@@ -171,3 +172,24 @@ def test_a_failed_write_stops_the_record_saying_so_never_the_caller(engine: Engi
         assert session.get(Rollout, 1) is not None  # step 1's record stays
     assert summary[1].kept == 4
     assert "not recorded from step 2" in (summary[2].note or "")
+
+
+def test_waiting_for_a_step_returns_once_its_table_is_handed_on(engine: Engine) -> None:
+    handed = threading.Event()
+    release = threading.Event()
+
+    def on_written(step: int, kept: object) -> None:
+        handed.set()
+        release.wait(10)
+
+    recorder = RolloutRecorder(
+        engine, RUN, per_step=2, max_bytes=10**9, seed=0, say=print, on_written=on_written
+    )
+    assert recorder.wait_for(1, 0.0)  # nothing queued: nothing to wait for
+    recorder.record(1, [record(i, float(i)) for i in range(3)])
+    assert handed.wait(10)
+    assert not recorder.wait_for(1, 0.05)  # the table of step 1 is still being handed on
+    release.set()
+    assert recorder.wait_for(1, 10)
+    assert recorder.wait_for(5, 0.0)  # steps never queued are not waited for
+    recorder.close()

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import copy
 import itertools
 import threading
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -25,7 +26,9 @@ class Completion:
 
 
 class SamplerPolicy:
-    """One completion per call; each call gets its own seed so a group's samples differ.
+    """One completion per call; each call gets its own seed so a group's samples differ:
+    counting up from `seed` call by call, or, in a policy made by `episode(k)`, the episode's
+    own (`seed + k` for its first turn), whatever order concurrent episodes call in.
 
     `deadline` (time.monotonic()) and `cancel` (an event) are for the local backend only:
     sampling stops at the deadline, or at the next decode step once `cancel` is set.
@@ -53,8 +56,20 @@ class SamplerPolicy:
         self._params = types.SamplingParams(
             max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, stop=stop
         )
-        self._seeds = itertools.count(seed) if seed is not None else None
+        self._seed = seed
+        self._seeds: Iterator[int] | None = itertools.count(seed) if seed is not None else None
         self._timeout_s = timeout_s
+
+    def episode(self, index: int) -> SamplerPolicy:
+        """This policy for the `index`-th episode of a batch: turn t samples with seed
+        `seed + index + t * 2**32`, so an episode draws the same whenever its turns come (the
+        order concurrent episodes reach the sampler depends on timing). Single-turn episodes
+        keep the seeds call counting gave them in order."""
+        own = copy.copy(self)
+        if self._seed is not None:
+            first = self._seed + index
+            own._seeds = (first + (turn << 32) for turn in itertools.count())
+        return own
 
     async def sample(self, prompt_tokens: list[int]) -> tuple[list[int], list[float]]:
         completion = await self.complete(prompt_tokens)

@@ -132,14 +132,17 @@ async def collect(
     """
     out = Collected(episodes=[])
     done = asyncio.Event()
+    numbered = enumerate(specs)  # the k-th spec is the k-th episode, whichever worker runs it
+    own = getattr(policy, "episode", None)
 
     async def worker() -> None:
         while not done.is_set():
-            spec = next(specs, None)
+            index, spec = next(numbered, (0, None))
             if spec is None:
                 return
             try:
-                episode = await run_episode(spec, policy, render, decode, split)
+                episode_policy = own(index) if own is not None else policy
+                episode = await run_episode(spec, episode_policy, render, decode, split)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # an environment or sampler failure loses one episode

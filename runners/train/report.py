@@ -21,6 +21,8 @@ from core.training_config import TrainingConfig
 from runners.train.cost_meter import CostMeter
 
 log = logging.getLogger(__name__)
+# How long a step's W&B row waits for the previous step's rollouts table (then goes without).
+TABLE_WAIT_S = 10.0
 
 # A step's mean reward: the one key every reader takes it from (the server's `reward_mean`).
 REWARD_KEY = "reward/mean"
@@ -174,6 +176,10 @@ class Reporter:
         metrics = lifecycle.record_step(
             self._engine, self.run_id, step, metrics, spent=self.meter.take()
         )
+        if self._wandb is not None:
+            # The previous step's table goes in before this step's row (W&B drops a log to a
+            # step it has passed); the recorder still overlaps a step of training.
+            self._rollouts.wait_for(step - 1, TABLE_WAIT_S)
         self._log_wandb(step, metrics)
         print(
             f"step {step}/{total} reward={_fmt(reward)} "

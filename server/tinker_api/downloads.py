@@ -32,7 +32,9 @@ class DownloadSigner:
 
     def check(self, path: str, expires: int, signature: str) -> None:
         """Forbidden unless the signature is this server's for `path` and has not expired."""
-        if not hmac.compare_digest(self._sign(path, expires), signature):
+        # As bytes: compare_digest refuses str with characters outside ASCII (a TypeError).
+        given = signature.encode("utf-8", "replace")
+        if not hmac.compare_digest(self._sign(path, expires).encode(), given):
             raise Forbidden(
                 "signature: this download URL was not signed by this server (or was changed); "
                 "ask for a new one (external_weights_urls, or the session's trace_export)"

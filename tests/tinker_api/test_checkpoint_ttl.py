@@ -12,7 +12,7 @@ import pytest
 from core import schema
 from core.checkpoint_check import SAMPLER_RECORD, STATE_RECORD
 from core.db import make_engine
-from server.errors import BadRequest
+from server.errors import BadRequest, Forbidden
 from server.tinker_api.downloads import DownloadSigner
 from server.tinker_api.sessions.records import SessionRecords
 from server.tinker_api.weights import TinkerWeights
@@ -62,3 +62,12 @@ def test_checkpoints_go_once_their_time_to_live_passes(tmp_path: Path) -> None:
     assert [row.name for row in records.checkpoints([run_id])] == ["kept"]
     clock.now += timedelta(days=3650)
     assert weights.expire() == []
+
+
+def test_a_download_signature_outside_ascii_is_refused_not_a_crash() -> None:
+    signer = DownloadSigner(clock=lambda: 100.0)
+    url, expires = signer.url("http://127.0.0.1", "traces/abc")
+    good = url.rpartition("signature=")[2]
+    signer.check("traces/abc", int(expires), good)  # the server's own signature passes
+    with pytest.raises(Forbidden, match="signature"):
+        signer.check("traces/abc", int(expires), "*\U000f4d7d\x9bÇàT")

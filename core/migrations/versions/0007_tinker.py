@@ -19,7 +19,7 @@ depends_on = None
 
 def upgrade() -> None:
     with op.batch_alter_table("checkpoint") as batch:
-        batch.add_column(sa.Column("expires_at", sa.DateTime(), nullable=True))
+        batch.add_column(sa.Column("expires_at", sa.DateTime(timezone=True), nullable=True))
         batch.add_column(
             sa.Column("public", sa.Boolean(), nullable=False, server_default=sa.false())
         )
