@@ -15,31 +15,14 @@ from core.settings import PROJECT_ROOT, Settings
 from server.app import create_app
 
 # A real PostgreSQL for the tests that ask for it (started once per session, on first use).
-from tests.postgres import PostgresServer, postgres, postgres_url  # noqa: F401
+from tests.support.postgres import PostgresServer, postgres, postgres_url  # noqa: F401
+from tests.support.settings import make_settings
 
 # Tests never talk to hosted services; the runner and worker inherit these.
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("TINKER_TELEMETRY", "0")
 os.environ.setdefault("OPENREWARD_DISABLE_UPDATE_CHECK", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-
-
-def make_settings(tmp_path: Path, **overrides: object) -> Settings:
-    values: dict[str, object] = {
-        "var_dir": tmp_path / "var",
-        "tinker_api_key": None,
-        "wandb_api_key": None,
-        "openreward_api_key": None,
-        "api_token": None,
-        "supervisor_interval_s": 0.1,
-        "stop_grace_s": 3.0,
-        # Tests that want a warm worker ask for it; others must not load SmolLM2 at start-up.
-        "inference_warmup": False,
-        # Starlette's TestClient names its host `testserver`; live servers use 127.0.0.1.
-        "allowed_hosts": ["testserver", "127.0.0.1", "localhost"],
-    }
-    values.update(overrides)
-    return Settings(**values)  # type: ignore[arg-type]
 
 
 @pytest.fixture(scope="session")

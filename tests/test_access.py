@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from server.guards.access import remote_peer
-from tests.live_server import LiveServer
+from tests.support.live_server import LiveServer
 
 UVICORN_ALL_INTERFACES = [
     sys.executable,

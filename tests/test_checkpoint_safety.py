@@ -22,14 +22,14 @@ from core.run_folder import RunFolder
 from core.settings import PROJECT_ROOT
 from runners.engine.checkpoints import find_state, publish
 from server.app import create_app
-from tests.conftest import make_settings
-from tests.fake_runners import publisher
-from tests.helpers import TINY_RUN, small_tmpfs, wait_for
-from tests.helpers import finish_run as finish
-from tests.helpers import start_run as start
+from tests.support.fake_runners import publisher
+from tests.support.helpers import TINY_RUN, small_tmpfs, wait_for
+from tests.support.helpers import finish_run as finish
+from tests.support.helpers import start_run as start
+from tests.support.settings import make_settings
 
-CHECKPOINTING = "tests.fake_runners.checkpointing"
-PAUSED_RUNNER = "tests.fake_runners.paused_runner"
+CHECKPOINTING = "tests.support.fake_runners.checkpointing"
+PAUSED_RUNNER = "tests.support.fake_runners.paused_runner"
 TINY = {**TINY_RUN, "environment": "arithmetic", "steps_per_eval": 0}
 
 
@@ -65,7 +65,7 @@ def test_sigkill_in_the_middle_of_a_checkpoint_leaves_the_previous_one_loadable(
     tmp_path: Path, point: str
 ) -> None:
     child = subprocess.Popen(
-        [sys.executable, "-m", "tests.fake_runners.publisher", str(tmp_path), point],
+        [sys.executable, "-m", "tests.support.fake_runners.publisher", str(tmp_path), point],
         cwd=PROJECT_ROOT,
     )
     try:

@@ -24,7 +24,7 @@ from core.settings import Settings
 from runners.train.cost_meter import CostMeter
 from server.app import create_app
 from server.runs.pricing import SHIPPED_TABLE, PriceTableError, Pricing, TinkerPrices
-from tests.conftest import make_settings
+from tests.support.settings import make_settings
 
 TABLE = """
 currency = "USD"

@@ -12,8 +12,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from server.app import create_app
-from tests.conftest import make_settings
-from tests.helpers import TINY_RUN, finish_run, start_run
+from tests.support.helpers import TINY_RUN, finish_run, start_run
+from tests.support.settings import make_settings
 
 DEVICE_HOUR = 3.6  # per hour: a device second costs 0.001
 PER_MTOK = 2.0

@@ -14,7 +14,7 @@ from fastapi.testclient import TestClient
 
 from core.settings import Settings
 from server.app import create_app
-from tests.conftest import make_settings
+from tests.support.settings import make_settings
 
 
 @contextmanager

@@ -18,9 +18,9 @@ import pytest
 from fastapi.testclient import TestClient
 
 from server.app import create_app
-from tests.conftest import make_settings
-from tests.helpers import pid_alive, processes_with, wait_for
-from tests.live_server import LiveServer
+from tests.support.helpers import pid_alive, processes_with, wait_for
+from tests.support.live_server import LiveServer
+from tests.support.settings import make_settings
 
 CLASS = """
 from environments.base import SingleTurnEnv, Task

@@ -19,9 +19,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from runners.models.tiny import build_tiny
 from server.app import create_app
-from tests.backend.conftest import local_service
-from tests.conftest import make_settings
-from tests.helpers import (
+from tests.support.helpers import (
     TINY_RUN,
     end_run_leftovers,
     finish_run,
@@ -29,9 +27,11 @@ from tests.helpers import (
     start_run,
     wait_for,
 )
+from tests.support.local_backend import local_service
+from tests.support.settings import make_settings
 
 PROMPT = "<|im_start|>user\nrepeat: apple<|im_end|>\n<|im_start|>assistant\napple"
-FAKE = "tests.fake_runners.runner"
+FAKE = "tests.support.fake_runners.runner"
 
 
 @pytest.fixture(scope="module")

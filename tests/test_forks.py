@@ -12,8 +12,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from server.app import create_app
-from tests.conftest import make_settings
-from tests.helpers import TINY_RUN, finish_run, processes_with, start_run, wait_for
+from tests.support.helpers import TINY_RUN, finish_run, processes_with, start_run, wait_for
+from tests.support.settings import make_settings
 
 
 @pytest.fixture
@@ -133,7 +133,7 @@ def test_a_run_without_a_checkpoint_cannot_be_forked(
 ) -> None:
     # The fake runner records steps but never a checkpoint.
     monkeypatch.setenv("FAKE_RUNNER_STEP_S", "0.01")
-    settings = make_settings(tmp_path, runner_module="tests.fake_runners.runner")
+    settings = make_settings(tmp_path, runner_module="tests.support.fake_runners.runner")
     with TestClient(create_app(settings)) as client:
         run_id = start_run(client, environment="arithmetic", total_steps=2)
         assert finish_run(client, run_id)["status"] == "succeeded"
@@ -141,7 +141,7 @@ def test_a_run_without_a_checkpoint_cannot_be_forked(
         assert resp.status_code == 409
         assert "no state checkpoint to fork from" in resp.json()["detail"]
         assert len(client.get("/runs").json()) == 1
-    from tests.helpers import end_run_leftovers
+    from tests.support.helpers import end_run_leftovers
 
     end_run_leftovers(tmp_path / "var")
     assert json.loads((tmp_path / "var" / "runs" / run_id / "config.json").read_text())

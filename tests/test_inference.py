@@ -13,8 +13,8 @@ from environments.arithmetic import ArithmeticEnv
 from environments.base import Unscorable
 from environments.repeat_word import RepeatWordEnv
 from server.app import create_app
-from tests.conftest import make_settings
-from tests.helpers import wait_for
+from tests.support.helpers import wait_for
+from tests.support.settings import make_settings
 
 
 @pytest.fixture(scope="module")

@@ -15,8 +15,8 @@ import httpx
 import pytest
 
 from core.procs import process_start_time, same_process_alive
-from tests.helpers import processes_with, wait_for
-from tests.live_server import LiveServer
+from tests.support.helpers import processes_with, wait_for
+from tests.support.live_server import LiveServer
 
 pytestmark = pytest.mark.slow
 LONG = {"prompts": ["Tell me a very long story about a river."], "max_tokens": 4000}

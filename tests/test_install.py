@@ -24,7 +24,7 @@ from packaging.requirements import Requirement
 from packaging.version import Version
 
 from core.settings import PROJECT_ROOT
-from tests.live_server import free_port
+from tests.support.live_server import free_port
 
 DOCKERFILE = PROJECT_ROOT / "Dockerfile"
 MAKEFILE = PROJECT_ROOT / "Makefile"

@@ -10,12 +10,12 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.helpers import fake_runner_starts, pid_alive, run_leftovers, wait_for
-from tests.live_server import LiveServer
+from tests.support.helpers import fake_runner_starts, pid_alive, run_leftovers, wait_for
+from tests.support.live_server import LiveServer
 
 pytestmark = pytest.mark.slow
 FAKE = {
-    "RLCS_RUNNER_MODULE": "tests.fake_runners.runner",
+    "RLCS_RUNNER_MODULE": "tests.support.fake_runners.runner",
     "FAKE_RUNNER_STEP_S": "0.1",
     "RLCS_MAX_CONCURRENT_RUNS": "2",
     "RLCS_LEADER_POLL_S": "0.5",

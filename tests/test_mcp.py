@@ -24,14 +24,14 @@ from pydantic import AnyUrl
 
 from core.settings import PROJECT_ROOT
 from server.app import create_app
-from tests.cli.conftest import run_cli
-from tests.conftest import make_settings
-from tests.helpers import TINY_RUN, end_run_leftovers, start_run, wait_for
-from tests.live_server import LiveServer
-from tests.mcp_client import call, http_session, run_async, stdio_session
+from tests.support.helpers import TINY_RUN, end_run_leftovers, start_run, wait_for
+from tests.support.live_server import LiveServer
+from tests.support.mcp_client import call, http_session, run_async, stdio_session
+from tests.support.rlctl import run_cli
+from tests.support.settings import make_settings
 
-FAKE = "tests.fake_runners.runner"
-REFERENCE = PROJECT_ROOT / "tests" / "reference_client" / "rl_training_tool.py"
+FAKE = "tests.support.fake_runners.runner"
+REFERENCE = PROJECT_ROOT / "tests" / "support" / "reference_client" / "rl_training_tool.py"
 OURS = {"rl_wait_for_run", "rl_start_sweep", "rl_get_sweep", "rl_wait_for_sweep", "rl_fork_run"}
 
 

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from core.db import make_engine
-from tests.live_server import LiveServer
-from tests.mcp_client import call, http_session, run_async
-from tests.test_rollouts_api import RUN, seed_run, two_steps
+from tests.support.live_server import LiveServer
+from tests.support.mcp_client import call, http_session, run_async
+from tests.support.rollouts import RUN, seed_run, two_steps
 
 pytestmark = pytest.mark.slow
 

@@ -12,8 +12,8 @@ import httpx
 import openai
 import pytest
 
-from tests.helpers import finish_run, run_of, start_run, wait_for
-from tests.live_server import LiveServer
+from tests.support.helpers import finish_run, run_of, start_run, wait_for
+from tests.support.live_server import LiveServer
 
 pytestmark = [pytest.mark.slow, pytest.mark.training]
 TOKEN = "openai-compat-test-token-0123456789"

@@ -14,8 +14,8 @@ import schemathesis
 from hypothesis import HealthCheck, given, settings
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 
-from tests.helpers import end_run_leftovers
-from tests.live_server import LiveServer
+from tests.support.helpers import end_run_leftovers
+from tests.support.live_server import LiveServer
 
 pytestmark = pytest.mark.slow
 
@@ -24,7 +24,7 @@ pytestmark = pytest.mark.slow
 def server_url(tmp_path_factory: pytest.TempPathFactory):
     var: Path = tmp_path_factory.mktemp("fuzz") / "var"
     env = {
-        "RLCS_RUNNER_MODULE": "tests.fake_runners.runner",
+        "RLCS_RUNNER_MODULE": "tests.support.fake_runners.runner",
         "FAKE_RUNNER_MODE": "crash",
         "RLCS_MAX_CONCURRENT_RUNS": "1",
     }

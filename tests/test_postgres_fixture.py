@@ -1,4 +1,5 @@
-"""tests/postgres.py: a real server that serves SQLAlchemy, isolates databases, ends cleanly."""
+"""tests/support/postgres.py: a real server that serves SQLAlchemy, isolates databases, ends
+cleanly."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from tests.postgres import PostgresServer, child_pids, postgres_or_skip
+from tests.support.postgres import PostgresServer, child_pids, postgres_or_skip
 
 pytestmark = pytest.mark.postgres
 

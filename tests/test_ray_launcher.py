@@ -1,4 +1,4 @@
-"""RLCS_LAUNCHER=ray against a real Ray head on loopback (tests/ray_head.py) and a real
+"""RLCS_LAUNCHER=ray against a real Ray head on loopback (tests/support/ray_head.py) and a real
 PostgreSQL: a tiny-random run goes through Ray with metrics and checkpoints, a stop ends it
 `stopped` with a checkpoint, a server killed mid-run adopts its job on restart, a run asking
 for GPUs the cluster lacks waits queued saying why, and an unreachable Ray leaves runs queued
@@ -20,9 +20,9 @@ from core.models import Run, RunStatus
 from core.settings import Settings
 from server.launch.ray import RayLauncher
 from server.launch.ray_jobs import RayJobs
-from tests.helpers import TINY_RUN, finish_run, processes_with, run_of, start_run, wait_for
-from tests.live_server import LiveServer, free_port
-from tests.ray_head import RayHead, missing_reason
+from tests.support.helpers import TINY_RUN, finish_run, processes_with, run_of, start_run, wait_for
+from tests.support.live_server import LiveServer, free_port
+from tests.support.ray_head import RayHead, missing_reason
 
 pytestmark = [
     pytest.mark.slow,

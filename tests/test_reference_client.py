@@ -1,27 +1,22 @@
-"""The reference client (tests/reference_client/rl_training_tool.py), its code unchanged, drives
-a live server end to end on the local default model (SmolLM2), within its own 30 s timeouts:
-a fresh server (nothing loaded yet; SmolLM2 converted, as the set-up leaves it), inference
-with its default max_tokens=256, a run with its default body, status, results and stop."""
+"""The reference client (tests/support/reference_client/rl_training_tool.py), its code
+unchanged, drives a live server end to end on the local default model (SmolLM2), within its
+own 30 s timeouts: a fresh server (nothing loaded yet; SmolLM2 converted, as the set-up leaves
+it), inference with its default max_tokens=256, a run with its default body, status, results
+and stop."""
 
 from __future__ import annotations
 
-import asyncio
-import importlib.util
-import json
-import time
 from collections.abc import Iterator
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 
 from core.model_names import LOCAL_DEFAULT_MODEL
-from tests.helpers import wait_for
-from tests.live_server import LiveServer
+from tests.support.helpers import wait_for
+from tests.support.live_server import LiveServer
+from tests.support.reference_client.load import CLIENT_TIMEOUT_S, call, load_client
 
-CLIENT_FILE = Path(__file__).parent / "reference_client" / "rl_training_tool.py"
-CLIENT_TIMEOUT_S = 30  # _make_request's default, which every tool call uses
 FINISHED = {"succeeded", "failed", "stopped"}
 
 # Three prompts, two of which ask for long answers (the case that used to time out).
@@ -31,23 +26,6 @@ PROMPTS = [
     "Write a short story about a robot who learns arithmetic. End it with the value of "
     "12 - 5 in \\boxed{}.",
 ]
-
-
-def load_client(monkeypatch: pytest.MonkeyPatch, url: str) -> ModuleType:
-    """A fresh import of the client module: it reads RL_API_URL once, at import."""
-    monkeypatch.setenv("RL_API_URL", url)
-    spec = importlib.util.spec_from_file_location(f"rl_training_tool_{time.time_ns()}", CLIENT_FILE)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def call(tool: Any, *args: Any, **kwargs: Any) -> tuple[Any, float]:
-    """Run one of the client's async tools; its JSON answer and how long it took."""
-    started = time.monotonic()
-    answer = json.loads(asyncio.run(tool(*args, **kwargs)))
-    return answer, time.monotonic() - started
 
 
 @pytest.fixture

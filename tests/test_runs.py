@@ -22,11 +22,17 @@ from cli.watch import follow_logs
 from core.db import make_engine, read_session
 from core.models import ACTIVE, Run
 from server.app import create_app
-from tests.conftest import make_settings
-from tests.helpers import end_run_leftovers, pid_alive, processes_with, run_leftovers, wait_for
-from tests.live_server import LiveServer
+from tests.support.helpers import (
+    end_run_leftovers,
+    pid_alive,
+    processes_with,
+    run_leftovers,
+    wait_for,
+)
+from tests.support.live_server import LiveServer
+from tests.support.settings import make_settings
 
-FAKE = "tests.fake_runners.runner"
+FAKE = "tests.support.fake_runners.runner"
 FINAL = {"succeeded", "failed", "stopped"}
 
 

@@ -10,10 +10,10 @@ import pytest
 from fastapi.testclient import TestClient
 
 from server.app import create_app
-from tests.conftest import make_settings
-from tests.helpers import TINY_RUN, end_run_leftovers, processes_with, wait_for
+from tests.support.helpers import TINY_RUN, end_run_leftovers, processes_with, wait_for
+from tests.support.settings import make_settings
 
-FAKE = "tests.fake_runners.runner"
+FAKE = "tests.support.fake_runners.runner"
 
 
 @pytest.fixture

@@ -10,12 +10,12 @@ import pytest
 from fastapi.testclient import TestClient
 
 from server.app import create_app
-from tests.conftest import make_settings
-from tests.helpers import FINISHED as FINAL
-from tests.helpers import TINY_RUN as TINY
-from tests.helpers import finish_run as finish
-from tests.helpers import start_run as start
-from tests.helpers import wait_for
+from tests.support.helpers import FINISHED as FINAL
+from tests.support.helpers import TINY_RUN as TINY
+from tests.support.helpers import finish_run as finish
+from tests.support.helpers import start_run as start
+from tests.support.helpers import wait_for
+from tests.support.settings import make_settings
 
 
 @pytest.fixture
@@ -234,7 +234,7 @@ def test_a_stop_through_the_database_reaches_a_runner_no_signal_reaches(tmp_path
     """A runner the server cannot signal (on another machine; here SIGTERM is blocked) stops
     at the stop request it reads from the database: checkpoint, then `stopped`."""
     settings = make_settings(
-        tmp_path, runner_module="tests.fake_runners.deaf_runner", stop_grace_s=300.0
+        tmp_path, runner_module="tests.support.fake_runners.deaf_runner", stop_grace_s=300.0
     )
     with TestClient(create_app(settings)) as client:
         run_id = start(client, environment="repeat_word", total_steps=200, save_every=0, **TINY)

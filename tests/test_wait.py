@@ -12,10 +12,10 @@ import pytest
 from fastapi.testclient import TestClient
 
 from server.app import create_app
-from tests.conftest import make_settings
-from tests.helpers import end_run_leftovers, processes_with, wait_for
+from tests.support.helpers import end_run_leftovers, processes_with, wait_for
+from tests.support.settings import make_settings
 
-FAKE = "tests.fake_runners.runner"
+FAKE = "tests.support.fake_runners.runner"
 
 
 @pytest.fixture

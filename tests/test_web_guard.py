@@ -13,8 +13,8 @@ from fastapi.testclient import TestClient
 from core.settings import Settings
 from server.app import create_app
 from server.guards.web import host_name
-from tests.conftest import make_settings
-from tests.live_server import LiveServer
+from tests.support.live_server import LiveServer
+from tests.support.settings import make_settings
 
 LOCAL = "http://127.0.0.1:8080"
 EVIL = {"Origin": "http://evil.example", "Content-Type": "text/plain"}

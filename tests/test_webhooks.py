@@ -31,11 +31,11 @@ from server.webhooks.fanout import FanOut
 from server.webhooks.schemas import EventName
 from server.webhooks.service import WebhookService, host_allowed
 from server.webhooks.signing import KEY_FILE, signing_key, verify
-from tests.conftest import make_settings
-from tests.helpers import end_run_leftovers, processes_with, run_of, start_run, wait_for
-from tests.standins.webhook_receiver import Received, WebhookReceiver
+from tests.support.helpers import end_run_leftovers, processes_with, run_of, start_run, wait_for
+from tests.support.settings import make_settings
+from tests.support.standins.webhook_receiver import Received, WebhookReceiver
 
-FAKE = "tests.fake_runners.runner"
+FAKE = "tests.support.fake_runners.runner"
 RUN_EVENTS = ["run.started", "run.step", "run.succeeded", "run.failed", "run.stopped"]
 
 

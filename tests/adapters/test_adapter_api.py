@@ -82,7 +82,7 @@ import sys, tempfile
 from pathlib import Path
 from fastapi.testclient import TestClient
 from server.app import create_app
-from tests.conftest import make_settings
+from tests.support.settings import make_settings
 with TestClient(create_app(make_settings(Path(tempfile.mkdtemp())))) as c:
     for name in ("gem", "reasoning_gym", "openreward"):
         assert c.post(f"/environments/{name}/select").status_code == 200

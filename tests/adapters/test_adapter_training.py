@@ -8,8 +8,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from server.app import create_app
-from tests.conftest import make_settings
-from tests.helpers import wait_for
+from tests.support.helpers import wait_for
+from tests.support.settings import make_settings
 
 # Each run starts a runner process that imports torch.
 pytestmark = [pytest.mark.slow, pytest.mark.training]

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from core.settings import Settings
-from tests.live_server import LiveServer
+from tests.support.live_server import LiveServer
 
 ENVS = Path(__file__).parent / "envs"
 

@@ -21,7 +21,7 @@ from core.model_names import SMOLLM2, find_smollm2_gguf
 from core.settings import PROJECT_ROOT
 from runners.models.loading import load_tokenizer, tokenizer_folder
 from runners.models.tokenizer_files import portable_config
-from tests.helpers import pid_alive, wait_for
+from tests.support.helpers import pid_alive, wait_for
 
 ENVSIDE = PROJECT_ROOT / "runners" / "atropos" / "envside"
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.atropos.conftest import atropos_server
-from tests.helpers import finish_run, start_run
+from tests.support.helpers import finish_run, start_run
 
 pytestmark = pytest.mark.slow
 

@@ -17,9 +17,9 @@ from tinker import types
 from runners.engine import scheduler
 from runners.engine.sampling_model import SamplingModel
 from runners.engine.slot_batch import SlotBatch
-from tests.backend.conftest import local_service
 from tests.backend.test_local_backend import ADAM, ce_batch, ce_datum, prompt, train_steps
 from tests.backend.test_slot_batch import SPECS, _drain, _rows
+from tests.support.local_backend import local_service
 
 pytestmark = pytest.mark.gpu
 BF16_LOGPROB_ATOL = 0.1

@@ -22,9 +22,10 @@ import pytest
 from cli import watch as watch_mod
 from cli.main import main
 from cli.values import parse_value
-from tests.cli.conftest import Result, Rlctl, run_cli
-from tests.helpers import wait_for
-from tests.live_server import LiveServer, free_port
+from tests.cli.conftest import Rlctl
+from tests.support.helpers import wait_for
+from tests.support.live_server import LiveServer, free_port
+from tests.support.rlctl import Result, run_cli
 
 OK, SERVER_ERROR, USAGE, UNREACHABLE, RUN_FAILED = 0, 1, 2, 3, 4
 T = TypeVar("T")

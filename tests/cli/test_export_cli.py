@@ -10,9 +10,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.cli.conftest import run_cli
-from tests.helpers import TINY_RUN, finish_run, processes_with, start_run, wait_for
-from tests.live_server import LiveServer
+from tests.support.helpers import TINY_RUN, finish_run, processes_with, start_run, wait_for
+from tests.support.live_server import LiveServer
+from tests.support.rlctl import run_cli
 
 pytestmark = pytest.mark.training
 

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 import tinker
 
-from tests.standins.tinker_standin import TinkerStandin
+from tests.support.standins.tinker_standin import TinkerStandin
 
 TEST_KEY = "tml-standin-test-key-0123456789"
 

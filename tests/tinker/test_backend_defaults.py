@@ -12,8 +12,8 @@ from fastapi.testclient import TestClient
 
 from core.model_names import LOCAL_DEFAULT_MODEL, TINKER_DEFAULT_MODEL
 from server.app import create_app
-from tests.conftest import make_settings
-from tests.standins.tinker_standin import TinkerStandin
+from tests.support.settings import make_settings
+from tests.support.standins.tinker_standin import TinkerStandin
 from tests.tinker.conftest import TEST_KEY
 
 

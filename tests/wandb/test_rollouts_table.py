@@ -12,9 +12,9 @@ import pytest
 from fastapi.testclient import TestClient
 
 from server.app import create_app
-from tests.conftest import make_settings
-from tests.helpers import finish_run
-from tests.standins.wandb_standin import WandbStandin
+from tests.support.helpers import finish_run
+from tests.support.settings import make_settings
+from tests.support.standins.wandb_standin import WandbStandin
 from tests.wandb.conftest import KEY
 
 pytestmark = pytest.mark.training

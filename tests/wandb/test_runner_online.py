@@ -15,9 +15,9 @@ from fastapi.testclient import TestClient
 from core.db import read_session
 from core.models import Metric
 from server.app import create_app
-from tests.conftest import make_settings
-from tests.helpers import wait_for
-from tests.standins.wandb_standin import WandbStandin
+from tests.support.helpers import wait_for
+from tests.support.settings import make_settings
+from tests.support.standins.wandb_standin import WandbStandin
 from tests.wandb.conftest import KEY
 
 pytestmark = pytest.mark.training

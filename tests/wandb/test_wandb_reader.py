@@ -10,7 +10,7 @@ import time
 import pytest
 
 from server.runs.wandb_reader import WandbReader, WandbResult
-from tests.standins.wandb_standin import WandbStandin
+from tests.support.standins.wandb_standin import WandbStandin
 from tests.wandb.conftest import (
     ENTITY,
     HISTORY,

@@ -1,5 +1,5 @@
 """A process that writes two checkpoints with the local backend's publish and stops inside the
-second, for tests that SIGKILL it there: `python -m tests.fake_runners.publisher DIR POINT`.
+second, for tests that SIGKILL it there: `python -m tests.support.fake_runners.publisher DIR POINT`.
 
 POINT: mid-file (half of the weights written), unsealed (every file written, no manifest yet)
 or sealed (manifest written, not yet renamed into place). It writes DIR/paused once there.

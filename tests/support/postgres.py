@@ -1,6 +1,6 @@
 """A real, throwaway PostgreSQL server for tests: one temp folder, one loopback port, trust auth.
 
-Import the fixtures with `from tests.postgres import postgres, postgres_url`.
+Import the fixtures with `from tests.support.postgres import postgres, postgres_url`.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler
 from typing import Any
 
-from tests.standins.loopback import LoopbackServer
+from tests.support.standins.loopback import LoopbackServer
 
 
 @dataclass

@@ -20,7 +20,7 @@ from urllib.parse import urlsplit
 import numpy as np
 from tinker.proto import tinker_public_pb2 as pb
 
-from tests.standins.loopback import LoopbackServer
+from tests.support.standins.loopback import LoopbackServer
 
 PROTO_CONTENT_TYPE = "application/x-protobuf"
 JSON_CONTENT_TYPE = "application/json"

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import httpx
 
-from tests.helpers import wait_for
-from tests.live_server import free_port
+from tests.support.helpers import wait_for
+from tests.support.live_server import free_port
 
 RAY = Path(sys.executable).parent / "ray"
 

@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler
 from typing import Any
 
-from tests.standins.loopback import LoopbackServer
-from tests.standins.wandb_writes import (
+from tests.support.standins.loopback import LoopbackServer
+from tests.support.standins.wandb_writes import (
     FILE_STREAM_ANSWER,
     FILE_STREAM_RE,
     UPLOAD_PREFIX,

@@ -12,7 +12,7 @@ from typing import Any
 
 import httpx
 
-from tests.standins.loopback import LoopbackServer
+from tests.support.standins.loopback import LoopbackServer
 
 HOP_HEADERS = {"host", "content-length", "connection", "transfer-encoding", "keep-alive"}
 

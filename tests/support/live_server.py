@@ -79,7 +79,7 @@ class LiveServer:
 
     @property
     def api(self) -> httpx.Client:
-        """A client of this server's API (tests.helpers' start_run, run_of, finish_run),
+        """A client of this server's API (tests.support.helpers' start_run, run_of, finish_run),
         closed with the server."""
         if self._api is None:
             self._api = httpx.Client(base_url=self.url, timeout=30)

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, unquote
 
 if TYPE_CHECKING:
-    from tests.standins.wandb_standin import StandinRun
+    from tests.support.standins.wandb_standin import StandinRun
 
 FILE_STREAM_RE = re.compile(r"^/files/([^/]+)/([^/]+)/([^/]+)/file_stream$")
 UPLOAD_PREFIX = "/storage/"
