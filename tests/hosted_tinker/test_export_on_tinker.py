@@ -9,10 +9,10 @@ import pytest
 from fastapi.testclient import TestClient
 
 from server.app import create_app
+from tests.hosted_tinker.conftest import TEST_KEY
 from tests.support.helpers import finish_run, start_run
 from tests.support.settings import make_settings
 from tests.support.standins.tinker_standin import TinkerStandin
-from tests.tinker.conftest import TEST_KEY
 
 pytestmark = pytest.mark.training
 

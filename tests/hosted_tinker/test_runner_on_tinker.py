@@ -15,10 +15,10 @@ from fastapi.testclient import TestClient
 from environments.repeat_word import WORDS
 from runners.models.tiny import build_tiny_tokenizer
 from server.app import create_app
+from tests.hosted_tinker.conftest import TEST_KEY
 from tests.support.helpers import wait_for
 from tests.support.settings import make_settings
 from tests.support.standins.tinker_standin import TinkerStandin, token_logprob
-from tests.tinker.conftest import TEST_KEY
 
 pytestmark = pytest.mark.training
 

@@ -12,9 +12,9 @@ from fastapi.testclient import TestClient
 
 from core.model_names import LOCAL_DEFAULT_MODEL, TINKER_DEFAULT_MODEL
 from server.app import create_app
+from tests.hosted_tinker.conftest import TEST_KEY
 from tests.support.settings import make_settings
 from tests.support.standins.tinker_standin import TinkerStandin
-from tests.tinker.conftest import TEST_KEY
 
 
 def tinker_client(tmp_path: Path, standin: TinkerStandin) -> TestClient:

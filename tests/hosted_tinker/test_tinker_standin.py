@@ -21,12 +21,12 @@ from runners.backends.tinker_backend import (
     TinkerUnreachable,
     create_tinker_service,
 )
+from tests.hosted_tinker.conftest import TEST_KEY
 from tests.support.standins.tinker_standin import (
     TinkerStandin,
     default_sample_tokens,
     token_logprob,
 )
-from tests.tinker.conftest import TEST_KEY
 
 BASE_MODEL = "Qwen/Qwen3-4B-Instruct-2507"
 WAIT_S = 10.0

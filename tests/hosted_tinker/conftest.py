@@ -1,4 +1,4 @@
-"""Fixtures: a Tinker stand-in per test, and the SDK's telemetry switched off."""
+"""Fixtures: a hosted-Tinker stand-in per test, and the SDK's telemetry switched off."""
 
 from __future__ import annotations
 
