@@ -42,21 +42,46 @@ def prepared_models_dir() -> Path:
     return folder
 
 
-# Test lanes (markers registered in pyproject.toml; `make test-fast` leaves these out): a folder
-# whose tests are all of one kind, and tests on a real PostgreSQL: those that take the `postgres`
-# fixture, and the PostgreSQL side of those parametrized over both databases (param "postgresql",
-# as `database_url` here and test_lifecycle's `engine` are).
-FOLDER_LANES = {"browser": "browser"}
+# Test lanes: a test's lane is the folder it sits in. Every test under a folder named here, at
+# any depth below tests/ (tests/slow/, tests/cli/slow/, tests/backend/gpu/, ...), gets that lane:
+# a marker registered in pyproject.toml, which `make test-fast` leaves out (all but gpu, which
+# skips without CUDA). Tests outside them are fast.
+LANE_OF_FOLDER = {
+    "slow": "slow",  # over ~2.5 s on a loaded 2-core machine: live servers, workers, real waits
+    "training": "training",  # trains a real model for steps (tiny-random, SmolLM2)
+    "tinker_api": "slow",  # our server's Tinker API: the SDK against a live server and engine
+    "browser": "browser",
+    "atropos": "atropos",
+    "ray": "ray",
+    "install": "install",
+    "postgres": "postgres",
+    "gpu": "gpu",
+}
+LANES = frozenset(LANE_OF_FOLDER.values())
+TESTS = Path(__file__).parent
 
 
+def folder_lanes(item: pytest.Item) -> set[str]:
+    folders = item.path.relative_to(TESTS).parts[:-1]
+    return {LANE_OF_FOLDER[f] for f in folders if f in LANE_OF_FOLDER}
+
+
+def on_postgres(item: pytest.Item) -> bool:
+    """The one lane also set otherwise than by folder: one test function may run on SQLite and on
+    PostgreSQL, so the tests that take the `postgres` fixture and the PostgreSQL side of those
+    parametrized over both databases (param "postgresql", as `database_url` here and
+    test_lifecycle's `engine` are) are in the `postgres` lane wherever they are."""
+    callspec = getattr(item, "callspec", None)
+    on_both = callspec is not None and "postgresql" in callspec.params.values()
+    return on_both or "postgres" in getattr(item, "fixturenames", ())
+
+
+@pytest.hookimpl(tryfirst=True)  # before other hooks read the lanes (the gpu skip, -m)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        lane = FOLDER_LANES.get(item.path.parent.name)
-        if lane is not None:
+        for lane in sorted(folder_lanes(item)):
             item.add_marker(lane)
-        callspec = getattr(item, "callspec", None)
-        on_postgres = callspec is not None and "postgresql" in callspec.params.values()
-        if on_postgres or "postgres" in getattr(item, "fixturenames", ()):
+        if on_postgres(item):
             item.add_marker("postgres")
 
 

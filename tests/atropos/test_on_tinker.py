@@ -21,7 +21,6 @@ from tests.support.helpers import finish_run, start_run
 from tests.support.settings import make_settings
 from tests.support.standins.tinker_standin import TinkerStandin, token_logprob
 
-pytestmark = pytest.mark.slow
 KEY = "tml-standin-test-key-0123456789"
 TOKENIZER = build_tiny_tokenizer()
 # Close to what word_echo (repeat a word) and chat_dialogue (a colour, then in capitals) ask.

@@ -13,8 +13,6 @@ from tests.atropos.conftest import atropos_server
 from tests.support.helpers import FINISHED, wait_for
 from tests.support.reference_client.load import call, load_client
 
-pytestmark = pytest.mark.slow
-
 
 def test_the_reference_client_lists_configures_trains_and_tries_an_atropos_environment(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, atropos_python: str

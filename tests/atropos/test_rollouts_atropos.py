@@ -12,8 +12,6 @@ import pytest
 from tests.atropos.conftest import atropos_server
 from tests.support.helpers import finish_run, start_run
 
-pytestmark = pytest.mark.slow
-
 TINY = {"model_name": "tiny-random", "lora_rank": 8, "use_wandb": False, "groups_per_step": 2}
 
 

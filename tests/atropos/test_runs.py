@@ -34,8 +34,6 @@ from tests.support.live_server import LiveServer
 from tests.support.mcp_client import call, http_session
 from tests.support.standins.webhook_receiver import WebhookReceiver
 
-pytestmark = pytest.mark.slow
-
 TINY = {"model_name": "tiny-random", "lora_rank": 8, "use_wandb": False, "groups_per_step": 2}
 GOOD = ("word_echo", "chat_dialogue", "counting")
 

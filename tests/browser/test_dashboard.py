@@ -29,7 +29,7 @@ expect = pytest.importorskip(
 if TYPE_CHECKING:
     from playwright.sync_api import Locator, Page
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+pytestmark = pytest.mark.timeout(600)
 
 # Real runs on a busy machine: a runner imports torch before its first step.
 RUN_START_S = 180

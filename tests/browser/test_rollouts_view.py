@@ -28,7 +28,7 @@ expect = pytest.importorskip(
 if TYPE_CHECKING:
     from playwright.sync_api import Page
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+pytestmark = pytest.mark.timeout(600)
 
 HOSTILE_RUN = "r-0000bad0"
 BIG_RUN = "r-00001000"

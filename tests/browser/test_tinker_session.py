@@ -24,7 +24,7 @@ tinker = pytest.importorskip("tinker")
 if TYPE_CHECKING:
     from playwright.sync_api import Page
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+pytestmark = pytest.mark.timeout(600)
 
 NAME = "grid-search <b>7</b>"  # a name holding markup stays text
 STEPS = 2

@@ -19,7 +19,6 @@ expect = pytest.importorskip(
 if TYPE_CHECKING:
     from playwright.sync_api import Page
 
-pytestmark = pytest.mark.slow
 TOKEN = "dashboard-token-0123456789"
 
 
