@@ -45,7 +45,8 @@ def prepared_models_dir() -> Path:
 # Test lanes: a test's lane is the folder it sits in. Every test under a folder named here, at
 # any depth below tests/ (tests/slow/, tests/cli/slow/, tests/backend/gpu/, ...), gets that lane:
 # a marker registered in pyproject.toml, which `make test-fast` leaves out (all but gpu, which
-# skips without CUDA). Tests outside them are fast.
+# skips without CUDA). Tests outside them are fast. A test carries no lane marker of its own:
+# collection stops on one, saying where the test goes (docs/developers.md, "Test lanes").
 LANE_OF_FOLDER = {
     "slow": "slow",  # over ~2.5 s on a loaded 2-core machine: live servers, workers, real waits
     "training": "training",  # trains a real model for steps (tiny-random, SmolLM2)
@@ -58,12 +59,20 @@ LANE_OF_FOLDER = {
     "gpu": "gpu",
 }
 LANES = frozenset(LANE_OF_FOLDER.values())
+# Where a test with lane markers of its own belongs, when they name several: the first listed.
+PRECEDENCE = ("gpu", "install", "ray", "browser", "atropos", "postgres", "training", "slow")
+# Folders that are a domain and a lane at once: a test there is in their lane, however marked.
+DOMAIN_LANE_FOLDERS = {"browser", "atropos", "tinker_api"}
 TESTS = Path(__file__).parent
 
 
+def folders(item: pytest.Item) -> tuple[str, ...]:
+    """The folders between tests/ and the test's module (none for a test outside tests/)."""
+    return item.path.relative_to(TESTS).parts[:-1] if item.path.is_relative_to(TESTS) else ()
+
+
 def folder_lanes(item: pytest.Item) -> set[str]:
-    folders = item.path.relative_to(TESTS).parts[:-1]
-    return {LANE_OF_FOLDER[f] for f in folders if f in LANE_OF_FOLDER}
+    return {LANE_OF_FOLDER[f] for f in folders(item) if f in LANE_OF_FOLDER}
 
 
 def on_postgres(item: pytest.Item) -> bool:
@@ -76,8 +85,41 @@ def on_postgres(item: pytest.Item) -> bool:
     return on_both or "postgres" in getattr(item, "fixturenames", ())
 
 
+def lane_home(item: pytest.Item, lane: str) -> str:
+    """The folder a test of `lane` belongs in: the lane folder beside the test's own domain
+    folder (tests/slow/ for tests/test_runs.py, tests/cli/slow/ for tests/cli/test_cli.py)."""
+    if lane in DOMAIN_LANE_FOLDERS:
+        return f"tests/{lane}/"
+    domain = [f for f in folders(item) if f not in LANE_OF_FOLDER]
+    return "/".join(["tests", *domain, lane]) + "/"
+
+
+def misplaced(item: pytest.Item) -> str | None:
+    """Why `item` is refused, if it carries a lane marker of its own (its module's pytestmark,
+    a decorator, a pytest.param's marks): lanes are set by folder only."""
+    own = {m.name for m in item.iter_markers() if m.name in LANES}
+    if not own:
+        return None
+    where = f"{item.nodeid} is marked {', '.join(sorted(own))}"
+    given = folder_lanes(item) | ({"postgres"} if on_postgres(item) else set())
+    if own <= given or DOMAIN_LANE_FOLDERS.intersection(folders(item)):
+        return f"{where}: drop the marker; where it is gives its lane ({', '.join(sorted(given))})"
+    lane = next(lane for lane in PRECEDENCE if lane in own - given)
+    fix = f"move it to {lane_home(item, lane)}{item.path.name}"
+    if lane == "postgres":
+        fix = "take the `postgres` fixture, or " + fix
+    return f"{where}: {fix} and drop the marker"
+
+
 @pytest.hookimpl(tryfirst=True)  # before other hooks read the lanes (the gpu skip, -m)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    refused = [why for item in items if (why := misplaced(item)) is not None]
+    if refused:
+        raise pytest.UsageError(
+            "a test's lane is its folder (tests/conftest.py, LANE_OF_FOLDER), never a marker "
+            "of its own; a test moved to a lane folder keeps its name, its module's name, and "
+            "the fixtures it shares (docs/developers.md, Test lanes):\n  " + "\n  ".join(refused)
+        )
     for item in items:
         for lane in sorted(folder_lanes(item)):
             item.add_marker(lane)
