@@ -9,13 +9,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from server.app import create_app
-from tests.support.helpers import (
-    end_run_leftovers,
-    finish_run,
-    processes_with,
-    start_run,
-    wait_for,
-)
+from tests.support.helpers import end_run_leftovers, finish_run, processes_with, start_run, wait_for
 from tests.support.settings import make_settings
 
 FAKE = "tests.support.fake_runners.runner"

@@ -16,12 +16,7 @@ from httpx_sse import connect_sse
 from cli.client import Client
 from cli.watch import follow_logs
 from server.app import create_app
-from tests.support.helpers import (
-    end_run_leftovers,
-    pid_alive,
-    processes_with,
-    wait_for,
-)
+from tests.support.helpers import end_run_leftovers, pid_alive, processes_with, wait_for
 from tests.support.settings import make_settings
 
 FAKE = "tests.support.fake_runners.runner"
