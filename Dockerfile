@@ -6,7 +6,8 @@
 #   reachable from other machines, with a token:
 #     docker run -p 8080:8080 -e RLCS_API_TOKEN=change-me -v rlcs-var:/app/var rl-control-server
 # With neither, the server refuses to start (it binds 0.0.0.0). The install is uv.lock's, as
-# `make install`'s (tests/test_install.py runs these steps in a fresh folder and serves /health).
+# `make install`'s (tests/install/test_install.py runs these steps in a fresh folder and serves
+# /health).
 FROM python:3.11-slim
 
 # UV_COMPILE_BYTECODE: bytecode written at build time, as pip wrote it (with

@@ -13,7 +13,8 @@ MKDOCS := NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build
 # time; and a dependency's SyntaxWarning (cellpylib's `is` with a literal) would be raised on
 # import, an error under the tests' filterwarnings.
 SYNC := $(BIN)/uv sync --locked --compile-bytecode --extra dev --extra all --group models
-# What `make test-fast` leaves out (markers in pyproject.toml): at most 3 minutes on 2 cores.
+# What `make test-fast` leaves out: the test lanes, which tests/conftest.py gives by folder (markers
+# declared in pyproject.toml; tests/tinker_api is slow). The rest: at most 3 minutes on 2 cores.
 NOT_FAST := browser or ray or postgres or install or training or slow or atropos
 # A second interpreter for Atropos environments: atroposlib pins nothing and needs transformers
 # 4 (its chat tokenization); ours has 5 and torch. Pinned by its own lock, as uv.lock pins ours.

@@ -41,7 +41,7 @@ RUNS = 1000
 METRICS_PER_RUN = 5
 ACTIVE_RUNS = 100
 # A real runner module, never started: every run is inserted finished, or adopted as running.
-RUNNER_MODULE = "tests.fake_runners.runner"
+RUNNER_MODULE = "tests.support.fake_runners.runner"
 
 
 # Database ----------------------------------------------------------------------------------
@@ -318,7 +318,9 @@ def main() -> None:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="rlcs-bench-api-")))
         for database in args.databases.split(","):
             if database == "postgresql":
-                from tests.postgres import PostgresServer  # a real server, started for the run
+                from tests.support.postgres import (
+                    PostgresServer,  # a real server, started for the run
+                )
 
                 postgres = stack.enter_context(PostgresServer())
                 new_database: Callable[[], str | None] = postgres.new_database

@@ -25,10 +25,10 @@ import httpx
 
 from core.procs import process_start_time, same_process_alive
 from core.settings import PROJECT_ROOT
-from tests.helpers import end_run_leftovers, fake_runner_starts, processes_with, wait_for
-from tests.live_server import LiveServer
+from tests.support.helpers import end_run_leftovers, fake_runner_starts, processes_with, wait_for
+from tests.support.live_server import LiveServer
 
-FAKE = {"RLCS_RUNNER_MODULE": "tests.fake_runners.runner", "FAKE_RUNNER_STEP_S": "0.05"}
+FAKE = {"RLCS_RUNNER_MODULE": "tests.support.fake_runners.runner", "FAKE_RUNNER_STEP_S": "0.05"}
 FINISHED = {"succeeded", "failed", "stopped"}
 STARTS_IN_FLIGHT = 20
 
@@ -126,7 +126,7 @@ def kill_runners(seeds: int = 10, total: int = 6) -> Outcome:
             else (f"{phase}:{step}")
         )
     env = {
-        "RLCS_RUNNER_MODULE": "tests.fake_runners.checkpointing",
+        "RLCS_RUNNER_MODULE": "tests.support.fake_runners.checkpointing",
         "RLCS_MAX_CONCURRENT_RUNS": str(seeds),
         "FAKE_PAUSE_AT": json.dumps(points),
     }

@@ -24,8 +24,8 @@ from core import lifecycle, schema
 from core.db import make_engine, write_session
 from core.models import Run, RunStatus
 from core.settings import PROJECT_ROOT, Settings
-from tests.live_server import LiveServer
-from tests.standins.wandb_standin import WandbStandin
+from tests.support.live_server import LiveServer
+from tests.support.standins.wandb_standin import WandbStandin
 
 SMOLLM2 = "HuggingFaceTB/SmolLM2-135M-Instruct"
 PROMPTS = ["What is 12 + 7?", "What is 9 * 8?", "What is 30 - 45?", "What is 6 * 7?"]

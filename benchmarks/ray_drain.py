@@ -1,6 +1,6 @@
 """Drain a queue of runs through the local launcher and through Ray, side by side: the real
 server on PostgreSQL, `--runs` runs queued at once, each a stand-in runner that records
-three steps (tests/fake_runners/runner.py), at most `--concurrent` at a time. Prints the
+three steps (tests/support/fake_runners/runner.py), at most `--concurrent` at a time. Prints the
 wall time to drain each queue, runs per second, the queue-to-running latency, and Ray's
 cost as a ratio against the local launcher.
 Run from the repo root: .venv/bin/python -m benchmarks.ray_drain [--runs 200]"""
@@ -18,10 +18,10 @@ from pathlib import Path
 import httpx
 
 from core.settings import PROJECT_ROOT
-from tests.helpers import end_run_leftovers, wait_for
-from tests.live_server import LiveServer
-from tests.postgres import PostgresServer
-from tests.ray_head import RayHead, missing_reason
+from tests.support.helpers import end_run_leftovers, wait_for
+from tests.support.live_server import LiveServer
+from tests.support.postgres import PostgresServer
+from tests.support.ray_head import RayHead, missing_reason
 
 FINISHED = {"succeeded", "failed", "stopped"}
 
@@ -79,7 +79,7 @@ def main() -> None:
                     "RLCS_LAUNCHER": launcher,
                     "RLCS_RAY_ADDRESS": head.address,
                     "RLCS_DATABASE_URL": pg.new_database(),
-                    "RLCS_RUNNER_MODULE": "tests.fake_runners.runner",
+                    "RLCS_RUNNER_MODULE": "tests.support.fake_runners.runner",
                     "RLCS_MAX_CONCURRENT_RUNS": str(args.concurrent),
                     "RLCS_SUPERVISOR_INTERVAL_S": "0.5",
                 }

@@ -21,7 +21,7 @@ from core import rollout_store
 from core.db import make_engine, write_session
 from core.models import Run, RunStatus
 from core.rollouts import RolloutRecord, Segment, pick
-from tests.live_server import LiveServer
+from tests.support.live_server import LiveServer
 
 FULL, EMPTY = "r-0000f011", "r-0000e3e7"
 LOADED = """n => document.querySelectorAll(

@@ -37,7 +37,7 @@ from tinker import types
 from core.model_names import SMOLLM2
 from core.settings import PROJECT_ROOT
 from runners.engine.local import LocalServiceClient
-from tests.live_server import LiveServer
+from tests.support.live_server import LiveServer
 
 KEY = "tml-benchmark"
 

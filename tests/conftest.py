@@ -15,31 +15,14 @@ from core.settings import PROJECT_ROOT, Settings
 from server.app import create_app
 
 # A real PostgreSQL for the tests that ask for it (started once per session, on first use).
-from tests.postgres import PostgresServer, postgres, postgres_url  # noqa: F401
+from tests.support.postgres import PostgresServer, postgres, postgres_url  # noqa: F401
+from tests.support.settings import make_settings
 
 # Tests never talk to hosted services; the runner and worker inherit these.
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("TINKER_TELEMETRY", "0")
 os.environ.setdefault("OPENREWARD_DISABLE_UPDATE_CHECK", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-
-
-def make_settings(tmp_path: Path, **overrides: object) -> Settings:
-    values: dict[str, object] = {
-        "var_dir": tmp_path / "var",
-        "tinker_api_key": None,
-        "wandb_api_key": None,
-        "openreward_api_key": None,
-        "api_token": None,
-        "supervisor_interval_s": 0.1,
-        "stop_grace_s": 3.0,
-        # Tests that want a warm worker ask for it; others must not load SmolLM2 at start-up.
-        "inference_warmup": False,
-        # Starlette's TestClient names its host `testserver`; live servers use 127.0.0.1.
-        "allowed_hosts": ["testserver", "127.0.0.1", "localhost"],
-    }
-    values.update(overrides)
-    return Settings(**values)  # type: ignore[arg-type]
 
 
 @pytest.fixture(scope="session")
@@ -59,21 +42,88 @@ def prepared_models_dir() -> Path:
     return folder
 
 
-# Test lanes (markers registered in pyproject.toml; `make test-fast` leaves these out): a folder
-# whose tests are all of one kind, and tests on a real PostgreSQL: those that take the `postgres`
-# fixture, and the PostgreSQL side of those parametrized over both databases (param "postgresql",
-# as `database_url` here and test_lifecycle's `engine` are).
-FOLDER_LANES = {"browser": "browser"}
+# Test lanes: a test's lane is the folder it sits in. Every test under a folder named here, at
+# any depth below tests/ (tests/slow/, tests/cli/slow/, tests/backend/gpu/, ...), gets that lane:
+# a marker registered in pyproject.toml, which `make test-fast` leaves out (all but gpu, which
+# skips without CUDA). Tests outside them are fast. A test carries no lane marker of its own:
+# collection stops on one, saying where the test goes (docs/developers.md, "Test lanes").
+LANE_OF_FOLDER = {
+    "slow": "slow",  # over ~2.5 s on a loaded 2-core machine: live servers, workers, real waits
+    "training": "training",  # trains a real model for steps (tiny-random, SmolLM2)
+    "tinker_api": "slow",  # our server's Tinker API: the SDK against a live server and engine
+    "browser": "browser",
+    "atropos": "atropos",
+    "ray": "ray",
+    "install": "install",
+    "postgres": "postgres",
+    "gpu": "gpu",
+}
+LANES = frozenset(LANE_OF_FOLDER.values())
+# Where a test with lane markers of its own belongs, when they name several: the first listed.
+PRECEDENCE = ("gpu", "install", "ray", "browser", "atropos", "postgres", "training", "slow")
+# Folders that are a domain and a lane at once: a test there is in their lane, however marked.
+DOMAIN_LANE_FOLDERS = {"browser", "atropos", "tinker_api"}
+TESTS = Path(__file__).parent
 
 
+def folders(item: pytest.Item) -> tuple[str, ...]:
+    """The folders between tests/ and the test's module (none for a test outside tests/)."""
+    return item.path.relative_to(TESTS).parts[:-1] if item.path.is_relative_to(TESTS) else ()
+
+
+def folder_lanes(item: pytest.Item) -> set[str]:
+    return {LANE_OF_FOLDER[f] for f in folders(item) if f in LANE_OF_FOLDER}
+
+
+def on_postgres(item: pytest.Item) -> bool:
+    """The one lane also set otherwise than by folder: one test function may run on SQLite and on
+    PostgreSQL, so the tests that take the `postgres` fixture and the PostgreSQL side of those
+    parametrized over both databases (param "postgresql", as `database_url` here and
+    test_lifecycle's `engine` are) are in the `postgres` lane wherever they are."""
+    callspec = getattr(item, "callspec", None)
+    on_both = callspec is not None and "postgresql" in callspec.params.values()
+    return on_both or "postgres" in getattr(item, "fixturenames", ())
+
+
+def lane_home(item: pytest.Item, lane: str) -> str:
+    """The folder a test of `lane` belongs in: the lane folder beside the test's own domain
+    folder (tests/slow/ for tests/test_runs.py, tests/cli/slow/ for tests/cli/test_cli.py)."""
+    if lane in DOMAIN_LANE_FOLDERS:
+        return f"tests/{lane}/"
+    domain = [f for f in folders(item) if f not in LANE_OF_FOLDER]
+    return "/".join(["tests", *domain, lane]) + "/"
+
+
+def misplaced(item: pytest.Item) -> str | None:
+    """Why `item` is refused, if it carries a lane marker of its own (its module's pytestmark,
+    a decorator, a pytest.param's marks): lanes are set by folder only."""
+    own = {m.name for m in item.iter_markers() if m.name in LANES}
+    if not own:
+        return None
+    where = f"{item.nodeid} is marked {', '.join(sorted(own))}"
+    given = folder_lanes(item) | ({"postgres"} if on_postgres(item) else set())
+    if own <= given or DOMAIN_LANE_FOLDERS.intersection(folders(item)):
+        return f"{where}: drop the marker; where it is gives its lane ({', '.join(sorted(given))})"
+    lane = next(lane for lane in PRECEDENCE if lane in own - given)
+    fix = f"move it to {lane_home(item, lane)}{item.path.name}"
+    if lane == "postgres":
+        fix = "take the `postgres` fixture, or " + fix
+    return f"{where}: {fix} and drop the marker"
+
+
+@pytest.hookimpl(tryfirst=True)  # before other hooks read the lanes (the gpu skip, -m)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    refused = [why for item in items if (why := misplaced(item)) is not None]
+    if refused:
+        raise pytest.UsageError(
+            "a test's lane is its folder (tests/conftest.py, LANE_OF_FOLDER), never a marker "
+            "of its own; a test moved to a lane folder keeps its name, its module's name, and "
+            "the fixtures it shares (docs/developers.md, Test lanes):\n  " + "\n  ".join(refused)
+        )
     for item in items:
-        lane = FOLDER_LANES.get(item.path.parent.name)
-        if lane is not None:
+        for lane in sorted(folder_lanes(item)):
             item.add_marker(lane)
-        callspec = getattr(item, "callspec", None)
-        on_postgres = callspec is not None and "postgresql" in callspec.params.values()
-        if on_postgres or "postgres" in getattr(item, "fixturenames", ()):
+        if on_postgres(item):
             item.add_marker("postgres")
 
 

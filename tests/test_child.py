@@ -15,7 +15,7 @@ from pydantic import BaseModel, Field, TypeAdapter
 
 from core.child import Child
 from core.settings import PROJECT_ROOT
-from tests.helpers import pid_alive, wait_for
+from tests.support.helpers import pid_alive, wait_for
 
 
 class Echo(BaseModel):

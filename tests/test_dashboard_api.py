@@ -19,7 +19,7 @@ from core.procs import process_start_time
 from core.settings import Settings
 from server.app import create_app
 from server.runs.metrics import thin
-from tests.conftest import make_settings
+from tests.support.settings import make_settings
 
 
 @pytest.fixture

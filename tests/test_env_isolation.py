@@ -4,23 +4,17 @@ every other environment keep working."""
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
-import signal
 import textwrap
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 from fastapi.testclient import TestClient
 
 from server.app import create_app
-from tests.conftest import make_settings
-from tests.helpers import pid_alive, processes_with, wait_for
-from tests.live_server import LiveServer
+from tests.support.helpers import processes_with
+from tests.support.settings import make_settings
 
 CLASS = """
 from environments.base import SingleTurnEnv, Task
@@ -81,41 +75,6 @@ def refusal(client: TestClient, name: str) -> str:
     return body["detail"]
 
 
-@pytest.mark.slow
-def test_hostile_files_get_a_4xx_that_says_what_happened(client: TestClient) -> None:
-    assert "did not finish within 3 s" in refusal(client, "hangs")
-    assert "boom at import" in refusal(client, "raises")
-    assert "exit code 3" in refusal(client, "exits")
-    assert "SystemExit: 2" in refusal(client, "sys_exits")
-    # A flood of output is thrown away: the file itself is fine.
-    assert client.post("/environments/floods/select").status_code == 200
-    listed = {e["name"]: e for e in client.get("/environments").json()}
-    for name in ("hangs", "raises", "exits", "sys_exits"):
-        assert listed[name]["importable"] is False, listed[name]
-    assert listed["floods"]["importable"] is True
-
-
-@pytest.mark.slow
-def test_a_hanging_file_holds_up_nobody_else(client: TestClient) -> None:
-    done = threading.Event()
-    answers: dict[str, int] = {}
-
-    def select_hanging() -> None:
-        answers["hangs"] = client.post("/environments/hangs/select").status_code
-        done.set()
-
-    threading.Thread(target=select_hanging, daemon=True).start()
-    # While that import hangs, another environment selects, edits and validates at once.
-    assert client.post("/environments/fine/select").status_code == 200
-    edit = client.post("/config", json={"field": "group_size", "value": 8})
-    assert edit.status_code == 200
-    bad = client.post("/config", json={"field": "group_size", "value": "8"})
-    assert bad.status_code == 422 and "group_size" in bad.json()["detail"]
-    assert not done.is_set()  # the other import is still hanging: nothing waited on it
-    assert done.wait(10) and answers["hangs"] == 409
-    assert client.get("/health").status_code == 200
-
-
 def test_environment_code_never_runs_in_the_server(client: TestClient, tmp_path: Path) -> None:
     assert client.post("/environments/fine/select").status_code == 200
     assert client.get("/config").status_code == 200
@@ -131,27 +90,6 @@ def test_an_edited_file_is_inspected_again(client: TestClient, folder: Path) -> 
     path.write_text(env_file("raises", "Raises", "# fixed\n"))
     os.utime(path, (path.stat().st_atime, path.stat().st_mtime + 5))
     assert client.post("/environments/raises/select").status_code == 200
-
-
-@pytest.mark.slow
-def test_an_inspector_stuck_in_an_import_ends_with_its_server(tmp_path: Path, folder: Path) -> None:
-    server = LiveServer(
-        tmp_path / "live", RLCS_ENV_DIRS=json.dumps([str(folder)]), RLCS_INSPECT_TIMEOUT_S="120"
-    ).start()
-
-    def select_hanging() -> None:
-        with contextlib.suppress(httpx.HTTPError):  # the server dies under it
-            httpx.post(f"{server.url}/environments/hangs/select", timeout=60)
-
-    try:
-        threading.Thread(target=select_hanging, daemon=True).start()
-        stuck = wait_for(lambda: inspectors_of(folder), 30)
-    finally:
-        server.kill(signal.SIGKILL)
-    # Not the 120-s deadline: it saw us go. Its command line empties while it exits, before
-    # it is a zombie, so wait on the processes themselves.
-    wait_for(lambda: not any(pid_alive(pid) for pid in stuck), 5)
-    assert not inspectors_of(folder)
 
 
 def test_the_atropos_inspectors_copy_of_the_protocol_agrees_with_ours() -> None:

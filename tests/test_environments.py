@@ -10,7 +10,7 @@ from fastapi.testclient import TestClient
 
 from server.app import create_app
 from server.environments.catalog import COUNT_TTL_S, Catalog
-from tests.conftest import make_settings
+from tests.support.settings import make_settings
 
 EXTRA_ENVS = {
     "broken_syntax.py": "class Oops(BaseEnv:\n    pass\n",

@@ -21,7 +21,7 @@ from server.errors import (
     Unauthorized,
     Unavailable,
 )
-from tests.conftest import make_settings
+from tests.support.settings import make_settings
 
 CASES = [
     (BadRequest("bad"), 400),

@@ -15,8 +15,8 @@ from fastapi.testclient import TestClient
 from server.app import create_app
 from server.launch import exit_cause
 from server.launch.exit_cause import OomCounters, classify_exit, oom_evidence
-from tests.conftest import make_settings
-from tests.helpers import wait_for
+from tests.support.helpers import wait_for
+from tests.support.settings import make_settings
 
 FINAL = {"succeeded", "failed", "stopped"}
 PID = 4321
@@ -97,7 +97,7 @@ def test_kernel_log_records_name_the_victims() -> None:
 def fake_client(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[TestClient]:
     monkeypatch.setenv("FAKE_RUNNER_STEP_S", "0.5")
     monkeypatch.delenv("FAKE_RUNNER_MODE", raising=False)
-    settings = make_settings(tmp_path, runner_module="tests.fake_runners.runner")
+    settings = make_settings(tmp_path, runner_module="tests.support.fake_runners.runner")
     with TestClient(create_app(settings)) as client:
         yield client
 
@@ -152,7 +152,7 @@ def test_a_real_oom_kill_is_reported_as_oom(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, memory_cgroup: Path
 ) -> None:
     monkeypatch.setenv("FAKE_OOM_CGROUP", str(memory_cgroup))
-    settings = make_settings(tmp_path, runner_module="tests.fake_runners.oom_runner")
+    settings = make_settings(tmp_path, runner_module="tests.support.fake_runners.oom_runner")
     with TestClient(create_app(settings)) as client:
         run_id = client.post("/runs", json={"environment": "arithmetic"}).json()["run_id"]
         run = wait_for(

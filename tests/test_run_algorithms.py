@@ -1,7 +1,8 @@
 """POST /runs with the algorithm fields (max_steps_off_policy, kl_penalty_coef, kl_reference,
 teacher, reward_coef, gspo and stable_reinforce): bad values are 4xx answers naming the field,
 before any run exists; a run reference is checked against the database and pinned to its step.
-The runner is the fake one (tests/fake_runners): nothing trains here."""
+The runner is the fake one (tests/support/fake_runners): nothing trains here. (The run
+references' checks against live runs: tests/slow/test_run_algorithms.py.)"""
 
 from __future__ import annotations
 
@@ -17,10 +18,10 @@ from core import lifecycle
 from core.atropos import AtroposTrainingConfig, locked_env_values
 from core.db import make_engine
 from server.app import create_app
-from tests.conftest import make_settings
-from tests.helpers import end_run_leftovers, processes_with, wait_for
+from tests.support.helpers import end_run_leftovers, processes_with, wait_for
+from tests.support.settings import make_settings
 
-FAKE = "tests.fake_runners.runner"
+FAKE = "tests.support.fake_runners.runner"
 
 
 @pytest.fixture
@@ -105,34 +106,3 @@ def test_stable_reinforce_is_refused_for_an_atropos_environment() -> None:
     assert AtroposTrainingConfig(loss_fn="gspo", max_steps_off_policy=2).loss_fn == "gspo"
     assert locked_env_values(4, 2, 3)["max_batches_offpolicy"] == 3
     assert locked_env_values(4, 2, None)["max_batches_offpolicy"] == 1
-
-
-@pytest.mark.slow
-def test_run_references_are_checked_and_pinned(aclient: TestClient, tmp_path: Path) -> None:
-    teacher = finished_run(aclient, tmp_path, "tiny-random", [2, 5])
-    bare = finished_run(aclient, tmp_path, "tiny-random", [])
-    hosted = finished_run(aclient, tmp_path, "tiny-random", [4], remote=True)
-    other = finished_run(aclient, tmp_path, "HuggingFaceTB/SmolLM2-135M-Instruct", [1])
-
-    # A run's newest checkpoint is pinned to its step in the frozen config; a step is kept.
-    body = {"model_name": "tiny-random", "total_steps": 1, "teacher": teacher}
-    made = aclient.post("/runs", json={**body, "kl_penalty_coef": 0.1, "kl_reference": teacher})
-    assert made.status_code == 200, made.text
-    config = frozen(tmp_path, made.json()["run_id"])
-    assert config["teacher"] == config["kl_reference"] == f"{teacher}@step-5"
-    at_two = aclient.post("/runs", json={**body, "teacher": f"{teacher}@step-2"})
-    assert frozen(tmp_path, at_two.json()["run_id"])["teacher"] == f"{teacher}@step-2"
-    # A model name is a teacher too, checked as the backend would load it.
-    named = aclient.post("/runs", json={**body, "teacher": "tiny-random", "reward_coef": 0})
-    assert named.status_code == 200, named.text
-
-    refused(aclient, tmp_path, {**body, "teacher": f"{teacher}@step-3"}, "teacher", "2, 5")
-    refused(aclient, tmp_path, {**body, "teacher": bare}, "teacher", "none yet")
-    refused(aclient, tmp_path, {**body, "teacher": hosted}, "teacher", "saved on Tinker")
-    refused(
-        aclient,
-        tmp_path,
-        {**body, "kl_penalty_coef": 0.1, "kl_reference": f"{other}@step-1"},
-        "kl_reference",
-        "must share the run's base model",
-    )

@@ -10,17 +10,10 @@ import pytest
 from fastapi.testclient import TestClient
 
 from server.app import create_app
-from tests.conftest import make_settings
-from tests.helpers import TINY_RUN, end_run_leftovers, processes_with, wait_for
+from tests.support.helpers import end_run_leftovers, processes_with, wait_for
+from tests.support.settings import make_settings
 
-FAKE = "tests.fake_runners.runner"
-
-
-@pytest.fixture
-def tclient(tmp_path: Path) -> Iterator[TestClient]:
-    with TestClient(create_app(make_settings(tmp_path, stop_grace_s=30.0))) as c:
-        yield c
-    wait_for(lambda: not processes_with(tmp_path / "var" / "runs"), 30)
+FAKE = "tests.support.fake_runners.runner"
 
 
 @pytest.fixture
@@ -52,43 +45,6 @@ def wait_sweep(client: TestClient, sweep_id: str, timeout: float = 240.0) -> dic
 def nothing_created(client: TestClient) -> None:
     assert client.get("/sweeps").json() == []
     assert client.get("/runs").json() == []
-
-
-@pytest.mark.training
-def test_a_2x2_sweep_of_tiny_runs_ends_with_four_results_and_a_best_run(
-    tclient: TestClient,
-) -> None:
-    resp = tclient.post(
-        "/sweeps",
-        json={
-            "environment": "repeat_word",
-            "base": {**TINY_RUN, "total_steps": 2, "save_every": 0, "steps_per_eval": 0},
-            "grid": {"learning_rate": [0.01, 0.02], "seed": [0, 1]},
-            "metric": "reward_mean",
-        },
-    )
-    assert resp.status_code == 200, resp.text
-    sweep_id, run_ids = resp.json()["sweep_id"], resp.json()["run_ids"]
-    assert len(run_ids) == 4 and len(set(run_ids)) == 4
-
-    done = wait_sweep(tclient, sweep_id)
-    assert done["status"] == "finished" and done["runs_finished"] == 4
-    assert done["counts"] == {"succeeded": 4}
-    combos = sorted((r["overrides"]["learning_rate"], r["overrides"]["seed"]) for r in done["runs"])
-    assert combos == [(0.01, 0), (0.01, 1), (0.02, 0), (0.02, 1)]
-    for row in done["runs"]:
-        assert row["status"] == "succeeded" and row["step"] == 2
-        assert row["value"] is not None and row["metrics"]["reward_mean"] == row["value"]
-        run = tclient.get(f"/runs/{row['run_id']}").json()
-        assert run["sweep_id"] == sweep_id
-        assert run["config"]["learning_rate"] == row["overrides"]["learning_rate"]
-        assert run["config"]["seed"] == row["overrides"]["seed"]
-        assert run["config"]["total_steps"] == 2  # from the base
-    best = done["best"]
-    assert best["value"] == max(r["value"] for r in done["runs"]) and best["final"] is True
-    assert best["run_id"] in run_ids
-    listed = tclient.get("/sweeps").json()
-    assert [s["sweep_id"] for s in listed] == [sweep_id] and listed[0]["status"] == "finished"
 
 
 def test_a_bad_value_in_any_combination_is_refused_and_nothing_is_created(

@@ -5,17 +5,16 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
 
 from server.app import create_app
-from tests.conftest import make_settings
-from tests.helpers import end_run_leftovers, processes_with, wait_for
+from tests.support.helpers import end_run_leftovers, processes_with, wait_for
+from tests.support.settings import make_settings
 
-FAKE = "tests.fake_runners.runner"
+FAKE = "tests.support.fake_runners.runner"
 
 
 @pytest.fixture
@@ -32,21 +31,6 @@ def start(client: TestClient, steps: int) -> str:
     resp = client.post("/runs", json={"environment": "arithmetic", "total_steps": steps})
     assert resp.status_code == 200, resp.text
     return resp.json()["run_id"]
-
-
-@pytest.mark.slow
-def test_wait_for_a_step_then_for_the_end(client: TestClient) -> None:
-    run_id = start(client, 20)
-    at_step = client.get(f"/runs/{run_id}/wait", params={"until": "step:3", "timeout": 60})
-    assert at_step.status_code == 200, at_step.text
-    body = at_step.json()
-    assert body["condition_met"] is True and 3 <= body["step"] < 20
-    ended = client.get(f"/runs/{run_id}/wait", params={"until": "terminal", "timeout": 60})
-    answered = datetime.now(UTC)
-    body = ended.json()
-    assert body["condition_met"] is True and body["status"] == "succeeded"
-    finished = datetime.fromisoformat(body["finished_at"].replace("Z", "+00:00"))
-    assert (answered - finished).total_seconds() < 1.0
 
 
 def test_a_timeout_answers_with_the_state_as_it_is(client: TestClient) -> None:

@@ -10,7 +10,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from server.app import create_app
-from tests.conftest import make_settings
+from tests.support.settings import make_settings
 
 # The SDK would otherwise ask PyPI for its latest version from every client and server.
 os.environ["OPENREWARD_DISABLE_UPDATE_CHECK"] = "1"
@@ -24,7 +24,7 @@ def api(tmp_path: Path) -> Iterator[TestClient]:
 
 @pytest.fixture(scope="session")
 def openreward_url() -> Iterator[str]:
-    from tests.adapters.loopback_openreward import serve
+    from tests.support.loopback_openreward import serve
 
     with serve() as url:
         yield url

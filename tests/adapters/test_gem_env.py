@@ -8,17 +8,13 @@ import logging
 import random
 import re
 import sys
-from functools import partial
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-from environments.base import EnvContext
 from environments.gem_env import GemConfig, GemEnv
 from environments.support import gem_catalog
 from environments.support.quiet_import import import_quietly
-from runners.models.loading import load_tokenizer
 
 HINT = re.compile(r"target number is (higher|lower) than (\d+)")
 
@@ -159,24 +155,6 @@ def test_concat_with_action_shows_the_model_its_actions() -> None:
     env = GemEnv(GemConfig(wrappers="concat_with_action,episode_tracking"))
     asyncio.run(env.reset(0))
     assert "Sure: \\boxed{5}" in asyncio.run(env.step("Sure: \\boxed{5}")).observation
-
-
-@pytest.mark.slow  # loads transformers for the tokenizer (several seconds)
-def test_chat_wrapper_uses_the_run_models_tokenizer(tmp_path: Path) -> None:
-    chat = GemConfig(
-        wrappers="concat_chat",
-        model_name="tiny-random",
-        prompt_template="plain",
-        observation_template="none",
-    )
-    # The runner hands environments its tokenizer loader; GEM's chat wrapper uses it.
-    context = EnvContext(load_tokenizer=partial(load_tokenizer, models_dir=tmp_path))
-    env = GemEnv(chat, context)
-    first = asyncio.run(env.reset(0))
-    # GEM appends the game's suffix after the template, inside the assistant turn (its quirk).
-    assert first.startswith("<|im_start|>user") and "<|im_end|>\n<|im_start|>assistant" in first
-    second = asyncio.run(env.step("\\boxed{5}")).observation
-    assert second.count("<|im_start|>assistant") == 2
 
 
 @pytest.mark.parametrize(

@@ -15,8 +15,8 @@ from fastapi import FastAPI, Request
 from environments.base import EnvContext, StepResult
 from environments.openreward_env import API_KEY_NAME, OpenRewardConfig, OpenRewardEnv
 from environments.support import openreward_upload
-from tests.adapters.loopback_openreward import MAX_NUMBER, free_port
-from tests.helpers import wait_for
+from tests.support.helpers import wait_for
+from tests.support.loopback_openreward import MAX_NUMBER, free_port
 
 HINT = re.compile(r"The number is (higher|lower) than (\d+)")
 

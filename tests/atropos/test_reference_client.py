@@ -1,5 +1,5 @@
 """Done when: a tinker-atropos user drops their environment into a folder named in
-RLCS_ENV_DIRS, and the reference client (tests/reference_client, unchanged) lists it,
+RLCS_ENV_DIRS, and the reference client (tests/support/reference_client, unchanged) lists it,
 configures it, trains it and tries it."""
 
 from __future__ import annotations
@@ -10,10 +10,8 @@ from typing import Any
 import pytest
 
 from tests.atropos.conftest import atropos_server
-from tests.helpers import wait_for
-from tests.test_reference_client import FINISHED, call, load_client
-
-pytestmark = pytest.mark.slow
+from tests.support.helpers import FINISHED, wait_for
+from tests.support.reference_client.load import call, load_client
 
 
 def test_the_reference_client_lists_configures_trains_and_tries_an_atropos_environment(

@@ -10,9 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.atropos.conftest import atropos_server
-from tests.helpers import finish_run, start_run
-
-pytestmark = pytest.mark.slow
+from tests.support.helpers import finish_run, start_run
 
 TINY = {"model_name": "tiny-random", "lora_rank": 8, "use_wandb": False, "groups_per_step": 2}
 

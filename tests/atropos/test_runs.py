@@ -21,7 +21,7 @@ import pytest
 
 from core.settings import PROJECT_ROOT
 from tests.atropos.conftest import atropos_server
-from tests.helpers import (
+from tests.support.helpers import (
     FINISHED,
     finish_run,
     pid_alive,
@@ -30,11 +30,9 @@ from tests.helpers import (
     start_run,
     wait_for,
 )
-from tests.live_server import LiveServer
-from tests.mcp_client import call, http_session
-from tests.standins.webhook_receiver import WebhookReceiver
-
-pytestmark = pytest.mark.slow
+from tests.support.live_server import LiveServer
+from tests.support.mcp_client import call, http_session
+from tests.support.standins.webhook_receiver import WebhookReceiver
 
 TINY = {"model_name": "tiny-random", "lora_rank": 8, "use_wandb": False, "groups_per_step": 2}
 GOOD = ("word_echo", "chat_dialogue", "counting")

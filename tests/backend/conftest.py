@@ -2,27 +2,13 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from runners.engine.local import LocalServiceClient, LocalTrainingClient
-
-# `RLCS_TEST_DEVICE=cuda` runs the backend tests on a GPU, still in float32 (the same
-# tolerances hold; sampling then goes through slot batches and captured CUDA graphs).
-TEST_DEVICE = os.environ.get("RLCS_TEST_DEVICE", "cpu")
-
-
-def local_service(folder: Path, **options) -> LocalServiceClient:
-    """A service with its folders under `folder`: float32 model and sampler on TEST_DEVICE
-    unless told, since most tests compare sampler and trainer logprobs to float32 rounding
-    (test_sampling_model.py covers the bfloat16 sampler that `auto` picks on most CPUs)."""
-    settings = {"device": TEST_DEVICE, "dtype": "float32", "sampling_dtype": "float32", **options}
-    return LocalServiceClient(
-        checkpoint_dir=folder / "checkpoints", models_dir=folder / "models", **settings
-    )
+from tests.support.local_backend import local_service
 
 
 @pytest.fixture

@@ -32,7 +32,7 @@ from runners.engine.checkpoints import (
     publish,
     write_record,
 )
-from tests.helpers import small_tmpfs
+from tests.support.helpers import small_tmpfs
 
 PAYLOAD = b"weights " * 1000
 

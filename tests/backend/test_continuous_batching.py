@@ -9,7 +9,7 @@ import numpy as np
 from tinker import types
 
 from runners.engine.local import LocalTrainingClient
-from tests.helpers import wait_for
+from tests.support.helpers import wait_for
 
 
 def prompt(tokens: list[int]) -> types.ModelInput:

@@ -15,7 +15,7 @@ from runners.engine.losses import (
     loss_metrics,
     resolve_config,
 )
-from tests.standins.tinker_standin import LOSS_INPUT_KEYS
+from tests.support.standins.tinker_standin import LOSS_INPUT_KEYS
 
 # A three-token example: learner logprobs p, sampler logprobs q, advantages A, weights w.
 P = [-1.0, -2.0, -0.5]

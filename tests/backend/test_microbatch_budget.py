@@ -20,7 +20,7 @@ from runners.engine.microbatch_budget import (
     default_tokens_per_microbatch,
     model_shape,
 )
-from tests.backend.conftest import local_service
+from tests.support.local_backend import local_service
 
 MIB = 1 << 20
 H200 = 150_109_880_320  # torch.cuda.get_device_properties(0).total_memory on the lent H200

@@ -16,8 +16,8 @@ from runners.engine.sampling_model import (
     next_token_logits,
     resolve_sampling_dtype,
 )
-from tests.backend.conftest import local_service
 from tests.backend.test_local_backend import ce_batch, ce_datum, prompt, train_steps
+from tests.support.local_backend import local_service
 
 
 def _nudge(trainer) -> None:

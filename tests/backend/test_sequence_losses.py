@@ -14,7 +14,8 @@ from tinker import types
 from core.loss_config import resolve
 from runners.engine.local import LocalServiceClient, LocalTrainingClient
 from runners.engine.recorded_sequences import SequenceStore, UnknownSequence
-from tests.backend.conftest import local_service
+from tests.support.cookbook_datums import rl_datum
+from tests.support.local_backend import local_service
 
 DAY = 24 * 3600.0
 ADAM = types.AdamParams(learning_rate=1e-2, beta1=0.9, beta2=0.95, eps=1e-8)
@@ -51,34 +52,6 @@ def tc(svc: LocalServiceClient) -> LocalTrainingClient:
 
 PROMPT = [83, 97, 121, 32, 65, 58]
 PARAMS = types.SamplingParams(max_tokens=6, temperature=1.0, seed=11, stop=[])
-
-
-def rl_datum(
-    prompt: list[int], seq: types.SampledSequence, advantage: float, logprobs=None
-) -> types.Datum:
-    """As tinker_cookbook/recipes/rl_loop.py builds it: prompt + sampled[:-1] in, targets 0 on
-    prompt positions then the sampled tokens, and `with_sampled_provenance`'s spans."""
-    ob_len = len(prompt) - 1
-    n = len(seq.tokens)
-    datum = types.Datum(
-        model_input=types.ModelInput.from_ints(prompt + seq.tokens[:-1]),
-        loss_fn_inputs={
-            "target_tokens": [0] * ob_len + seq.tokens,
-            "logprobs": [0.0] * ob_len + list(seq.logprobs if logprobs is None else logprobs),
-            "advantages": [0.0] * ob_len + [advantage] * n,
-        },
-    )
-    sid = seq.sequence_id
-    return datum.with_provenance(
-        model_input=[
-            types.PromptProvenanceSpan(sequence_id=sid, length=len(prompt)),
-            types.SampledProvenanceSpan(sequence_id=sid, length=n - 1),
-        ],
-        loss_fn_inputs=[
-            types.PromptProvenanceSpan(sequence_id=sid, offset=1, length=len(prompt) - 1),
-            types.SampledProvenanceSpan(sequence_id=sid, length=n),
-        ],
-    )
 
 
 def sampled(tc: LocalTrainingClient, n: int, record: bool = True) -> list[types.SampledSequence]:

@@ -11,8 +11,8 @@ from tinker import types
 
 from runners.engine.bases import ModelRefused, model_bytes
 from runners.engine.local import LocalTrainingClient
-from tests.backend.conftest import local_service
 from tests.backend.test_local_backend import ADAM, ce_batch
+from tests.support.local_backend import local_service
 
 
 def steps(trainer: LocalTrainingClient, count: int) -> list[float]:

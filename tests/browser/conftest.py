@@ -1,5 +1,5 @@
 """Fixtures for the dashboard's end-to-end tests: Debian's chromium (installed with apt-get
-when missing), driven headless by Playwright, against a live server (tests/live_server.py).
+when missing), driven headless by Playwright, against a live server (tests/support/live_server.py).
 
 Every page records the browser's console errors and uncaught page errors; a test fails at
 teardown if any it did not expect were seen. A failed test leaves a full-page screenshot and
@@ -22,8 +22,15 @@ import httpx
 import pytest
 
 from core.settings import PROJECT_ROOT
-from tests.helpers import FINISHED, pid_alive, proc_cmdline, proc_stat, processes_with, wait_for
-from tests.live_server import LiveServer
+from tests.support.helpers import (
+    FINISHED,
+    pid_alive,
+    proc_cmdline,
+    proc_stat,
+    processes_with,
+    wait_for,
+)
+from tests.support.live_server import LiveServer
 
 if TYPE_CHECKING:
     from playwright.sync_api import Browser, Page, Playwright

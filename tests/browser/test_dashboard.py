@@ -5,7 +5,7 @@ the model, and the connection indicator across a server restart.
 Only the page's DOM contract is used (data-testid, data-page, data-col, data-metric, ...); the
 REST API sets up state and checks what the page did. The page is waited on through
 Playwright's auto-waiting `expect` and `wait_for_function`, never with sleeps; the API side
-(runs set up for the test) through tests.helpers.wait_for."""
+(runs set up for the test) through tests.support.helpers.wait_for."""
 
 from __future__ import annotations
 
@@ -19,8 +19,8 @@ import httpx
 import pytest
 
 from tests.browser.conftest import ConsoleErrors, screenshot, shut_down
-from tests.helpers import FINISHED, TINY_RUN, finish_run, run_of, start_run, wait_for
-from tests.live_server import LiveServer
+from tests.support.helpers import FINISHED, TINY_RUN, finish_run, run_of, start_run, wait_for
+from tests.support.live_server import LiveServer
 
 expect = pytest.importorskip(
     "playwright.sync_api", reason="the playwright package is not installed (the dev extra)"
@@ -29,7 +29,7 @@ expect = pytest.importorskip(
 if TYPE_CHECKING:
     from playwright.sync_api import Locator, Page
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+pytestmark = pytest.mark.timeout(600)
 
 # Real runs on a busy machine: a runner imports torch before its first step.
 RUN_START_S = 180

@@ -17,9 +17,9 @@ from core.db import make_engine
 from core.rollouts import RolloutRecord, Segment
 from tests.browser.conftest import screenshot
 from tests.browser.test_dashboard import RUN_START_S, open_route
-from tests.helpers import TINY_RUN, finish_run, start_run
-from tests.live_server import LiveServer
-from tests.test_rollouts_api import episode, seed_run
+from tests.support.helpers import TINY_RUN, finish_run, start_run
+from tests.support.live_server import LiveServer
+from tests.support.rollouts import episode, seed_run
 
 expect = pytest.importorskip(
     "playwright.sync_api", reason="the playwright package is not installed (the dev extra)"
@@ -28,7 +28,7 @@ expect = pytest.importorskip(
 if TYPE_CHECKING:
     from playwright.sync_api import Page
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+pytestmark = pytest.mark.timeout(600)
 
 HOSTILE_RUN = "r-0000bad0"
 BIG_RUN = "r-00001000"

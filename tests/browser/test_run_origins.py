@@ -18,8 +18,8 @@ import pytest
 
 from tests.browser.conftest import screenshot
 from tests.browser.test_dashboard import RUN_START_S, open_route, stop
-from tests.helpers import FINISHED, TINY_RUN, run_of, wait_for
-from tests.live_server import LiveServer
+from tests.support.helpers import FINISHED, TINY_RUN, run_of, wait_for
+from tests.support.live_server import LiveServer
 
 expect = pytest.importorskip(
     "playwright.sync_api", reason="the playwright package is not installed (the dev extra)"
@@ -28,7 +28,7 @@ expect = pytest.importorskip(
 if TYPE_CHECKING:
     from playwright.sync_api import Page
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+pytestmark = pytest.mark.timeout(600)
 
 LEARNING_RATES = [1e-4, 2e-4]
 

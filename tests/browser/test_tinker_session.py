@@ -13,8 +13,8 @@ import httpx
 import pytest
 
 from tests.browser.test_dashboard import open_route
-from tests.helpers import wait_for
-from tests.live_server import LiveServer
+from tests.support.helpers import wait_for
+from tests.support.live_server import LiveServer
 
 expect = pytest.importorskip(
     "playwright.sync_api", reason="the playwright package is not installed (the dev extra)"
@@ -24,7 +24,7 @@ tinker = pytest.importorskip("tinker")
 if TYPE_CHECKING:
     from playwright.sync_api import Page
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+pytestmark = pytest.mark.timeout(600)
 
 NAME = "grid-search <b>7</b>"  # a name holding markup stays text
 STEPS = 2
@@ -86,7 +86,7 @@ def test_a_session_shows_its_name_its_step_and_its_charts_without_resume(
 def test_rlctl_shows_a_sessions_name_and_step_without_a_total(
     live_server: LiveServer, session_run: str
 ) -> None:
-    from tests.cli.conftest import run_cli
+    from tests.support.rlctl import run_cli
 
     shown = run_cli(live_server.url, "runs", "status", session_run)
     assert shown.returncode == 0, shown.stderr

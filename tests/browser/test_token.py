@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from tests.browser.conftest import ConsoleErrors
-from tests.live_server import LiveServer
+from tests.support.live_server import LiveServer
 
 expect = pytest.importorskip(
     "playwright.sync_api", reason="the playwright package is not installed (the dev extra)"
@@ -19,7 +19,6 @@ expect = pytest.importorskip(
 if TYPE_CHECKING:
     from playwright.sync_api import Page
 
-pytestmark = pytest.mark.slow
 TOKEN = "dashboard-token-0123456789"
 
 

@@ -7,20 +7,17 @@ second output format of a command already run as a subprocess.
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 from collections.abc import Callable, Iterator
 
 import pytest
 
 from cli.main import main
-from core.settings import PROJECT_ROOT
-from tests.live_server import LiveServer
+from tests.support.live_server import LiveServer
+from tests.support.rlctl import Result, run_cli
 
-FAKE_RUNNER = "tests.fake_runners.runner"
+FAKE_RUNNER = "tests.support.fake_runners.runner"
 
-Result = subprocess.CompletedProcess[str]
 Rlctl = Callable[..., Result]
 
 
@@ -37,20 +34,6 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
         RLCS_PRICE_DEVICE_HOUR="3.6",  # a fake step's 0.1 device seconds cost 0.0001
     ) as live:
         yield live
-
-
-def run_cli(url: str, *args: str, timeout: float = 60, **env: str) -> Result:
-    """`python -m cli ARGS` with RLCS_URL=url (and no other RLCS_ variable but those given)."""
-    environ = {k: v for k, v in os.environ.items() if not k.startswith("RLCS_")}
-    environ.update({"RLCS_URL": url, **env})
-    return subprocess.run(
-        [sys.executable, "-m", "cli", *args],
-        cwd=PROJECT_ROOT,
-        env=environ,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
 
 
 @pytest.fixture

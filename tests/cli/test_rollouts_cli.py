@@ -10,8 +10,8 @@ import pytest
 
 from core.db import make_engine
 from tests.cli.conftest import Rlctl
-from tests.live_server import LiveServer
-from tests.test_rollouts_api import episode, seed_run
+from tests.support.live_server import LiveServer
+from tests.support.rollouts import episode, seed_run
 
 RUN = "r-00c11c11"
 

@@ -10,9 +10,9 @@ import pytest
 
 from server.webhooks.signing import verify
 from tests.cli.conftest import Rlctl
-from tests.helpers import end_run_leftovers, processes_with, wait_for
-from tests.live_server import LiveServer
-from tests.standins.webhook_receiver import WebhookReceiver
+from tests.support.helpers import end_run_leftovers, processes_with, wait_for
+from tests.support.live_server import LiveServer
+from tests.support.standins.webhook_receiver import WebhookReceiver
 
 OK, SERVER_ERROR, USAGE = 0, 1, 2
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import tinker
 
-from tests.live_server import LiveServer
+from tests.support.live_server import LiveServer
 
 KEY = "tml-local-tests"
 WAIT_S = 60.0

@@ -12,7 +12,7 @@ import pytest
 import tinker
 from tinker import types
 
-from tests.live_server import LiveServer
+from tests.support.live_server import LiveServer
 from tests.tinker_api.conftest import KEY, WAIT_S
 from tests.tinker_api.reference import ADAM, datums
 
@@ -160,7 +160,7 @@ def test_the_session_is_a_run_with_steps_and_checkpoints(server: LiveServer) -> 
 
 
 def _freed_soon(server: LiveServer, run_id: str) -> bool:
-    from tests.helpers import wait_for
+    from tests.support.helpers import wait_for
 
     def freed() -> bool:
         lines = server.api.get(f"/runs/{run_id}/logs", params={"tail": 50}).json()["lines"]

@@ -19,7 +19,7 @@ import tinker
 from safetensors.numpy import load_file
 from tinker import types
 
-from tests.live_server import LiveServer
+from tests.support.live_server import LiveServer
 from tests.tinker_api.conftest import KEY, WAIT_S, sdk_env
 from tests.tinker_api.reference import ADAM, datums
 

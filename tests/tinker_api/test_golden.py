@@ -25,9 +25,9 @@ from google.protobuf.json_format import MessageToDict  # type: ignore[import-unt
 from tinker import types
 from tinker.proto import tinker_public_pb2 as pb
 
-from tests.live_server import LiveServer
+from tests.support.fault_proxy import Exchange, FaultProxy
+from tests.support.live_server import LiveServer
 from tests.tinker_api.conftest import KEY, WAIT_S, tinker_server
-from tests.tinker_api.fault_proxy import Exchange, FaultProxy
 from tests.tinker_api.reference import ADAM, datums
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.filterwarnings("ignore::FutureWarning")]

@@ -8,9 +8,9 @@ import json
 import pytest
 import tinker
 
-from tests.live_server import LiveServer
+from tests.support.fault_proxy import FaultProxy
+from tests.support.live_server import LiveServer
 from tests.tinker_api.conftest import KEY, WAIT_S
-from tests.tinker_api.fault_proxy import FaultProxy
 from tests.tinker_api.reference import ADAM, datums
 
 pytestmark = pytest.mark.timeout(180)

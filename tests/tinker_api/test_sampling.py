@@ -9,7 +9,7 @@ import pytest
 import tinker
 from tinker import types
 
-from tests.live_server import LiveServer
+from tests.support.live_server import LiveServer
 from tests.tinker_api.conftest import KEY, WAIT_S
 from tests.tinker_api.reference import ADAM, datums, local_service
 

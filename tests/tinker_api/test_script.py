@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.live_server import LiveServer
+from tests.support.live_server import LiveServer
 from tests.tinker_api.conftest import sdk_env
 
 pytestmark = pytest.mark.timeout(240)

@@ -19,9 +19,9 @@ import tinker
 from core.models import RunStatus
 from server.tinker_api import schemas
 from server.tinker_api.service import TinkerService
-from tests.conftest import make_settings
-from tests.helpers import pid_alive, processes_with, wait_for
-from tests.live_server import LiveServer
+from tests.support.helpers import pid_alive, processes_with, wait_for
+from tests.support.live_server import LiveServer
+from tests.support.settings import make_settings
 from tests.tinker_api.conftest import WAIT_S, sdk_env, tinker_server
 from tests.tinker_api.reference import ADAM, datums
 

@@ -10,9 +10,9 @@ import pytest
 import tinker
 from tinker import types
 
-from tests.backend.test_sequence_losses import rl_datum
-from tests.helpers import wait_for
-from tests.live_server import LiveServer
+from tests.support.cookbook_datums import rl_datum
+from tests.support.helpers import wait_for
+from tests.support.live_server import LiveServer
 from tests.tinker_api.conftest import WAIT_S
 from tests.tinker_api.reference import ADAM
 

@@ -17,7 +17,7 @@ import torch
 from tinker import types
 from tinker.lib.public_interfaces.custom_loss import encode_graph, trace_loss
 
-from tests.live_server import LiveServer
+from tests.support.live_server import LiveServer
 from tests.tinker_api.conftest import KEY, WAIT_S
 from tests.tinker_api.reference import ADAM, datums, local_service
 

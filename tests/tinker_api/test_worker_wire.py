@@ -27,7 +27,7 @@ from core.tinker_wire import (
     Reply,
     StateLoaded,
 )
-from tests.conftest import make_settings
+from tests.support.settings import make_settings
 
 pytestmark = pytest.mark.timeout(180)
 WAIT_S = 60.0

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from server.runs.wandb_reader import WandbReader
-from tests.standins.wandb_standin import WandbStandin
+from tests.support.standins.wandb_standin import WandbStandin
 
 KEY = "standin0" + "0123456789abcdef" * 2  # 40 characters, like a real W&B key
 ENTITY = "team-rl"

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import wandb
 
-from tests.standins.wandb_standin import WandbStandin
+from tests.support.standins.wandb_standin import WandbStandin
 from tests.wandb.conftest import ENTITY, KEY, PROJECT
 
 RUN_ID = "rlcs-w1"

@@ -12,8 +12,8 @@ from core import lifecycle
 from core.db import write_session
 from core.models import Run, RunStatus
 from server.app import create_app
-from tests.conftest import make_settings
-from tests.helpers import wait_for
+from tests.support.helpers import wait_for
+from tests.support.settings import make_settings
 from tests.wandb.conftest import ENTITY, KEY, PATH, PROJECT, RUN_ID
 
 

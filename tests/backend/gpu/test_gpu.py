@@ -1,0 +1,236 @@
+"""The local backend on CUDA: captured decode steps (the transformers path and the packed
+model, one step ahead), bf16 sampler against the bf16 trainer, min_tokens bans in captured
+steps, chunked training logprobs. Marked `gpu`; skipped where CUDA is not available.
+
+Tolerances are those of bfloat16 (8 bits of mantissa): logprobs near -10 carry rounding of a
+few hundredths, and a row's numbers depend on the kernels its batch size picks."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from tinker import types
+
+from runners.engine import scheduler
+from runners.engine.packed_model import PackedModel
+from runners.engine.sampling_model import SamplingModel
+from runners.engine.slot_batch import SlotBatch, SlotCache
+from tests.backend.test_local_backend import ADAM, ce_batch, ce_datum, prompt, train_steps
+from tests.backend.test_slot_batch import SPECS, _drain, _rows
+from tests.support.local_backend import local_service
+
+BF16_LOGPROB_ATOL = 0.1
+
+
+@pytest.fixture
+def cuda_trainer(tmp_path: Path):
+    service = local_service(tmp_path, device="cuda", dtype="auto", sampling_dtype="auto")
+    trainer = service.create_lora_training_client("tiny-random", rank=8, seed=0).result()
+    yield service, trainer
+    service.close()
+
+
+def _slot_batch(model, trainer, graphs: bool) -> SlotBatch:
+    return SlotBatch(
+        model,
+        slots=8,
+        pad_id=0,
+        device=torch.device("cuda"),
+        decode=trainer.get_tokenizer().decode,
+        max_positions=None,
+        graphs=graphs,
+    )
+
+
+def test_captured_steps_replay_what_eager_steps_compute(cuda_trainer):
+    _, trainer = cuda_trainer
+    train_steps(trainer, ce_batch(trainer), 3)
+    copy = SamplingModel(trainer._host, torch.bfloat16)
+    copy.load(trainer._host.snapshot())
+    eager, graphed = _rows(SPECS), _rows(SPECS)
+    _drain(_slot_batch(copy.module, trainer, graphs=False), eager)
+    batch = _slot_batch(copy.module, trainer, graphs=True)
+    _drain(batch, graphed)
+    assert batch.captures >= 1
+    for a, b in zip(eager, graphed, strict=True):
+        assert a.tokens == b.tokens
+        np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-3)
+
+
+def test_a_weight_update_reaches_captured_graphs_without_recapture(cuda_trainer):
+    _, trainer = cuda_trainer
+    copy = SamplingModel(trainer._host, torch.bfloat16)
+    batch = _slot_batch(copy.module, trainer, graphs=True)
+    copy.load(trainer._host.snapshot())
+    before = _rows(SPECS, temperature=0.0)
+    _drain(batch, before)
+    captures = batch.captures
+    train_steps(trainer, ce_batch(trainer), 5)
+    copy.load(trainer._host.snapshot())
+    after, eager = _rows(SPECS, temperature=0.0), _rows(SPECS, temperature=0.0)
+    _drain(batch, after)
+    _drain(_slot_batch(copy.module, trainer, graphs=False), eager)
+    assert batch.captures == captures
+    assert [r.tokens for r in after] == [r.tokens for r in eager]
+    assert [r.tokens for r in after] != [r.tokens for r in before]
+
+
+def test_cuda_sampler_logprobs_agree_with_the_trainer(cuda_trainer):
+    _, trainer = cuda_trainer
+    train_steps(trainer, ce_batch(trainer), 3)
+    sampler = trainer.save_weights_and_get_sampling_client().result()
+    assert isinstance(scheduler.scheduler_for(trainer._host)._batch, type(None) | SlotBatch)
+    tokens = trainer.get_tokenizer().encode("on the gpu")
+    params = types.SamplingParams(max_tokens=24, temperature=1.0, seed=3, stop=[])
+    sequences = sampler.sample(prompt(tokens), 8, params).result().sequences
+    assert isinstance(scheduler.scheduler_for(trainer._host)._batch, SlotBatch)
+    out = trainer.forward([ce_datum(tokens + s.tokens) for s in sequences], "cross_entropy")
+    worst = 0.0
+    for record, seq in zip(out.result().loss_fn_outputs, sequences, strict=True):
+        diff = np.abs(record["logprobs"].to_numpy()[-len(seq.logprobs) :] - seq.logprobs)
+        worst = max(worst, float(diff.max()))
+    print(f"max |sampler - trainer| logprob on CUDA bf16: {worst:.4f}")
+    assert worst < BF16_LOGPROB_ATOL
+
+
+def test_reloaded_weights_on_the_same_device_give_identical_samples(cuda_trainer, tmp_path):
+    service, trainer = cuda_trainer
+    train_steps(trainer, ce_batch(trainer), 3)
+    saved = trainer.save_weights_for_sampler("step-3").result()
+    in_memory = trainer.save_weights_and_get_sampling_client().result()
+    tokens = trainer.get_tokenizer().encode("reload")
+    params = types.SamplingParams(max_tokens=10, temperature=1.0, seed=7, stop=[])
+    want = in_memory.sample(prompt(tokens), 3, params).result().sequences
+    reloaded = trainer.create_sampling_client(saved.path).result()
+    got = reloaded.sample(prompt(tokens), 3, params).result().sequences
+    assert [s.tokens for s in got] == [s.tokens for s in want]
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_array_equal(g.logprobs, w.logprobs)
+
+
+def test_bf16_training_logprobs_match_a_full_logits_pass(cuda_trainer):
+    _, trainer = cuda_trainer
+    train_steps(trainer, ce_batch(trainer), 2)
+    data = ce_batch(trainer)
+    out = trainer.forward(data, "cross_entropy").result().loss_fn_outputs
+    model = trainer._host.model
+    with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+        for record, datum in zip(out, data, strict=True):
+            ids = torch.tensor([datum.model_input.to_ints()], device="cuda")
+            targets = datum.loss_fn_inputs["target_tokens"].to_torch().cuda()
+            logits = model(input_ids=ids).logits[0].float()
+            want = torch.log_softmax(logits, -1).gather(-1, targets[:, None])[:, 0]
+            np.testing.assert_allclose(
+                record["logprobs"].to_numpy(), want.cpu().numpy(), atol=BF16_LOGPROB_ATOL
+            )
+
+
+def test_buckets_are_captured_while_the_trainer_trains_on_another_thread(cuda_trainer):
+    """Sampling takes no host lock, so a new bucket's graph may be captured while the trainer
+    runs: neither side may fail, and the samples stay those of the snapshot."""
+    _, trainer = cuda_trainer
+    data = ce_batch(trainer)
+    sampler = trainer.save_weights_and_get_sampling_client().result()
+    tokens = trainer.get_tokenizer().encode("side by side")
+    params = types.SamplingParams(max_tokens=12, temperature=1.0, seed=5, stop=[])
+    want = [sampler.sample(prompt(tokens), n, params).result().sequences for n in (3, 5)]
+    trainer._host.close()  # a fresh scheduler: every bucket is captured again below
+    stop, errors, steps = threading.Event(), [], []
+
+    def train() -> None:
+        try:
+            while not stop.is_set():
+                trainer.forward_backward(data, "cross_entropy")
+                steps.append(trainer.optim_step(ADAM).result(timeout=120))
+        except BaseException as exc:  # reported by the assertion below
+            errors.append(exc)
+
+    thread = threading.Thread(target=train)
+    thread.start()
+    try:
+        got = [sampler.sample(prompt(tokens), n, params).result().sequences for n in (3, 5)]
+    finally:
+        stop.set()
+        thread.join(timeout=120)
+    assert not errors and steps
+    batch = scheduler.scheduler_for(trainer._host)._batch
+    assert isinstance(batch, SlotBatch) and batch.captures >= 2
+    for a, b in zip(want, got, strict=True):
+        assert [s.tokens for s in a] == [s.tokens for s in b]
+
+
+def _packed(trainer) -> PackedModel:
+    packed = PackedModel(trainer._host, torch.bfloat16)
+    packed.load(trainer._host.snapshot())
+    return packed
+
+
+def test_packed_captured_steps_one_ahead_replay_what_eager_steps_compute(cuda_trainer):
+    """The packed model under captured graphs, each step's tokens read while the next runs,
+    against the same steps run eagerly and read at once."""
+    _, trainer = cuda_trainer
+    train_steps(trainer, ce_batch(trainer), 3)
+    packed = _packed(trainer)
+    eager, graphed = _rows(SPECS), _rows(SPECS)
+    _drain(_slot_batch(packed, trainer, graphs=False), eager)
+    batch = _slot_batch(packed, trainer, graphs=True)
+    assert batch._ahead
+    _drain(batch, graphed)
+    assert batch.captures >= 1
+    for a, b in zip(eager, graphed, strict=True):
+        assert a.tokens == b.tokens
+        np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-3)
+
+
+def test_packed_graphs_follow_a_new_adapter_and_the_base_model(cuda_trainer):
+    _, trainer = cuda_trainer
+    packed = _packed(trainer)
+    batch = _slot_batch(packed, trainer, graphs=True)
+    before = _rows(SPECS, temperature=0.0)
+    _drain(batch, before)
+    captures = batch.captures
+    train_steps(trainer, ce_batch(trainer), 5)
+    packed.load(trainer._host.snapshot())
+    after, eager = _rows(SPECS, temperature=0.0), _rows(SPECS, temperature=0.0)
+    _drain(batch, after)
+    _drain(_slot_batch(packed, trainer, graphs=False), eager)
+    assert batch.captures == captures  # same tensors, new numbers: no capture
+    assert [r.tokens for r in after] == [r.tokens for r in eager]
+    assert [r.tokens for r in after] != [r.tokens for r in before]
+    packed.load(None)  # the base model: a graph of its own (no adapter products)
+    base = _rows(SPECS, temperature=0.0)
+    _drain(batch, base)
+    assert batch.captures > captures
+
+
+def test_packed_bf16_logits_stay_close_to_the_bf16_trainer(cuda_trainer):
+    _, trainer = cuda_trainer
+    train_steps(trainer, ce_batch(trainer), 3)
+    packed = _packed(trainer)
+    ids = torch.tensor([[1, 5, 9, 2, 7, 3, 11, 4]], device="cuda")
+    cache = SlotCache(torch.zeros(1, 1, dtype=torch.long, device="cuda"), 256)
+    packed.allocate(cache, 1)
+    slots, last = torch.tensor([0], device="cuda"), torch.tensor([7], device="cuda")
+    with torch.no_grad():
+        logits = packed.prefill(ids, torch.ones_like(ids), last, cache, slots)
+        with torch.autocast("cuda", dtype=torch.bfloat16):  # as the trainer computes
+            want = trainer._host.model(input_ids=ids).logits[0, -1]
+    got = torch.log_softmax(logits[0].float(), -1)
+    np.testing.assert_allclose(
+        got.cpu().numpy(), torch.log_softmax(want.float(), -1).cpu().numpy(), atol=BF16_LOGPROB_ATOL
+    )
+
+
+def test_min_tokens_bans_stop_ids_in_captured_steps(cuda_trainer):
+    _, trainer = cuda_trainer
+    sampler = trainer.save_weights_and_get_sampling_client().result()
+    tokens = trainer.get_tokenizer().encode("min tokens")
+    greedy = types.SamplingParams(max_tokens=8, temperature=0.0, stop=[])
+    first = sampler.sample(prompt(tokens), 1, greedy).result().sequences[0].tokens[0]
+    params = types.SamplingParams(max_tokens=8, temperature=1.0, seed=2, stop=[first])
+    held = sampler.sample(prompt(tokens), 4, params, min_tokens=6).result().sequences
+    assert all(first not in s.tokens[:6] and len(s.tokens) >= 6 for s in held)

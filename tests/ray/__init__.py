@@ -1,0 +1,1 @@
+"""The ray lane: runs as jobs on a real Ray head on loopback."""

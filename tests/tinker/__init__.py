@@ -1,1 +1,0 @@
-"""Tests of the Tinker backend: the real tinker SDK against the loopback stand-in."""
