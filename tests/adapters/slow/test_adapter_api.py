@@ -28,7 +28,7 @@ print(",".join(m for m in heavy if m in sys.modules))
 
 def test_selecting_and_validating_keeps_the_server_light() -> None:
     """Config checks read the libraries' source; the server process never imports them."""
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     env = {**os.environ, "PYTHONPATH": str(root)}
     out = subprocess.run(
         [sys.executable, "-c", LIGHT_CHECK],
