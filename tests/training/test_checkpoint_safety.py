@@ -17,7 +17,11 @@ from tests.support.helpers import finish_run as finish
 from tests.support.helpers import start_run as start
 from tests.support.helpers import wait_for
 from tests.support.settings import make_settings
+from tests import test_checkpoint_safety
 from tests.test_checkpoint_safety import TINY, damage, leftovers, logs, resume
+
+# The fixture these tests share with tests/test_checkpoint_safety.py, bound here where pytest looks.
+tmpfs_var = test_checkpoint_safety.tmpfs_var
 
 PAUSED_RUNNER = "tests.support.fake_runners.paused_runner"
 
