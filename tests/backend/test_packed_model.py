@@ -71,9 +71,13 @@ def _reference(host: ModelHost, ids: list[int], adapter: bool) -> torch.Tensor:
 
 
 def _check_against_reference(
-    host: ModelHost, adapter: bool, atol: float = ATOL, matrix_rotary: bool | None = None
+    host: ModelHost,
+    adapter: bool,
+    atol: float = ATOL,
+    matrix_rotary: bool | None = None,
+    packed: PackedModel | None = None,
 ) -> None:
-    packed = PackedModel(host, torch.float32)
+    packed = packed or PackedModel(host, torch.float32)
     if matrix_rotary is not None:
         packed.matrix_rotary = matrix_rotary
     packed.load(host.snapshot() if adapter else None)
@@ -148,6 +152,22 @@ def test_loading_an_adapter_copies_in_place_and_follows_it(trainer):
         assert [(g.weight.data_ptr(), g.b_t.data_ptr()) for g in _groups(packed)] == pointers
         assert packed.adapted == (adapter is not None)
     _check_against_reference(host, adapter=True)  # `after` is what the host holds now
+
+
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN")
+@pytest.mark.parametrize(
+    ("model_type", "extra"), [("llama", {}), ("qwen2", {}), ("llama", {"mlp_bias": True})]
+)
+def test_onednn_packed_products_are_the_same_numbers(model_type, extra):
+    """The CPU's oneDNN route (bf16 by default; float32 here, so it can be held to the peft
+    model exactly): base, adapter, residual and bias, and an adapter loaded after another."""
+    host = _tiny_host(model_type, **extra)
+    packed = PackedModel(host, torch.float32, onednn=True)
+    assert packed.onednn
+    _check_against_reference(host, adapter=False, packed=packed)
+    _check_against_reference(host, adapter=True, packed=packed)
+    _nudge(host, seed=2)
+    _check_against_reference(host, adapter=True, packed=packed)  # repacked at the load
 
 
 def _groups(packed: PackedModel) -> list:

@@ -13,11 +13,11 @@ from fastapi.testclient import TestClient
 from core.checkpoint_check import STATE_KIND, check
 from core.checkpoint_manifest import Verdict
 from server.app import create_app
+from tests import test_checkpoint_safety
 from tests.support.helpers import finish_run as finish
 from tests.support.helpers import start_run as start
 from tests.support.helpers import wait_for
 from tests.support.settings import make_settings
-from tests import test_checkpoint_safety
 from tests.test_checkpoint_safety import TINY, damage, leftovers, logs, resume
 
 # The fixture these tests share with tests/test_checkpoint_safety.py, bound here where pytest looks.
