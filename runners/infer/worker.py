@@ -47,6 +47,7 @@ class Worker:
         self._services: dict[str, Any] = {}
         self._samplers: dict[tuple[str, str, str | None], Any] = {}
         self._renderers: dict[str, Renderer] = {}
+        self._loading = asyncio.Lock()
 
     async def handle(
         self,
@@ -220,6 +221,10 @@ class Worker:
         return {"ok": True, "model": model, "latency_s": round(time.monotonic() - started, 3)}
 
     async def _sampler(self, backend: str, model: str, adapter: str | None) -> Any:
+        async with self._loading:  # concurrent first requests load a model once
+            return await self._sampler_now(backend, model, adapter)
+
+    async def _sampler_now(self, backend: str, model: str, adapter: str | None) -> Any:
         key = (backend, model, adapter)
         if key not in self._samplers:
             service = self._service(backend)
@@ -307,22 +312,25 @@ def error_answer(exc: BaseException) -> dict[str, Any]:
 class Inbox:
     """The worker's input, read on core.child's reading thread, so that a cancel or the end of
     input is seen even mid-job: jobs queue up for the event loop (a line that is not one, as
-    its error), cancels set their job's event at once."""
+    its error), each with its cancel event made on arrival; a cancel sets its job's event at
+    once (a cancel of a job already answered finds none: it is moot)."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
         self.jobs: asyncio.Queue[Job | ValidationError] = asyncio.Queue()
         self._cancels: dict[int, threading.Event] = {}
-        self._last_done = 0  # job ids only grow: a late cancel of an answered one is moot
         self._lock = threading.Lock()
 
     def take(self, message: ToWorker) -> None:
         match message:
             case Cancel(id=job_id):
-                if job_id > self._last_done:
+                with self._lock:
+                    event = self._cancels.get(job_id)
+                if event is not None:
                     log.info("request %s cancelled by the server", job_id)
-                    self.cancel_event(job_id).set()
-            case Job():
+                    event.set()
+            case Job(id=job_id):
+                self.cancel_event(job_id)
                 self._loop.call_soon_threadsafe(self.jobs.put_nowait, message)
 
     def not_a_job(self, _line: str, error: ValidationError) -> None:
@@ -335,27 +343,35 @@ class Inbox:
     def forget(self, job_id: int) -> None:
         with self._lock:
             self._cancels.pop(job_id, None)
-            self._last_done = max(self._last_done, job_id)
 
 
 async def serve(worker: Worker, channel: LineChannel) -> None:
+    """Each job in a task of its own, so that concurrent requests reach the engine together
+    (it decodes them as one batch); answers go out as each finishes, by job id."""
     inbox = Inbox(asyncio.get_running_loop())
     channel.serve_lines_in_background(TO_WORKER, inbox.take, inbox.not_a_job)
+    running: set[asyncio.Task[None]] = set()
     while True:
         item = await inbox.jobs.get()
         if isinstance(item, ValidationError):
             channel.send(Done(id=None, body=error_answer(item)))
             continue
-        try:
-            body = await worker.handle(
-                item.job, inbox.cancel_event(item.id), partial_writer(channel, item.id)
-            )
-        except Exception as exc:
-            log.error("request failed:\n%s", traceback.format_exc())
-            body = error_answer(exc)
-        finally:
-            inbox.forget(item.id)
-        channel.send(Done(id=item.id, body=body))
+        task = asyncio.create_task(answer(worker, channel, inbox, item))
+        running.add(task)  # held until done: the loop keeps only weak references to tasks
+        task.add_done_callback(running.discard)
+
+
+async def answer(worker: Worker, channel: LineChannel, inbox: Inbox, item: Job) -> None:
+    try:
+        body = await worker.handle(
+            item.job, inbox.cancel_event(item.id), partial_writer(channel, item.id)
+        )
+    except Exception as exc:
+        log.error("request failed:\n%s", traceback.format_exc())
+        body = error_answer(exc)
+    finally:
+        inbox.forget(item.id)
+    channel.send(Done(id=item.id, body=body))
 
 
 def partial_writer(channel: LineChannel, job_id: int) -> Emit:

@@ -162,12 +162,15 @@ def test_onednn_packed_products_are_the_same_numbers(model_type, extra):
     """The CPU's oneDNN route (bf16 by default; float32 here, so it can be held to the peft
     model exactly): base, adapter, residual and bias, and an adapter loaded after another."""
     host = _tiny_host(model_type, **extra)
+    threads = torch.get_num_threads()
     packed = PackedModel(host, torch.float32, onednn=True)
     assert packed.onednn
     _check_against_reference(host, adapter=False, packed=packed)
     _check_against_reference(host, adapter=True, packed=packed)
     _nudge(host, seed=2)
     _check_against_reference(host, adapter=True, packed=packed)  # repacked at the load
+    # A decode step runs its small operations on one thread, and gives the others back.
+    assert torch.get_num_threads() == threads
 
 
 def _groups(packed: PackedModel) -> list:

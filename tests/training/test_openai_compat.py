@@ -4,6 +4,7 @@ strings, a stream), bad input in OpenAI's error shape, and the bearer token as a
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -192,6 +193,37 @@ def test_a_stream_whose_client_leaves_frees_the_worker(client, server: LiveServe
     answer = client.chat.completions.create(model=SMOLLM2, messages=story, max_tokens=2)
     assert answer.choices[0].message.content
     assert time.monotonic() - left < 20  # the request's budget is 24 s
+
+
+def test_a_request_is_answered_while_another_is_still_decoding(client, runs) -> None:
+    """Requests do not queue behind each other: a short one sent while a long stream is under
+    way joins the worker's decode batch and is answered before the stream ends (one at a
+    time, it would start only after)."""
+    long = client.chat.completions.create(
+        model="tiny-random",
+        messages=HI,
+        max_tokens=1500,
+        seed=2,
+        stream=True,
+        extra_body={"min_tokens": 1500, "ignore_eos": True},
+    )
+    pieces = iter(long)
+    wait_for(lambda: next(pieces).choices[0].delta.content, 60)  # the stream is under way
+    ended = threading.Event()
+    reasons: list[str | None] = []
+
+    def read_to_the_end() -> None:
+        reasons.extend(p.choices[0].finish_reason for p in pieces if p.choices)
+        ended.set()
+
+    reader = threading.Thread(target=read_to_the_end)
+    reader.start()
+    short = client.chat.completions.create(model="tiny-random", messages=HI, max_tokens=3)
+    still_decoding = not ended.is_set()
+    reader.join(120)
+    assert short.choices[0].message.content is not None
+    assert still_decoding
+    assert reasons[-1] == "length"
 
 
 def test_bad_input_in_openai_error_shape(client, runs, server: LiveServer) -> None:
