@@ -109,26 +109,28 @@ async def bench(settings: Settings, args: argparse.Namespace) -> None:
         ),
     }
     on = runs["recording (256 per step)"]
-    clients = {name: await t.set_up() for name, t in runs.items()}
-    on_path = Timer()  # building and picking the records, on the training path
-    on.reporter.rollouts = on_path.wrap(on.reporter.rollouts)  # type: ignore[method-assign]
-    writer = Timer()  # the writer thread's transaction per step
-    rollout_store.write_step = writer.wrap(rollout_store.write_step)  # type: ignore[assignment]
-    tables = Timer()  # and its W&B table (with --wandb)
-    recorder = on.reporter._rollouts
-    if recorder._on_written is not None:
-        recorder._on_written = tables.wrap(recorder._on_written)
-    times: dict[str, list[float]] = {name: [] for name in runs}
-    for step in range(1, steps + 1):
-        order = list(runs.items()) if step % 2 else list(runs.items())[::-1]
-        for name, run in order:
-            start = time.perf_counter()
-            with contextlib.redirect_stdout(io.StringIO()):  # the runner's per-step lines
-                await run.train_step(clients[name], step)
-            if step > 1:
-                times[name].append(time.perf_counter() - start)
-    for run in runs.values():
-        run.reporter.finish_wandb()  # the recorder's queue written
+    async with contextlib.AsyncExitStack() as exits:
+        opened = {name: await t.open_run(exits) for name, t in runs.items()}
+        reporter = opened["recording (256 per step)"].reporter
+        on_path = Timer()  # building and picking the records, on the training path
+        reporter.rollouts = on_path.wrap(reporter.rollouts)  # type: ignore[method-assign]
+        writer = Timer()  # the writer thread's transaction per step
+        rollout_store.write_step = writer.wrap(rollout_store.write_step)
+        tables = Timer()  # and its W&B table (with --wandb)
+        recorder = reporter._rollouts
+        if recorder._on_written is not None:
+            recorder._on_written = tables.wrap(recorder._on_written)
+        times: dict[str, list[float]] = {name: [] for name in runs}
+        for step in range(1, steps + 1):
+            order = list(runs.items()) if step % 2 else list(runs.items())[::-1]
+            for name, run in order:
+                start = time.perf_counter()
+                with contextlib.redirect_stdout(io.StringIO()):  # the runner's per-step lines
+                    await run.train_step(opened[name], step)
+                if step > 1:
+                    times[name].append(time.perf_counter() - start)
+        for context in opened.values():
+            context.reporter.finish_wandb()  # the recorder's queue written
     report(times, on_path.calls[1:], writer.calls[1:], tables.calls[1:], settings, on.run_id)
 
 
