@@ -16,7 +16,7 @@ from environments.repeat_word import WORDS
 from runners.models.tiny import build_tiny_tokenizer
 from server.app import create_app
 from tests.hosted_tinker.conftest import TEST_KEY
-from tests.support.helpers import wait_for
+from tests.support.helpers import finish_run, wait_for
 from tests.support.settings import make_settings
 from tests.support.standins.tinker_standin import TinkerStandin, token_logprob
 
@@ -70,15 +70,7 @@ def test_runner_drives_tinker_with_the_right_data(tmp_path: Path, standin_words)
             "use_wandb": False,
         }
         run_id = client.post("/runs", json=body).json()["run_id"]
-        run = wait_for(
-            lambda: (
-                (r := client.get(f"/runs/{run_id}").json())["status"]
-                in {"succeeded", "failed", "stopped"}
-                and r
-            ),
-            120,
-            every=0.25,
-        )
+        run = finish_run(client, run_id, 120)
         logs = "\n".join(client.get(f"/runs/{run_id}/logs", params={"tail": 100}).json()["lines"])
         assert run["status"] == "succeeded", logs
         assert run["weights_path"].startswith("tinker://")
@@ -178,15 +170,7 @@ def test_a_stuck_tinker_call_fails_the_run_with_a_reason(tmp_path: Path, standin
             "use_wandb": False,
         }
         run_id = client.post("/runs", json=body).json()["run_id"]
-        run = wait_for(
-            lambda: (
-                (r := client.get(f"/runs/{run_id}").json())["status"]
-                in {"succeeded", "failed", "stopped"}
-                and r
-            ),
-            90,
-            every=0.25,
-        )
+        run = finish_run(client, run_id, 90)
     assert run["status"] == "failed", run
     assert "sample did not finish within 1.5 s" in run["error"]
 
@@ -220,15 +204,7 @@ def test_stop_right_after_a_periodic_save_ends_stopped(tmp_path: Path, standin_w
             every=0.05,
         )
         client.post(f"/runs/{run_id}/stop")
-        run = wait_for(
-            lambda: (
-                (r := client.get(f"/runs/{run_id}").json())["status"]
-                in {"succeeded", "failed", "stopped"}
-                and r
-            ),
-            120,
-            every=0.25,
-        )
+        run = finish_run(client, run_id, 120)
         logs = "\n".join(client.get(f"/runs/{run_id}/logs", params={"tail": 60}).json()["lines"])
         checkpoints = client.get(f"/runs/{run_id}/checkpoints").json()
     assert run["status"] == "stopped", logs
