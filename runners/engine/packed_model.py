@@ -16,12 +16,13 @@ Loading an adapter copies its A and B into those rows and blocks (no new tensors
 CUDA graphs stay valid); nothing is merged into the base weights, so updates smaller than a
 bf16 step of a weight still reach the sampler.
 
-On a CPU with native bf16 products (the bf16 copy), every product goes through oneDNN with its
-weight packed once in oneDNN's own layout (`_OneDnn`: a plain weight is re-laid out at each
-call), the residual and the B product added inside their products; A and B are packed again at
-each load. The decode step runs its many small operations on one thread and widens to all for
-the base products and, from 8 rows, attention (`_Threads`): on 2 cores this halves what an
-adapter costs a step.
+On a CPU with native bf16 products (the bf16 copy), every base product goes through oneDNN
+with its weight packed once in oneDNN's own layout (`_OneDnn`: a plain weight is re-laid out
+at each call), the residual added inside; the adapter stays apart, in float32 for a decode
+step's few rows (two `mm`s a group, a third of a tiny oneDNN call's time, and exact) and in
+bf16 beyond `EXACT_ADAPTER_ROWS` (prefills, wide batches). Below `WIDE_ROWS` rows
+the whole decode step runs on one thread; from there its many small operations stay on one
+and the base products and attention widen to all (`_Threads`).
 """
 
 from __future__ import annotations
@@ -38,9 +39,17 @@ from runners.engine.slot_batch import SlotCache, supports
 _PEFT_PREFIX = "base_model.model."
 _ARCHITECTURES = ("llama", "qwen2", "qwen3")
 _STATIC_ROPE = ("default", "linear", "llama3", "yarn")  # inverse frequencies fixed at load
-# From this many rows a CPU decode step's attention takes every thread (measured on SmolLM2,
-# 2 cores: at 16 rows about 5 ms a step faster than one thread, at 3 rows slower).
-WIDE_ATTENTION_ROWS = 8
+# From this many rows a CPU decode step widens to every thread for its base products and
+# attention; below it the whole step runs on one (measured on SmolLM2, 2 cores, median of 15
+# to 30 interleaved rounds: at 3 rows 28.7 ms a step against 33.8 widened, at 8 rows 39.2
+# against 46.6, at 16 rows 52.9 against 49.0: waking the second thread for each product costs
+# more than it brings until the rows fill it).
+WIDE_ROWS = 16
+# Up to this many rows the adapter's products run in float32 (exact; at a few rows a third of
+# a tiny bf16 product's time); beyond, in the sampling dtype, where a float32 update of every
+# output costs more than the base product (SmolLM2's gate/up, 2 cores: at 64 rows 193 us
+# against 50, at a 608-token prefill 7.4 ms against 0.25).
+EXACT_ADAPTER_ROWS = 16
 
 
 def packable(host: ModelHost) -> str | None:
@@ -90,9 +99,12 @@ class _Group:
         dtype: torch.dtype,
         spots: list[_Spot],
         columns: torch.Tensor | None = None,
+        adapter_apart: bool = False,
     ) -> None:
         """`columns`: the weight of the RMSNorm that feeds the group, folded into its input
-        columns (W diag(w) x = W (w * x): the norm's multiply disappears from the step)."""
+        columns (W diag(w) x = W (w * x): the norm's multiply disappears from the step).
+        `adapter_apart`: A and B in float32 beside the base weight, not stacked under it
+        (oneDNN's route: a tiny product there costs three times a float32 `mm`)."""
         base = torch.cat([layer.weight.detach() for layer in layers]).float()
         if columns is not None:
             columns = columns.detach().float()
@@ -101,15 +113,21 @@ class _Group:
         self.out = base.shape[0]
         rank = max((int(a.r["default"]) for a in adapters if a is not None), default=0)  # type: ignore[attr-defined]
         self.rank = rank * len(layers) if rank else 0
-        weight = base.new_zeros(self.out + self.rank, base.shape[1])
-        weight[: self.out] = base
-        self.weight = weight
-        self.base = weight[: self.out]
+        adapter_dtype = torch.float32 if adapter_apart else dtype
+        if adapter_apart:
+            self.weight = base
+            self.a = base.new_zeros(self.rank, base.shape[1], dtype=adapter_dtype)
+        else:
+            self.weight = base.new_zeros(self.out + self.rank, base.shape[1])
+            self.weight[: self.out] = base
+            self.a = self.weight[self.out :]
+        self.base = self.weight[: self.out]
+        self.apart = adapter_apart
         biases = [layer.bias for layer in layers]
         self.bias: torch.Tensor | None = None
         self.base_bias: torch.Tensor | None = None
         if any(b is not None for b in biases):
-            bias = weight.new_zeros(self.out + self.rank)
+            bias = base.new_zeros(len(self.weight))
             at = 0
             for layer in layers:
                 if layer.bias is not None:
@@ -117,14 +135,13 @@ class _Group:
                 at += layer.out_features
             self.bias, self.base_bias = bias, bias[: self.out]
         # B^T of every adapter of the group, block-diagonal: [all A rows, all base outputs].
-        self.b_t = weight.new_zeros(self.rank, self.out) if self.rank else None
+        self.b_t = base.new_zeros(self.rank, self.out, dtype=adapter_dtype) if self.rank else None
         at = 0
         for i, (layer, adapter) in enumerate(zip(layers, adapters, strict=True)):
             if adapter is not None and self.b_t is not None:
-                rows = slice(self.out + i * rank, self.out + (i + 1) * rank)
                 spots.append(
                     _Spot(
-                        a=weight[rows],
+                        a=self.a[i * rank : (i + 1) * rank],
                         b_t=self.b_t[i * rank : (i + 1) * rank, at : at + layer.out_features],
                         a_name=names[id(adapter.lora_A["default"].weight)],  # type: ignore[attr-defined]
                         b_name=names[id(adapter.lora_B["default"].weight)],  # type: ignore[attr-defined]
@@ -136,15 +153,24 @@ class _Group:
 
         self._onednn: _OneDnn | None = None
 
+    def nbytes(self, adapted: bool) -> int:
+        """Bytes a product of the group reads (its adapter's too when `adapted`)."""
+        if not adapted or self.b_t is None:
+            return self.base.nbytes
+        if self.apart:
+            return self.base.nbytes + self.a.nbytes + self.b_t.nbytes
+        return self.weight.nbytes + self.b_t.nbytes
+
     def use_onednn(self, threads: _Threads) -> None:
         """Products through oneDNN with the base weight packed once in its own layout (the
         CPU): a plain weight is re-laid out on every call, which reads it three times."""
+        assert self.apart, "oneDNN's route keeps the adapter apart"
         self._onednn = _OneDnn(self, threads)
 
-    def repack(self) -> None:
-        """The adapter in oneDNN's layout again, after `load` wrote it (no-op off it)."""
+    def loaded(self) -> None:
+        """A load wrote the adapter's A and B (oneDNN's route copies them once more)."""
         if self._onednn is not None:
-            self._onednn.pack_adapter(self)
+            self._onednn.loaded()
 
     def __call__(self, x: torch.Tensor, adapted: bool) -> torch.Tensor:
         """The group's outputs [tokens, out], the adapters' updates added when `adapted`."""
@@ -171,25 +197,28 @@ class _Group:
 
 class _Threads:
     """A CPU decode step's intra-op threads: one for its many small operations (waking a
-    second thread costs them more than it saves), all for the large products and, from
-    `WIDE_ATTENTION_ROWS` rows, attention. torch's setting belongs to the calling thread
-    (OpenMP's and MKL's), so the sampler's thread narrowing leaves the trainer's alone."""
+    second thread costs them more than it saves), all for the large products and attention
+    from `WIDE_ROWS` rows (below, one for the whole step). torch's setting belongs to the
+    calling thread (OpenMP's and MKL's), so the sampler's narrowing leaves the trainer's alone."""
 
     def __init__(self, wide: int) -> None:
         self.wide = wide
         self.narrowed = False
+        self.products = 1  # threads for this step's products and attention
 
-    def narrow(self) -> None:
+    def narrow(self, rows: int) -> None:
+        """The start of a decode step of `rows` rows."""
         if self.wide > 1:
             torch.set_num_threads(1)
             self.narrowed = True
+            self.products = self.wide if rows >= WIDE_ROWS else 1
 
     def widen(self) -> None:
-        if self.narrowed:
-            torch.set_num_threads(self.wide)
+        if self.narrowed and self.products > 1:
+            torch.set_num_threads(self.products)
 
     def narrow_again(self) -> None:
-        if self.narrowed:
+        if self.narrowed and self.products > 1:
             torch.set_num_threads(1)
 
     def end(self) -> None:
@@ -204,23 +233,26 @@ def _onednn_pack(weight: torch.Tensor) -> torch.Tensor:
 
 
 class _OneDnn:
-    """A group's products through oneDNN's packed weights: the base packed once, a residual
-    added inside its product; the adapter's A and B (the scale folded in) packed at each
-    load, the B product adding into the output (one rounding, not two)."""
+    """A group's products through oneDNN's packed weight: the base packed once, a residual
+    added inside its product. The adapter (the scale folded into B) runs apart: in float32
+    on the group's own A and B up to `EXACT_ADAPTER_ROWS` rows, beyond in the sampling dtype
+    on copies made at each load, its update added to the output in one rounding."""
 
     def __init__(self, group: _Group, threads: _Threads) -> None:
-        self.out = group.out
         self.threads = threads
         self.bias = group.base_bias
         self.base = _onednn_pack(group.base)
-        self.a: torch.Tensor | None = None
-        self.b: torch.Tensor | None = None
-        self.pack_adapter(group)
+        self.dtype = group.base.dtype
+        self.a_t = group.a.t()  # views: a load's copies into A and B are seen here
+        self.b_t = group.b_t
+        self.loaded()
 
-    def pack_adapter(self, group: _Group) -> None:
-        if group.b_t is not None:
-            self.a = _onednn_pack(group.weight[self.out :])
-            self.b = _onednn_pack(group.b_t.t())
+    def loaded(self) -> None:
+        """The sampling-dtype copies of A and B, after a load wrote the float32 ones (copies
+        in a float32 copy of the model too: one route in every dtype)."""
+        if self.b_t is not None:
+            self.low_a_t = self.a_t.to(self.dtype, copy=True)
+            self.low_b_t = self.b_t.to(self.dtype, copy=True)
 
     def __call__(
         self, x: torch.Tensor, residual: torch.Tensor | None, adapted: bool
@@ -232,8 +264,11 @@ class _OneDnn:
         else:
             y = linear.binary(x, residual, self.base, self.bias, "add")
         self.threads.narrow_again()
-        if adapted:
-            y = linear.binary(linear(x, self.a, None, "none", [], ""), y, self.b, None, "add")
+        if adapted and self.b_t is not None:
+            if len(x) <= EXACT_ADAPTER_ROWS:
+                y.add_(torch.mm(torch.mm(x.float(), self.a_t), self.b_t))
+            else:
+                y.addmm_(torch.mm(x, self.low_a_t), self.low_b_t)
         return y
 
 
@@ -298,6 +333,7 @@ class PackedModel:
         self.dtype = dtype
         self.device = host.device
         self.spots: list[_Spot] = []
+        self.onednn = uses_onednn(self.device, dtype) if onednn is None else onednn
         lora = _lora_layers(host)
         names = {id(p): n for n, p in host.params.items()}
 
@@ -310,7 +346,7 @@ class PackedModel:
         def group(*members: str, columns: torch.Tensor | None = None) -> _Group:
             layers = [base(n) for n in members]
             adapters = [lora.get(n) for n in members]
-            return _Group(layers, adapters, names, dtype, self.spots, columns)
+            return _Group(layers, adapters, names, dtype, self.spots, columns, self.onednn)
 
         decoder = model.get_decoder()
         prefix = _module_name(model, decoder)
@@ -360,7 +396,6 @@ class PackedModel:
         self.matrix_rotary = self.device.type == "cuda"
         self.adapted = False
         self._loaded: AdapterWeights | None | bool = False  # False: nothing loaded yet
-        self.onednn = uses_onednn(self.device, dtype) if onednn is None else onednn
         self._threads = _Threads(torch.get_num_threads() if self.onednn else 1)
         if self.onednn:
             for g in self._groups():
@@ -383,7 +418,7 @@ class PackedModel:
                     spot.a.copy_(a if spot.columns is None else a.float() * spot.columns)
                     spot.b_t.copy_(adapter.tensors[spot.b_name].t() * spot.scale)
                 for g in self._groups():
-                    g.repack()
+                    g.loaded()
         self.adapted = adapter is not None and bool(self.spots)
         self._loaded = adapter
 
@@ -394,11 +429,8 @@ class PackedModel:
 
     def nbytes(self) -> int:
         """Bytes of the weights one decode step reads (base, and the adapter when loaded)."""
-        total = self.norm_out.nbytes
-        for layer in self.layers:
-            for g in (layer.qkv, layer.o, layer.gate_up, layer.down):
-                total += (g.weight if self.adapted else g.base).nbytes
-        return total + (self.head.weight if self.adapted else self.head.base).nbytes
+        groups = sum(g.nbytes(self.adapted) for g in self._groups())
+        return self.norm_out.nbytes + groups
 
     # ----- the slot cache -----------------------------------------------------------------
 
@@ -487,8 +519,7 @@ class PackedModel:
             # slower on the CPU in bf16).
             keys[row, :, column] = k
             values[row, :, column] = v.view(rows, self.kv_heads, self.head_dim)
-            if wide_attention:
-                threads.widen()
+            threads.widen()
             out = F.scaled_dot_product_attention(
                 q.view(rows, self.kv_heads, groups, self.head_dim),
                 keys[:rows, :, :columns],
@@ -500,8 +531,8 @@ class PackedModel:
             return out.reshape(rows, self.heads * self.head_dim)
 
         rotations = self._rotations(column)
-        threads, wide_attention = self._threads, rows >= WIDE_ATTENTION_ROWS
-        threads.narrow()
+        threads = self._threads
+        threads.narrow(rows)
         try:
             hidden = self._layers(F.embedding(tokens[:, 0], self.embedding), rotations, attend)
             return self._logits(hidden)

@@ -101,17 +101,18 @@ def select_tokens(
     (`filtered=False`: no top-k/top-p pass, which sorts the vocabulary) or none is greedy
     (`greedy=False`: no argmax) saves that work. `ban`: ids [rows, k] and a flag per row
     [rows]; a flagged row cannot draw those ids (a row's list may repeat an id to fill k)."""
-    logits = logits.float()
     sampling = temperature > 0
+    # float32 from here (a bf16 row times a float32 factor), in a tensor of the step's own.
     scaled = logits * torch.where(sampling, temperature, 1.0).reciprocal()[:, None]
     if ban is not None:
         ids, on = ban
         kept = scaled.gather(-1, ids)
-        scaled = scaled.scatter(-1, ids, torch.where(on[:, None], -torch.inf, kept))
+        scaled.scatter_(-1, ids, torch.where(on[:, None], -torch.inf, kept))
     if filtered:
         scaled = filter_logits(scaled, top_k, top_p)
     tokens = draw(torch.softmax(scaled, dim=-1), row_uniforms(keys))
     if greedy:
         tokens = torch.where(sampling, tokens, scaled.argmax(dim=-1))
-    picked = torch.log_softmax(logits, dim=-1).gather(-1, tokens[:, None])[:, 0]
+    raw = torch.log_softmax(logits, dim=-1, dtype=torch.float32)
+    picked = raw.gather(-1, tokens[:, None])[:, 0]
     return torch.stack([tokens.to(torch.float32), picked])

@@ -345,7 +345,12 @@ class SlotBatch:
     def _launch(self, occupied: list[int]) -> tuple[list[int], list[Row], torch.Tensor, Any]:
         """Run (or enqueue) the step for the bucket holding `occupied`; its tokens' copy."""
         assert self._cache is not None
-        bucket = min(b for b in self._buckets if b > occupied[-1])
+        # A captured graph serves a bucket of slots; an eager step runs just as far as the
+        # last occupied slot (on the CPU a padded row costs what a real one does).
+        if self._graphs:
+            bucket = min(b for b in self._buckets if b > occupied[-1])
+        else:
+            bucket = occupied[-1] + 1
         live = [row for row in self.rows if row is not None]
         passes = Passes.of(live)
         if self._graphs:

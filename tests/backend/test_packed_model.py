@@ -12,7 +12,7 @@ import pytest
 import torch
 from tinker import types
 
-from runners.engine import lora
+from runners.engine import lora, packed_model
 from runners.engine import scheduler as engine
 from runners.engine.batch import Row
 from runners.engine.dynamic_batch import DynamicCacheBatch
@@ -158,9 +158,12 @@ def test_loading_an_adapter_copies_in_place_and_follows_it(trainer):
 @pytest.mark.parametrize(
     ("model_type", "extra"), [("llama", {}), ("qwen2", {}), ("llama", {"mlp_bias": True})]
 )
-def test_onednn_packed_products_are_the_same_numbers(model_type, extra):
+@pytest.mark.parametrize("exact_rows", [16, 0], ids=["float32 adapter", "sampling-dtype adapter"])
+def test_onednn_packed_products_are_the_same_numbers(model_type, extra, exact_rows, monkeypatch):
     """The CPU's oneDNN route (bf16 by default; float32 here, so it can be held to the peft
-    model exactly): base, adapter, residual and bias, and an adapter loaded after another."""
+    model exactly): base, adapter (its float32 products for a few rows and its copies in the
+    sampling dtype beyond), residual and bias, and an adapter loaded after another."""
+    monkeypatch.setattr(packed_model, "EXACT_ADAPTER_ROWS", exact_rows)
     host = _tiny_host(model_type, **extra)
     threads = torch.get_num_threads()
     packed = PackedModel(host, torch.float32, onednn=True)
@@ -168,7 +171,7 @@ def test_onednn_packed_products_are_the_same_numbers(model_type, extra):
     _check_against_reference(host, adapter=False, packed=packed)
     _check_against_reference(host, adapter=True, packed=packed)
     _nudge(host, seed=2)
-    _check_against_reference(host, adapter=True, packed=packed)  # repacked at the load
+    _check_against_reference(host, adapter=True, packed=packed)  # its copies follow the load
     # A decode step runs its small operations on one thread, and gives the others back.
     assert torch.get_num_threads() == threads
 
