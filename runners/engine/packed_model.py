@@ -18,11 +18,12 @@ bf16 step of a weight still reach the sampler.
 
 On a CPU with native bf16 products (the bf16 copy), every base product goes through oneDNN
 with its weight packed once in oneDNN's own layout (`_OneDnn`: a plain weight is re-laid out
-at each call), the residual added inside; the adapter stays apart, in float32 for a decode
-step's few rows (two `mm`s a group, a third of a tiny oneDNN call's time, and exact) and in
-bf16 beyond `EXACT_ADAPTER_ROWS` (prefills, wide batches). Below `WIDE_ROWS` rows
-the whole decode step runs on one thread; from there its many small operations stay on one
-and the base products and attention widen to all (`_Threads`).
+at each call), the residual added inside; the adapter stays apart, in float32 where its update
+is small (two `mm`s a group at a decode step's few rows: a third of a tiny oneDNN call's time,
+and exact) and in bf16 beyond `EXACT_ADAPTER_OUTPUTS` (prefills, wide batches, the
+unembedding). Below `WIDE_ROWS` rows the whole decode step runs on one thread; from there its
+many small operations stay on one and the base products and attention widen to all
+(`_Threads`).
 """
 
 from __future__ import annotations
@@ -45,11 +46,12 @@ _STATIC_ROPE = ("default", "linear", "llama3", "yarn")  # inverse frequencies fi
 # against 46.6, at 16 rows 52.9 against 49.0: waking the second thread for each product costs
 # more than it brings until the rows fill it).
 WIDE_ROWS = 16
-# Up to this many rows the adapter's products run in float32 (exact; at a few rows a third of
-# a tiny bf16 product's time); beyond, in the sampling dtype, where a float32 update of every
-# output costs more than the base product (SmolLM2's gate/up, 2 cores: at 64 rows 193 us
-# against 50, at a 608-token prefill 7.4 ms against 0.25).
-EXACT_ADAPTER_ROWS = 16
+# Up to this many outputs (rows x a group's outputs) the adapter's products run in float32
+# (exact; a third of a tiny bf16 product's time); beyond, in the sampling dtype, where a
+# float32 update of every output costs more than it saves (SmolLM2 on one thread: gate/up's
+# 3,072 outputs at 3 rows 35 us against 61, at 64 rows 298 against 90; the head's 49,152 at
+# 3 rows 336 against 365, at 16 rows 5.4 ms against 0.4).
+EXACT_ADAPTER_OUTPUTS = 32768
 
 
 def packable(host: ModelHost) -> str | None:
@@ -235,8 +237,8 @@ def _onednn_pack(weight: torch.Tensor) -> torch.Tensor:
 class _OneDnn:
     """A group's products through oneDNN's packed weight: the base packed once, a residual
     added inside its product. The adapter (the scale folded into B) runs apart: in float32
-    on the group's own A and B up to `EXACT_ADAPTER_ROWS` rows, beyond in the sampling dtype
-    on copies made at each load, its update added to the output in one rounding."""
+    on the group's own A and B up to `EXACT_ADAPTER_OUTPUTS` outputs, beyond in the sampling
+    dtype on copies made at each load, its update added to the output in one rounding."""
 
     def __init__(self, group: _Group, threads: _Threads) -> None:
         self.threads = threads
@@ -265,7 +267,7 @@ class _OneDnn:
             y = linear.binary(x, residual, self.base, self.bias, "add")
         self.threads.narrow_again()
         if adapted and self.b_t is not None:
-            if len(x) <= EXACT_ADAPTER_ROWS:
+            if y.numel() <= EXACT_ADAPTER_OUTPUTS:
                 y.add_(torch.mm(torch.mm(x.float(), self.a_t), self.b_t))
             else:
                 y.addmm_(torch.mm(x, self.low_a_t), self.low_b_t)

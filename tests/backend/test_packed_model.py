@@ -158,12 +158,12 @@ def test_loading_an_adapter_copies_in_place_and_follows_it(trainer):
 @pytest.mark.parametrize(
     ("model_type", "extra"), [("llama", {}), ("qwen2", {}), ("llama", {"mlp_bias": True})]
 )
-@pytest.mark.parametrize("exact_rows", [16, 0], ids=["float32 adapter", "sampling-dtype adapter"])
-def test_onednn_packed_products_are_the_same_numbers(model_type, extra, exact_rows, monkeypatch):
+@pytest.mark.parametrize("exact", [10**9, 0], ids=["float32 adapter", "sampling-dtype adapter"])
+def test_onednn_packed_products_are_the_same_numbers(model_type, extra, exact, monkeypatch):
     """The CPU's oneDNN route (bf16 by default; float32 here, so it can be held to the peft
     model exactly): base, adapter (its float32 products for a few rows and its copies in the
     sampling dtype beyond), residual and bias, and an adapter loaded after another."""
-    monkeypatch.setattr(packed_model, "EXACT_ADAPTER_ROWS", exact_rows)
+    monkeypatch.setattr(packed_model, "EXACT_ADAPTER_OUTPUTS", exact)
     host = _tiny_host(model_type, **extra)
     threads = torch.get_num_threads()
     packed = PackedModel(host, torch.float32, onednn=True)
