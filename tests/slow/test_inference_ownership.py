@@ -22,18 +22,15 @@ LONG = {"prompts": ["Tell me a very long story about a river."], "max_tokens": 4
 TICKS_PER_S = 100  # USER_HZ on Linux
 
 
-@pytest.fixture(scope="module")
-def models_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One converted SmolLM2 for the module: converting is not what these tests are about."""
-    return tmp_path_factory.mktemp("models")
-
-
 @pytest.fixture
-def serve(tmp_path: Path, models_dir: Path) -> Iterator[callable]:
+def serve(tmp_path: Path, prepared_models_dir: Path) -> Iterator[callable]:
+    """Servers on the SmolLM2 the set-up converted (converting is not what these tests are
+    about), each in a var folder of its own."""
     started: list[LiveServer] = []
 
     def start(**env: str) -> LiveServer:
-        settings = {"RLCS_INFERENCE_WARMUP": "0", "RLCS_MODELS_DIR": str(models_dir), **env}
+        models = str(prepared_models_dir)
+        settings = {"RLCS_INFERENCE_WARMUP": "0", "RLCS_MODELS_DIR": models, **env}
         server = LiveServer(tmp_path / f"var{len(started)}", **settings).start(timeout=60)
         started.append(server)
         return server
