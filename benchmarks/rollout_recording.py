@@ -100,18 +100,17 @@ class Timer:
 
 async def bench(settings: Settings, args: argparse.Namespace) -> None:
     steps = args.steps + 1  # the first is a warm-up (allocations, first graphs)
+    recording = "recording (256 per step)"
     runs = {
-        "recording (256 per step)": trainer(
-            settings, "r-0000000a", run_config(args.model, steps, 256, args.wandb)
-        ),
+        recording: trainer(settings, "r-0000000a", run_config(args.model, steps, 256, args.wandb)),
         "baseline: not recording (0)": trainer(
             settings, "r-0000000b", run_config(args.model, steps, 0, args.wandb)
         ),
     }
-    on = runs["recording (256 per step)"]
+    on = runs[recording]
     async with contextlib.AsyncExitStack() as exits:
         opened = {name: await t.open_run(exits) for name, t in runs.items()}
-        reporter = opened["recording (256 per step)"].reporter
+        reporter = opened[recording].reporter
         on_path = Timer()  # building and picking the records, on the training path
         reporter.rollouts = on_path.wrap(reporter.rollouts)  # type: ignore[method-assign]
         writer = Timer()  # the writer thread's transaction per step

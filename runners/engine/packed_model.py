@@ -206,7 +206,7 @@ class _Threads:
     def __init__(self, wide: int) -> None:
         self.wide = wide
         self.narrowed = False
-        self.products = 1  # threads for this step's products and attention
+        self.products = 1  # threads for this step's products and attention (1: none widen)
 
     def narrow(self, rows: int) -> None:
         """The start of a decode step of `rows` rows."""
@@ -216,18 +216,18 @@ class _Threads:
             self.products = self.wide if rows >= WIDE_ROWS else 1
 
     def widen(self) -> None:
-        if self.narrowed and self.products > 1:
+        if self.products > 1:
             torch.set_num_threads(self.products)
 
     def narrow_again(self) -> None:
-        if self.narrowed and self.products > 1:
+        if self.products > 1:
             torch.set_num_threads(1)
 
     def end(self) -> None:
         """Back to all threads (the step is over, or failed)."""
         if self.narrowed:
             torch.set_num_threads(self.wide)
-            self.narrowed = False
+            self.narrowed, self.products = False, 1
 
 
 def _onednn_pack(weight: torch.Tensor) -> torch.Tensor:
