@@ -29,10 +29,10 @@ from tinker import types
 
 from benchmarks import gpu
 from core.model_names import SMOLLM2, TINY_RANDOM
-from runners.engine import scheduler
-from runners.engine.dynamic_batch import left_pad
 from runners.engine.local import LocalSamplingClient, LocalServiceClient, LocalTrainingClient
-from runners.engine.packed_model import PackedModel
+from runners.engine.padding import left_pad
+from runners.engine.sample import scheduler
+from runners.engine.sample.packed_model import PackedModel
 from runners.models import loading
 
 ALIASES = {"tiny-random": TINY_RANDOM, "tiny": TINY_RANDOM, "smollm2": SMOLLM2}

@@ -26,7 +26,7 @@ import torch
 
 from benchmarks.local_backend import generate_exactly
 from core.model_names import SMOLLM2, smollm2_is_converted
-from runners.engine.dynamic_batch import left_pad
+from runners.engine.padding import left_pad
 from runners.models import loading
 from tests.support.helpers import finish_run, start_run
 from tests.support.live_server import LiveServer

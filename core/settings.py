@@ -148,6 +148,21 @@ class Settings(BaseSettings):
         "native bf16 (2.5-3x faster decoding), else the model's; float32 on a CPU makes sampler "
         "and trainer logprobs agree to float32 rounding",
     )
+    adapter_slots: int = Field(
+        8,
+        ge=1,
+        le=64,
+        description="LoRA adapters the local sampler decodes side by side in one batch, per "
+        "base model (runs, sessions, /v1 checkpoints on one base share its decode steps); 1: "
+        "one adapter at a time, requests on another waiting until the batch drains",
+    )
+    max_lora_rank: int = Field(
+        128,
+        ge=1,
+        le=512,
+        description="The largest LoRA rank the local engine takes (its sampler's adapter slots "
+        "grow to the largest rank loaded); a run or session asking for more is refused",
+    )
     tokens_per_microbatch: int | None = Field(
         None,
         ge=1,
@@ -433,6 +448,8 @@ class Settings(BaseSettings):
             "RLCS_DEVICE": self.device,
             "RLCS_DTYPE": self.dtype,
             "RLCS_SAMPLING_DTYPE": self.sampling_dtype,
+            "RLCS_ADAPTER_SLOTS": str(self.adapter_slots),
+            "RLCS_MAX_LORA_RANK": str(self.max_lora_rank),
             "RLCS_MODELS_DIR": str(self.models_dir),
             "RLCS_BACKEND_CALL_TIMEOUT_S": str(self.backend_call_timeout_s),
             "RLCS_TINKER_CREATE_TIMEOUT_S": str(self.tinker_create_timeout_s),

@@ -34,5 +34,7 @@ def create_service(backend: str, settings: Settings, checkpoint_dir: Path) -> An
         device=settings.device,
         dtype=settings.dtype,
         sampling_dtype=settings.sampling_dtype,
+        adapter_slots=settings.adapter_slots,
+        max_lora_rank=settings.max_lora_rank,
         tokens_per_microbatch=settings.tokens_per_microbatch,
     )

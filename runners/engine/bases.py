@@ -16,7 +16,7 @@ from typing import Any
 from torch import nn
 
 from runners.engine import lora
-from runners.engine.host import ModelHost
+from runners.engine.host import ModelHost, SharedBase
 
 MIB = 1 << 20
 Loader = Callable[[str], tuple[nn.Module, Any]]
@@ -32,7 +32,7 @@ class LoadedBase:
     model: nn.Module  # as loaded, never wrapped: hosts wrap copies sharing its tensors
     tokenizer: Any
     nbytes: int
-    lock: threading.RLock = field(default_factory=threading.RLock)
+    shared: SharedBase  # its lock and its one decode scheduler, whatever the LoRA shape
     hosts: dict[str | None, ModelHost] = field(default_factory=dict)  # by LoRA signature
 
 
@@ -101,7 +101,7 @@ class BaseModels:
                     base.name,
                     model,
                     base.tokenizer,
-                    lock=base.lock,
+                    shared=base.shared,
                     on_unused=self._unused,
                     **self._host_options,
                 )
@@ -133,7 +133,7 @@ class BaseModels:
                 return found
             self._check_budget(name, self._estimate(name))
             model, tokenizer = self._load(name)
-            base = LoadedBase(name, model, tokenizer, model_bytes(model))
+            base = LoadedBase(name, model, tokenizer, model_bytes(model), SharedBase(name))
             try:
                 self._check_budget(name, base.nbytes)
             except ModelRefused:

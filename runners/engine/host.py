@@ -3,8 +3,9 @@
 Each training client owns its LoRA tensors (a LiveAdapter); the host's LoRA parameters point
 at the tensors of the client that last worked (`training`), so clients of one LoRA shape share
 one model. Sampling clients hold frozen copies of the LoRA tensors only (never of the base
-model); a forward pass under `use(adapter)` points the LoRA parameters at that copy for its
-duration.
+model), which the base's one decode scheduler applies by layer name, whatever their shape;
+a forward pass of the trainer's model under `use(adapter)` points the LoRA parameters at
+that copy for its duration.
 """
 
 from __future__ import annotations
@@ -19,16 +20,43 @@ import torch
 from torch import nn
 
 from runners.engine import lora
+from runners.engine.fair_lock import FairLock
 
 _adapter_ids = count(1)
+_PEFT_PREFIX = "base_model.model."
+_LORA_PARTS = {".lora_A.default.weight": 0, ".lora_B.default.weight": 1}
 
 
 class AdapterWeights:
-    """A frozen copy of LoRA tensors by parameter name; batching groups requests on identity."""
+    """A frozen copy of LoRA tensors by parameter name, with the scale (alpha / rank) and rank
+    they are applied with; the sampler tells adapters apart by `id` (never reused)."""
 
-    def __init__(self, tensors: dict[str, torch.Tensor]) -> None:
+    def __init__(self, tensors: dict[str, torch.Tensor], scale: float, rank: int) -> None:
         self.tensors = tensors
+        self.scale = scale
+        self.rank = rank
         self.id = next(_adapter_ids)
+
+    def layers(self) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        """Each adapted layer's A [rank, in] and B [out, rank], by the layer's name in the
+        base model (`model.layers.0.self_attn.q_proj`)."""
+        pairs: dict[str, list[torch.Tensor]] = {}
+        for name, tensor in self.tensors.items():
+            for suffix, part in _LORA_PARTS.items():
+                if name.endswith(suffix):
+                    layer = name.removeprefix(_PEFT_PREFIX).removesuffix(suffix)
+                    pairs.setdefault(layer, [tensor, tensor])[part] = tensor
+        return {layer: (a, b) for layer, (a, b) in pairs.items()}
+
+
+class SharedBase:
+    """What every host built on one base model shares: the lock its forward passes take
+    (granted in arrival order, so training clients take turns first come, first served) and
+    the one decode scheduler that samples every adapter on it (see scheduler.scheduler_for)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.lock = FairLock()
 
 
 class LiveAdapter:
@@ -53,16 +81,19 @@ class ModelHost:
         max_batch_sequences: int = 64,
         batch_window_s: float = 0.005,
         sampling_dtype: str = "auto",
-        lock: threading.RLock | None = None,
+        shared: SharedBase | None = None,
+        adapter_slots: int = 8,
+        max_lora_rank: int = 128,
         on_unused: Callable[[ModelHost], None] | None = None,
     ) -> None:
         self.base_model = base_model
         self.model = model
         self.tokenizer = tokenizer
         self.device = next(model.parameters()).device
-        # One forward or backward at a time: training and sampling share the weights (hosts
-        # built on one base model share its lock, so their clients' steps never interleave).
-        self.lock = lock or threading.RLock()
+        # One forward or backward at a time on the trainer's model (hosts built on one base
+        # model share its lock, so their clients' steps never interleave, and take turns).
+        self.shared = shared or SharedBase(base_model)
+        self.lock = self.shared.lock
         self.active: LiveAdapter | None = None  # whose tensors the LoRA parameters hold
         # Clients and samplers using this host; the last one's release calls `on_unused`.
         self.users = 0
@@ -77,6 +108,13 @@ class ModelHost:
         self.signature = (
             lora.adapter_signature(model.peft_config["default"]) if self.is_lora else None
         )
+        config = model.peft_config["default"] if self.is_lora else None
+        self.lora_rank = int(config.r) if config is not None else 0
+        self.lora_scale = lora.scaling(config) if config is not None else 0.0
+        # The sampler's adapter slots: how many adapters decode side by side, and the largest
+        # rank a slot takes (see packed_model.py).
+        self.adapter_slots = adapter_slots
+        self.max_lora_rank = max_lora_rank
         self.max_batch_sequences = max_batch_sequences
         self.batch_window_s = batch_window_s
         self.sampling_dtype = sampling_dtype  # see sampling_model.resolve_sampling_dtype
@@ -92,7 +130,11 @@ class ModelHost:
 
     def snapshot(self) -> AdapterWeights:
         with self.lock, torch.no_grad():
-            return AdapterWeights({n: p.detach().clone() for n, p in self.params.items()})
+            return self.frozen({n: p.detach().clone() for n, p in self.params.items()})
+
+    def frozen(self, tensors: dict[str, torch.Tensor]) -> AdapterWeights:
+        """`tensors` (this host's LoRA parameters by name, copies) as a sampler's adapter."""
+        return AdapterWeights(tensors, self.lora_scale, self.lora_rank)
 
     @contextmanager
     def training(self, adapter: LiveAdapter) -> Iterator[nn.Module]:
@@ -137,7 +179,7 @@ class ModelHost:
             if tuple(tensors[key].shape) != tuple(param.shape):
                 raise ValueError(f"adapter tensor {key} has shape {tuple(tensors[key].shape)}")
             placed[name] = tensors[key].to(device=param.device, dtype=param.dtype)
-        return AdapterWeights(placed)
+        return self.frozen(placed)
 
     @contextmanager
     def use(self, adapter: AdapterWeights | None) -> Iterator[lora.LanguageModel]:

@@ -16,13 +16,14 @@ import torch
 
 from core.model_names import validate_device_dtype
 from runners.engine import checkpoints as ckpt
-from runners.engine import lora, microbatch_budget
+from runners.engine import lora
 from runners.engine.bases import BaseModels, weight_files_bytes
 from runners.engine.futures import LocalFuture, resolved, submit
-from runners.engine.host import ModelHost
+from runners.engine.host import AdapterWeights, ModelHost
 from runners.engine.recorded_sequences import SequenceStore
-from runners.engine.sampler import LocalSamplingClient
-from runners.engine.training import LocalTrainingClient
+from runners.engine.sample.sampler import LocalSamplingClient
+from runners.engine.train import microbatch_budget
+from runners.engine.train.training import LocalTrainingClient
 from runners.models import loading
 
 __all__ = ["LocalSamplingClient", "LocalServiceClient", "LocalTrainingClient"]
@@ -34,7 +35,9 @@ class LocalServiceClient:
     `tokens_per_microbatch`: padded tokens per training forward/backward pass; None picks it
     per base model from the device's memory and the model's shape (microbatch_budget.py).
     `sequences`: where samplers made with record_stability_info record what they sample for
-    stable_reinforce (a day's lifetime, 512 MiB by default; recorded_sequences.py)."""
+    stable_reinforce (a day's lifetime, 512 MiB by default; recorded_sequences.py).
+    `adapter_slots`: adapters the sampler of a base model decodes side by side (1: one at a
+    time); `max_lora_rank`: the largest LoRA rank it takes (sample/packed_group.py)."""
 
     def __init__(
         self,
@@ -49,6 +52,8 @@ class LocalServiceClient:
         tokens_per_microbatch: int | None = None,
         memory_budget_bytes: int | None = None,
         sequences: SequenceStore | None = None,
+        adapter_slots: int = 8,
+        max_lora_rank: int = 128,
     ) -> None:
         validate_device_dtype(device, dtype)
         validate_device_dtype(device, sampling_dtype)
@@ -61,7 +66,10 @@ class LocalServiceClient:
             "max_batch_sequences": max_batch_sequences,
             "batch_window_s": batch_window_s,
             "sampling_dtype": sampling_dtype,
+            "adapter_slots": adapter_slots,
+            "max_lora_rank": max_lora_rank,
         }
+        self.max_lora_rank = max_lora_rank
         self.bases = BaseModels(self._load, host_options, memory_budget_bytes, self._estimate)
         self._tokens_per_microbatch = tokens_per_microbatch
         # Session-scoped: every client of this service records into and reads from it.
@@ -87,6 +95,7 @@ class LocalServiceClient:
     ) -> LocalFuture[LocalTrainingClient]:
         """A new LoRA adapter (alpha 32) on `base_model`, initialised from `seed`."""
         spec = lora.LoraSpec(rank, train_mlp, train_attn, train_unembed)
+        self._check_rank(rank)
         self._check_optimizer(optimizer)
         return submit(self._loader, self._new_training_client, base_model, spec, seed)
 
@@ -155,6 +164,13 @@ class LocalServiceClient:
         if self._closed:
             raise RuntimeError("this LocalServiceClient is closed")
 
+    def _check_rank(self, rank: int) -> None:
+        if rank > self.max_lora_rank:
+            raise ValueError(
+                f"lora_rank {rank} is above the largest this engine samples, "
+                f"{self.max_lora_rank} (RLCS_MAX_LORA_RANK): use a lower rank or raise it"
+            )
+
     @staticmethod
     def _check_optimizer(optimizer: Any) -> None:
         if optimizer is not None and getattr(optimizer, "type", "adamw") != "adamw":
@@ -182,6 +198,7 @@ class LocalServiceClient:
                 open_sampler=lambda path, record: self.create_sampling_client(
                     model_path=path, record_stability_info=record
                 ),
+                new_sampler=self._new_sampler,
                 checkpoint_dir=self.checkpoint_dir,
                 tokens_per_microbatch=self._microbatch_budget(host),
                 sequences=self.sequences,
@@ -216,6 +233,7 @@ class LocalServiceClient:
                 f"{path} holds an adapter for {record['base_model']!r}, not {base_model!r}"
             )
         spec = lora.LoraSpec(**record["lora"])
+        self._check_rank(spec.rank)
 
         def create() -> LocalTrainingClient:
             ckpt.find_state(folder)
@@ -229,11 +247,26 @@ class LocalServiceClient:
 
         return submit(self._loader, create)
 
+    def _new_sampler(
+        self, host: ModelHost, adapter: AdapterWeights | None, record: bool, client: str
+    ) -> LocalSamplingClient:
+        """A sampler over `adapter` (None: the base model) on `host`, holding the host."""
+        host.acquire()  # the sampler's own hold: it may outlive the client that made it
+        return LocalSamplingClient(
+            host,
+            adapter,
+            release=host.release,
+            record_stability_info=record,
+            sequences=self.sequences,
+            client=client,
+        )
+
     def _sampler_from_folder(
         self, folder: Path, record: dict[str, Any], record_stability_info: bool
     ) -> LocalSamplingClient:
         self._check_open()
         tensors, config = lora.load_adapter(folder)
+        self._check_rank(int(config.r))
         host = self.bases.host_for_config(record["base_model"], config)
         try:
             adapter = host.adapter_from_file(tensors)

@@ -173,7 +173,7 @@ def save_adapter(
     peft_model.peft_config["default"].save_pretrained(str(folder))
 
 
-def load_adapter(folder: Path) -> tuple[dict[str, torch.Tensor], object]:
+def load_adapter(folder: Path) -> tuple[dict[str, torch.Tensor], Any]:
     """Adapter tensors keyed as in the file, and the saved peft LoraConfig."""
     from peft import LoraConfig
     from safetensors.torch import load_file
@@ -190,3 +190,10 @@ def adapter_signature(config) -> str:
     targets = config.target_modules
     targets = sorted(targets) if isinstance(targets, list | set | tuple) else targets
     return json.dumps([config.r, config.lora_alpha, targets, bool(config.use_rslora)])
+
+
+def scaling(config: Any) -> float:
+    """The factor peft multiplies an adapter's update by: alpha / rank (alpha / sqrt(rank)
+    with rsLoRA)."""
+    rank = int(config.r)
+    return config.lora_alpha / (math.sqrt(rank) if config.use_rslora else rank)

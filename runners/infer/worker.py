@@ -233,7 +233,10 @@ class Worker:
             else:
                 sampler = await service.create_sampling_client(base_model=model)
             if len(self._samplers) >= MAX_CACHED_SAMPLERS:
-                self._samplers.pop(next(iter(self._samplers)))
+                evicted = self._samplers.pop(next(iter(self._samplers)))
+                close = getattr(evicted, "close", None)
+                if close is not None:  # its model (the base) is freed with its last user
+                    close()  # requests it already has still finish
             self._samplers[key] = sampler
         return self._samplers[key]
 

@@ -33,6 +33,8 @@ def main() -> int:
         device=settings.device,
         dtype=settings.dtype,
         sampling_dtype=settings.sampling_dtype,
+        adapter_slots=settings.adapter_slots,
+        max_lora_rank=settings.max_lora_rank,
         tokens_per_microbatch=settings.tokens_per_microbatch,
         memory_budget_bytes=int(settings.tinker_memory_budget_gb * GIB),
     )

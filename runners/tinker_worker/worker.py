@@ -57,8 +57,8 @@ from core.tinker_wire import (
 from runners.engine.futures import LocalFuture
 from runners.engine.local import LocalServiceClient
 from runners.engine.recorded_sequences import UnknownSequence
-from runners.engine.sampler import LocalSamplingClient
-from runners.engine.training import LocalTrainingClient
+from runners.engine.sample.sampler import LocalSamplingClient
+from runners.engine.train.training import LocalTrainingClient
 from runners.models.loading import tokenizer_folder
 from runners.tinker_worker import custom_loss, proto, rollout_text
 
@@ -353,6 +353,7 @@ class TinkerWorker:
                     prompt_logprobs_last_n=request.prompt_logprobs_last_n,
                     sequence_ids=request.sequence_ids,
                     record_stability_info=request.record_stability_info,
+                    client=session_of(request.sampler_id),  # turns are fair between sessions
                 )
             except BaseException as exc:
                 result.set_exception(exc)

@@ -3,9 +3,10 @@ KL penalty's reference (`kl_reference`: the base model, or a run's checkpoint) a
 distillation teacher (`teacher`: a model name, or a run's checkpoint). Each gives its logprob of
 every token of a sequence (`compute_logprobs`), which the learner folds into the advantages.
 
-On the local backend the base model is the policy's own loaded weights with the adapter switched
-off (no second copy); a checkpoint with the policy's LoRA shape is an adapter snapshot on them;
-another model is loaded beside them.
+On the local backend the base model is the policy's own loaded weights with no adapter (no second
+copy); a checkpoint on the same base model, whatever its LoRA shape, is one more adapter in the
+sampler's slots beside the policy's (scored in the same decode thread, never under the trainer's
+lock); another model is loaded beside them.
 """
 
 from __future__ import annotations

@@ -118,8 +118,10 @@ class ConfigService:
         return entry, config
 
     def check_model(self, config: Resolved | EnvConfig, purpose: str = "train") -> None:
-        """422 when the backend that will run `config` cannot serve its model."""
+        """422 when the backend that will run `config` cannot serve its model (or its rank)."""
         self._models.check(config.model_name, config.backend, "model_name", purpose)
+        if purpose == "train":
+            self._models.check_rank(config.lora_rank, config.backend)
 
     def check_model_name(self, model: str, backend: str, field: str, purpose: str) -> None:
         """422 naming `field` when `backend` cannot serve `model` (a teacher, say)."""

@@ -124,6 +124,15 @@ class ModelCheck:
         else:
             self._check_local(model, field, error)
 
+    def check_rank(self, rank: int, backend: str) -> None:
+        """422 naming `lora_rank` when the local engine would refuse it (RLCS_MAX_LORA_RANK)."""
+        limit = self._settings.max_lora_rank
+        if self.backend_for(backend) != "tinker" and rank > limit:
+            raise InvalidValue(
+                f"field 'lora_rank': {rank} is above the largest rank the local engine takes, "
+                f"{limit} (RLCS_MAX_LORA_RANK). Use lora_rank <= {limit}, or raise the setting."
+            )
+
     def _check_tinker(self, model: str, field: str, purpose: str, error: type[DomainError]) -> None:
         if self._tinker is None:
             return  # no key: the run refuses at once with that reason

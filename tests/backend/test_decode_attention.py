@@ -8,8 +8,8 @@ import torch
 from torch import nn
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from runners.engine import decode_attention
-from runners.engine.sampling_model import SamplingModel
+from runners.engine.sample import decode_attention
+from runners.engine.sample.sampling_model import SamplingModel
 
 
 def _inputs(rows: int, heads: int, kv_heads: int, steps: int, length: int, dim: int = 16):

@@ -13,7 +13,7 @@ from tinker import types
 
 from core.model_names import ModelNotAvailable
 from runners.engine.local import LocalServiceClient, LocalTrainingClient
-from runners.engine.sampler import _stops
+from runners.engine.sample.sampler import _stops
 from tests.support.local_backend import local_service
 
 ADAM = types.AdamParams(learning_rate=1e-2, beta1=0.9, beta2=0.95, eps=1e-8)

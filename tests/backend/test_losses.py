@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from core.loss_config import DRO_DEFAULT_BETA
-from runners.engine.losses import (
+from runners.engine.train.losses import (
     LOSSES,
     check_input_keys,
     compute_loss,

@@ -13,7 +13,7 @@ from pydantic import ValidationError
 from transformers import LlamaConfig, Qwen2Config
 
 from core.settings import Settings
-from runners.engine.microbatch_budget import (
+from runners.engine.train.microbatch_budget import (
     MAX_BUDGET,
     SMALL_BUDGET,
     ModelShape,

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 from tinker import types
 
-from runners.engine import scheduler as engine
 from runners.engine.local import LocalSamplingClient
+from runners.engine.sample import scheduler as engine
 
 PROMPT = types.ModelInput.from_ints([60, 61, 62, 63, 64])
 

@@ -12,14 +12,16 @@ import pytest
 import torch
 from tinker import types
 
-from runners.engine import lora, packed_model
-from runners.engine import scheduler as engine
-from runners.engine.batch import Row
-from runners.engine.dynamic_batch import DynamicCacheBatch
+from runners.engine import lora
 from runners.engine.host import ModelHost
-from runners.engine.packed_model import PackedModel, packable
-from runners.engine.sampling_model import SamplingModel
-from runners.engine.slot_batch import SlotBatch, SlotCache
+from runners.engine.sample import packed_group
+from runners.engine.sample import scheduler as engine
+from runners.engine.sample.batch import Row
+from runners.engine.sample.dynamic_batch import DynamicCacheBatch
+from runners.engine.sample.packed_model import PackedModel, packable
+from runners.engine.sample.sampling_model import SamplingModel
+from runners.engine.sample.slot_batch import SlotBatch
+from runners.engine.sample.slot_cache import AdapterIndex, SlotCache
 from runners.models.tiny import build_tiny_tokenizer
 
 ATOL = 2e-5  # float32 rounding of a different but equivalent order of operations
@@ -76,11 +78,16 @@ def _check_against_reference(
     atol: float = ATOL,
     matrix_rotary: bool | None = None,
     packed: PackedModel | None = None,
+    slot: int = 0,
 ) -> None:
+    """Prefill and two decode steps of the packed model against the peft model, the host's
+    adapter loaded into `slot` (or no adapter: every row on -1, the base model alone)."""
     packed = packed or PackedModel(host, torch.float32)
     if matrix_rotary is not None:
         packed.matrix_rotary = matrix_rotary
-    packed.load(host.snapshot() if adapter else None)
+    on = slot if adapter else -1
+    if adapter:
+        packed.load(slot, host.snapshot())
     prompts = [[1, 5, 9, 2, 7], [4, 8, 3]]
     ids = torch.tensor([[1, 5, 9, 2, 7], [4, 8, 3, 0, 0]], device=host.device)
     mask = (ids > 0).long()
@@ -89,7 +96,8 @@ def _check_against_reference(
     packed.allocate(cache, 4)
     slots = torch.tensor([2, 0], device=host.device)  # any free slots, in any order
     with torch.no_grad():
-        logits = packed.prefill(ids, mask, torch.tensor([4, 2]), cache, slots)
+        both = AdapterIndex.of([on, on], host.device)
+        logits = packed.prefill(ids, mask, torch.tensor([4, 2]), cache, slots, both)
         for row, tokens in enumerate(prompts):
             want = _reference(host, tokens, adapter)
             torch.testing.assert_close(logits[row], want, atol=atol, rtol=0)
@@ -101,17 +109,21 @@ def _check_against_reference(
             tokens[2, 0], tokens[0, 0] = nexts[0][step], nexts[1][step]
             columns = 8 + step  # fewer columns than the cache holds, as on the CPU
             mask = torch.arange(columns, device=host.device)[None] <= positions[:3]
-            out = packed.decode(tokens, positions[:3], mask, cache.bucket(3))
+            rows = AdapterIndex.of([on, -1, on], host.device)  # slot 1 is free
+            out = packed.decode(tokens, positions[:3], mask, cache.bucket(3), rows)
             for slot, row in ((2, 0), (0, 1)):
                 seen = prompts[row] + nexts[row][: step + 1]
                 want = _reference(host, seen, adapter)
                 torch.testing.assert_close(out[slot], want, atol=atol, rtol=0)
 
 
+@pytest.mark.parametrize("masked", [False, True], ids=["apart", "masked"])
 @pytest.mark.parametrize("adapter", [True, False], ids=["adapter", "base"])
-def test_packed_logits_equal_the_peft_model_in_float32(trainer, adapter):
+def test_packed_logits_equal_the_peft_model_in_float32(trainer, adapter, masked):
+    """Both adapter routes (apart: the CPU's; masked: CUDA's, run eagerly here)."""
     _nudge(trainer._host)
-    _check_against_reference(trainer._host, adapter)
+    packed = PackedModel(trainer._host, torch.float32, masked=masked, slots=3)
+    _check_against_reference(trainer._host, adapter, packed=packed, slot=1)
 
 
 def test_the_rotary_products_cuda_uses_rotate_as_the_cpu_does(trainer):
@@ -136,22 +148,28 @@ def test_other_llama_shaped_models_pack_exactly(model_type, extra):
 def test_a_model_without_lora_packs_and_samples_its_base():
     host = _tiny_host("llama", adapter=False)
     packed = PackedModel(host, torch.float32)
-    assert not packed.spots
+    assert not any(g.rank for g in _groups(packed))  # no slot holds anything
     _check_against_reference(host, adapter=False)
 
 
-def test_loading_an_adapter_copies_in_place_and_follows_it(trainer):
+@pytest.mark.parametrize("masked", [False, True], ids=["apart", "masked"])
+def test_loading_an_adapter_copies_in_place_and_follows_it(trainer, masked):
     host = trainer._host
-    packed = PackedModel(host, torch.float32)
-    pointers = [(g.weight.data_ptr(), g.b_t.data_ptr()) for g in _groups(packed)]
+    packed = PackedModel(host, torch.float32, masked=masked, slots=2)
     before = host.snapshot()
+    packed.load(0, before)  # the first load sizes the slots for rank 8
+    layout = packed.layout
+    pointers = [(g.weight.data_ptr(), g.a_t.data_ptr(), g.b_t.data_ptr()) for g in _groups(packed)]
     _nudge(host, seed=1)
     after = host.snapshot()
     for adapter in (before, after, None, after):
-        packed.load(adapter)
-        assert [(g.weight.data_ptr(), g.b_t.data_ptr()) for g in _groups(packed)] == pointers
-        assert packed.adapted == (adapter is not None)
-    _check_against_reference(host, adapter=True)  # `after` is what the host holds now
+        packed.load(0, adapter)
+        assert [
+            (g.weight.data_ptr(), g.a_t.data_ptr(), g.b_t.data_ptr()) for g in _groups(packed)
+        ] == pointers
+        assert packed.slot_ranks[0] == (8 if adapter is not None else 0)
+    assert packed.layout == layout  # captured graphs stay valid
+    _check_against_reference(host, adapter=True, packed=packed)  # `after`: the host's now
 
 
 @pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN")
@@ -163,7 +181,7 @@ def test_onednn_packed_products_are_the_same_numbers(model_type, extra, exact, m
     """The CPU's oneDNN route (bf16 by default; float32 here, so it can be held to the peft
     model exactly): base, adapter (its float32 products for a few rows and its copies in the
     sampling dtype beyond), residual and bias, and an adapter loaded after another."""
-    monkeypatch.setattr(packed_model, "EXACT_ADAPTER_OUTPUTS", exact)
+    monkeypatch.setattr(packed_group, "EXACT_ADAPTER_OUTPUTS", exact)
     host = _tiny_host(model_type, **extra)
     threads = torch.get_num_threads()
     packed = PackedModel(host, torch.float32, onednn=True)
@@ -178,7 +196,7 @@ def test_onednn_packed_products_are_the_same_numbers(model_type, extra, exact, m
 
 def _groups(packed: PackedModel) -> list:
     groups = [g for layer in packed.layers for g in (layer.qkv, layer.o, layer.gate_up, layer.down)]
-    return [g for g in [*groups, packed.head] if g.b_t is not None]
+    return [*groups, packed.head]
 
 
 def test_models_it_cannot_pack_use_the_transformers_path(tmp_path: Path, monkeypatch):
@@ -193,8 +211,9 @@ SPECS = [([5, 9, 2, 7, 1], 12, 3), ([4, 8], 20, 4), ([3, 3, 6], 7, 5)]
 
 
 def _rows(**settings) -> list[Row]:
+    """The SPECS rows, on adapter slot 0 unless told (`adapter_slot`)."""
     base = dict(temperature=1.0, top_k=0, top_p=1.0, stop_ids=frozenset(), stop_strings=())
-    base.update(settings)
+    base.update({"adapter_slot": 0, **settings})
     return [Row(prompt=p, max_tokens=n, seed=seed, **base) for p, n, seed in SPECS]
 
 
@@ -226,9 +245,9 @@ def test_packed_slot_batch_samples_what_the_transformers_batch_samples(trainer, 
     _nudge(trainer._host)
     snapshot = trainer._host.snapshot()
     reference = SamplingModel(trainer._host, torch.float32)
-    reference.load(snapshot)
+    reference.load(0, snapshot)
     packed = PackedModel(trainer._host, torch.float32)
-    packed.load(snapshot)
+    packed.load(0, snapshot)
     want, got = _rows(**settings), _rows(**settings)
     _drain(
         DynamicCacheBatch(
@@ -250,7 +269,7 @@ def test_one_step_ahead_changes_no_token_and_retires_rows_late(trainer):
     row that stops early (a stop id) still ends where it should, with late joins."""
     _nudge(trainer._host)
     packed = PackedModel(trainer._host, torch.float32)
-    packed.load(trainer._host.snapshot())
+    packed.load(0, trainer._host.snapshot())
 
     def run(ahead: bool, stop_ids: frozenset[int]) -> list[Row]:
         batch = _slot_batch(packed, trainer, ahead=ahead, slots=4)
@@ -275,7 +294,7 @@ def test_one_step_ahead_changes_no_token_and_retires_rows_late(trainer):
 def test_a_row_samples_the_same_whatever_shares_its_batch(trainer):
     _nudge(trainer._host)
     packed = PackedModel(trainer._host, torch.float32)
-    packed.load(trainer._host.snapshot())
+    packed.load(0, trainer._host.snapshot())
     together = _rows()
     _drain(_slot_batch(packed, trainer), together)
     for i in range(len(SPECS)):

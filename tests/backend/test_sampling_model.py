@@ -11,7 +11,7 @@ import torch
 from tinker import types
 
 from runners.engine.local import LocalServiceClient
-from runners.engine.sampling_model import (
+from runners.engine.sample.sampling_model import (
     SamplingModel,
     next_token_logits,
     resolve_sampling_dtype,
@@ -32,16 +32,16 @@ def test_float32_copy_matches_the_peft_model_and_shares_its_base(trainer):
     _nudge(trainer)
     host = trainer._host
     copy = SamplingModel(host, torch.float32)
-    assert copy.shares_weights and len(copy.slots) > 0
+    assert copy.shares_weights and len(copy.lora) > 0
     base_ptrs = {p.data_ptr() for n, p in host.model.named_parameters() if "lora_" not in n}
     assert {p.data_ptr() for p in copy.module.parameters()} <= base_ptrs
     ids = torch.tensor([[1, 5, 9, 2, 7]], device=host.device)
     with torch.no_grad():
-        copy.load(host.snapshot())
+        copy.load(0, host.snapshot())
         torch.testing.assert_close(
             copy.module(input_ids=ids).logits, host.model(input_ids=ids).logits, atol=1e-5, rtol=0
         )
-        copy.load(None)  # the base model alone
+        copy.load(0, None)  # the base model alone
         with host.model.disable_adapter():
             want = host.model(input_ids=ids).logits
         torch.testing.assert_close(copy.module(input_ids=ids).logits, want, atol=1e-5, rtol=0)
@@ -53,9 +53,9 @@ def test_loading_an_adapter_copies_in_place(trainer):
     host = trainer._host
     copy = SamplingModel(host, torch.float32)
     buffers = {n: b.data_ptr() for n, b in copy.module.named_buffers()}
-    copy.load(host.snapshot())
+    copy.load(0, host.snapshot())
     _nudge(trainer)
-    copy.load(host.snapshot())
+    copy.load(0, host.snapshot())
     assert {n: b.data_ptr() for n, b in copy.module.named_buffers()} == buffers
 
 
@@ -70,7 +70,7 @@ def test_bfloat16_copy_leaves_the_trainer_in_float32(trainer):
 def test_next_token_logits_at_each_rows_last_position(trainer):
     _nudge(trainer)
     copy = SamplingModel(trainer._host, torch.float32)
-    copy.load(trainer._host.snapshot())
+    copy.load(0, trainer._host.snapshot())
     # Right-padded rows of lengths 5 and 3: each row's logits at its own last token.
     device = trainer._host.device
     ids = torch.tensor([[1, 5, 9, 2, 7], [4, 8, 3, 0, 0]], device=device)

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from runners.engine.selection import row_keys, row_uniforms, select_tokens
+from runners.engine.sample.selection import row_keys, row_uniforms, select_tokens
 
 
 def settings(rows: int, vocab: int, seed: int = 0) -> dict[str, torch.Tensor]:

@@ -1,8 +1,10 @@
 """Several LoRA clients on one base model: loaded once, each client's adapter, gradients and
-optimizer its own, steps that never interleave, memory freed with the last user, a budget."""
+optimizer its own, steps that never interleave and take turns in the order asked, samples that
+do not depend on who else samples, memory freed with the last user, a budget."""
 
 from __future__ import annotations
 
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -10,6 +12,7 @@ import pytest
 from tinker import types
 
 from runners.engine.bases import ModelRefused, model_bytes
+from runners.engine.fair_lock import FairLock
 from runners.engine.local import LocalTrainingClient
 from tests.backend.test_local_backend import ADAM, ce_batch
 from tests.support.local_backend import local_service
@@ -47,6 +50,60 @@ def test_two_clients_at_once_train_as_each_would_alone(tmp_path: Path) -> None:
         assert got_a != pytest.approx(got_b, rel=1e-3)
     finally:
         shared.close()
+
+
+def test_two_clients_at_once_sample_as_each_would_alone(tmp_path: Path) -> None:
+    """Each client's samples (tokens, logprobs) are the same whether it samples alone or
+    while another client samples on its own adapter in the same decode batch (float32)."""
+
+    def draw(trainer: LocalTrainingClient) -> list[tuple[list[int], list[float]]]:
+        sampler = trainer.save_weights_and_get_sampling_client().result()
+        params = types.SamplingParams(max_tokens=12, seed=7, stop=[])
+        tokens = trainer.get_tokenizer().encode("two clients")
+        response = sampler.sample(types.ModelInput.from_ints(tokens), 3, params).result(60)
+        return [(s.tokens, s.logprobs) for s in response.sequences]
+
+    service = local_service(tmp_path)
+    try:
+        a = service.create_lora_training_client("tiny-random", rank=4, seed=1).result()
+        b = service.create_lora_training_client("tiny-random", rank=8, seed=2).result()
+        for client in (a, b):
+            steps(client, 2)
+        want_a, want_b = draw(a), draw(b)
+        with ThreadPoolExecutor(2) as pool:
+            got_a, got_b = pool.map(draw, [a, b])
+    finally:
+        service.close()
+    for want, got in ((want_a, got_a), (want_b, got_b)):
+        assert [t for t, _ in got] == [t for t, _ in want]
+        for (_, lp_got), (_, lp_want) in zip(got, want, strict=True):
+            assert lp_got == pytest.approx(lp_want, abs=1e-5)
+    assert [t for t, _ in got_a] != [t for t, _ in got_b]
+
+
+def test_training_clients_take_turns_in_the_order_they_asked() -> None:
+    """The base's lock is handed to waiters first come, first served (an RLock races)."""
+    lock = FairLock()
+    order: list[int] = []
+    lock.acquire()
+    threads = []
+    for i in range(4):
+
+        def wait(i: int = i) -> None:
+            with lock:
+                order.append(i)
+
+        thread = threading.Thread(target=wait)
+        thread.start()
+        threads.append(thread)
+        while len(lock._waiting) < i + 1:  # this one queued before the next starts
+            threading.Event().wait(0.001)
+    with lock:  # reentrant
+        pass
+    lock.release()
+    for thread in threads:
+        thread.join(timeout=10)
+    assert order == [0, 1, 2, 3]
 
 
 def test_other_lora_shapes_share_the_base_weights(service) -> None:

@@ -6,10 +6,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from runners.engine import scheduler
-from runners.engine.batch import Row
-from runners.engine.sampling_model import SamplingModel
-from runners.engine.slot_batch import SlotBatch
+from runners.engine.sample import scheduler
+from runners.engine.sample.batch import Row
+from runners.engine.sample.sampling_model import SamplingModel
+from runners.engine.sample.slot_batch import SlotBatch
 from tests.backend.test_continuous_batching import params, prompt
 
 
@@ -25,7 +25,7 @@ def _model(trainer) -> torch.nn.Module:
         for p in trainer._host.params.values():
             p.add_(torch.randn(p.shape, generator=generator).to(p.device) * 0.05)
     copy = SamplingModel(trainer._host, torch.float32)
-    copy.load(trainer._host.snapshot())
+    copy.load(0, trainer._host.snapshot())
     return copy.module
 
 

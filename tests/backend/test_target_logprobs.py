@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from runners.engine import forward
+from runners.engine.train import forward
 from tests.backend.test_local_backend import ce_batch
 
 

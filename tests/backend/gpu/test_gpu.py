@@ -15,10 +15,11 @@ import pytest
 import torch
 from tinker import types
 
-from runners.engine import scheduler
-from runners.engine.packed_model import PackedModel
-from runners.engine.sampling_model import SamplingModel
-from runners.engine.slot_batch import SlotBatch, SlotCache
+from runners.engine.sample import scheduler
+from runners.engine.sample.packed_model import PackedModel
+from runners.engine.sample.sampling_model import SamplingModel
+from runners.engine.sample.slot_batch import SlotBatch
+from runners.engine.sample.slot_cache import AdapterIndex, SlotCache
 from tests.backend.test_local_backend import ADAM, ce_batch, ce_datum, prompt, train_steps
 from tests.backend.test_slot_batch import SPECS, _drain, _rows
 from tests.support.local_backend import local_service
@@ -50,7 +51,7 @@ def test_captured_steps_replay_what_eager_steps_compute(cuda_trainer):
     _, trainer = cuda_trainer
     train_steps(trainer, ce_batch(trainer), 3)
     copy = SamplingModel(trainer._host, torch.bfloat16)
-    copy.load(trainer._host.snapshot())
+    copy.load(0, trainer._host.snapshot())
     eager, graphed = _rows(SPECS), _rows(SPECS)
     _drain(_slot_batch(copy.module, trainer, graphs=False), eager)
     batch = _slot_batch(copy.module, trainer, graphs=True)
@@ -65,12 +66,12 @@ def test_a_weight_update_reaches_captured_graphs_without_recapture(cuda_trainer)
     _, trainer = cuda_trainer
     copy = SamplingModel(trainer._host, torch.bfloat16)
     batch = _slot_batch(copy.module, trainer, graphs=True)
-    copy.load(trainer._host.snapshot())
+    copy.load(0, trainer._host.snapshot())
     before = _rows(SPECS, temperature=0.0)
     _drain(batch, before)
     captures = batch.captures
     train_steps(trainer, ce_batch(trainer), 5)
-    copy.load(trainer._host.snapshot())
+    copy.load(0, trainer._host.snapshot())
     after, eager = _rows(SPECS, temperature=0.0), _rows(SPECS, temperature=0.0)
     _drain(batch, after)
     _drain(_slot_batch(copy.module, trainer, graphs=False), eager)
@@ -163,10 +164,15 @@ def test_buckets_are_captured_while_the_trainer_trains_on_another_thread(cuda_tr
         assert [s.tokens for s in a] == [s.tokens for s in b]
 
 
-def _packed(trainer) -> PackedModel:
-    packed = PackedModel(trainer._host, torch.bfloat16)
-    packed.load(trainer._host.snapshot())
+def _packed(trainer, dtype: torch.dtype = torch.bfloat16, **options) -> PackedModel:
+    """The packed model, the trainer's adapter in slot 0 (rows on slot 0: `_on`)."""
+    packed = PackedModel(trainer._host, dtype, **options)
+    packed.load(0, trainer._host.snapshot())
     return packed
+
+
+def _on(slot: int, **settings) -> list:
+    return _rows(SPECS, adapter_slot=slot, **settings)
 
 
 def test_packed_captured_steps_one_ahead_replay_what_eager_steps_compute(cuda_trainer):
@@ -175,7 +181,7 @@ def test_packed_captured_steps_one_ahead_replay_what_eager_steps_compute(cuda_tr
     _, trainer = cuda_trainer
     train_steps(trainer, ce_batch(trainer), 3)
     packed = _packed(trainer)
-    eager, graphed = _rows(SPECS), _rows(SPECS)
+    eager, graphed = _on(0), _on(0)
     _drain(_slot_batch(packed, trainer, graphs=False), eager)
     batch = _slot_batch(packed, trainer, graphs=True)
     assert batch._ahead
@@ -190,19 +196,18 @@ def test_packed_graphs_follow_a_new_adapter_and_the_base_model(cuda_trainer):
     _, trainer = cuda_trainer
     packed = _packed(trainer)
     batch = _slot_batch(packed, trainer, graphs=True)
-    before = _rows(SPECS, temperature=0.0)
+    before = _on(0, temperature=0.0)
     _drain(batch, before)
     captures = batch.captures
     train_steps(trainer, ce_batch(trainer), 5)
-    packed.load(trainer._host.snapshot())
-    after, eager = _rows(SPECS, temperature=0.0), _rows(SPECS, temperature=0.0)
+    packed.load(0, trainer._host.snapshot())
+    after, eager = _on(0, temperature=0.0), _on(0, temperature=0.0)
     _drain(batch, after)
     _drain(_slot_batch(packed, trainer, graphs=False), eager)
     assert batch.captures == captures  # same tensors, new numbers: no capture
     assert [r.tokens for r in after] == [r.tokens for r in eager]
     assert [r.tokens for r in after] != [r.tokens for r in before]
-    packed.load(None)  # the base model: a graph of its own (no adapter products)
-    base = _rows(SPECS, temperature=0.0)
+    base = _on(-1, temperature=0.0)  # the base model: a graph of its own (no adapter products)
     _drain(batch, base)
     assert batch.captures > captures
 
@@ -216,7 +221,8 @@ def test_packed_bf16_logits_stay_close_to_the_bf16_trainer(cuda_trainer):
     packed.allocate(cache, 1)
     slots, last = torch.tensor([0], device="cuda"), torch.tensor([7], device="cuda")
     with torch.no_grad():
-        logits = packed.prefill(ids, torch.ones_like(ids), last, cache, slots)
+        on = AdapterIndex.of([0], torch.device("cuda"))
+        logits = packed.prefill(ids, torch.ones_like(ids), last, cache, slots, on)
         with torch.autocast("cuda", dtype=torch.bfloat16):  # as the trainer computes
             want = trainer._host.model(input_ids=ids).logits[0, -1]
     got = torch.log_softmax(logits[0].float(), -1)
@@ -234,3 +240,42 @@ def test_min_tokens_bans_stop_ids_in_captured_steps(cuda_trainer):
     params = types.SamplingParams(max_tokens=8, temperature=1.0, seed=2, stop=[first])
     held = sampler.sample(prompt(tokens), 4, params, min_tokens=6).result().sequences
     assert all(first not in s.tokens[:6] and len(s.tokens) >= 6 for s in held)
+
+
+def test_mixed_adapters_in_captured_steps_equal_each_alone(cuda_trainer):
+    """Rows of two adapters of different ranks and of the base model in one captured step
+    (the masked route) sample what each samples alone, and what the CPU's route (apart,
+    eager) samples on the GPU; a larger rank grows the slots, and the graphs follow. In
+    float32, where a row's numbers do not hang on its batch's kernels."""
+    service, trainer = cuda_trainer
+    train_steps(trainer, ce_batch(trainer), 3)
+    other = service.create_lora_training_client("tiny-random", rank=4, seed=3).result()
+    train_steps(other, ce_batch(other), 3)
+    wide = service.create_lora_training_client("tiny-random", rank=16, seed=4).result()
+    train_steps(wide, ce_batch(wide), 3)
+    packed = _packed(trainer, torch.float32, slots=4)
+    packed.load(1, other._host.snapshot())
+    greedy = {"temperature": 0.0}
+
+    def mixed() -> list:
+        return [*_on(0, **greedy), *_on(1, **greedy), *_on(-1, **greedy)]
+
+    together = mixed()
+    batch = _slot_batch(packed, trainer, graphs=True)
+    _drain(batch, together)
+    for slot, rows in ((0, together[:3]), (1, together[3:6]), (-1, together[6:])):
+        alone = _on(slot, **greedy)
+        _drain(_slot_batch(packed, trainer, graphs=True), alone)
+        assert [r.tokens for r in alone] == [r.tokens for r in rows]
+    apart = _packed(trainer, torch.float32, slots=4, masked=False)
+    apart.load(1, other._host.snapshot())
+    eager = mixed()
+    _drain(_slot_batch(apart, trainer, graphs=False), eager)
+    assert [r.tokens for r in eager] == [r.tokens for r in together]
+    layout, captures = packed.layout, batch.captures
+    packed.load(2, wide._host.snapshot())  # rank 16: wider slots, new tensors
+    assert packed.layout > layout
+    grown = [*mixed(), *_on(2, **greedy)]
+    _drain(batch, grown)
+    assert batch.captures > captures
+    assert [r.tokens for r in grown[:9]] == [r.tokens for r in together]

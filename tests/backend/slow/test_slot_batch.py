@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from runners.engine.dynamic_batch import DynamicCacheBatch
+from runners.engine.sample.dynamic_batch import DynamicCacheBatch
 from tests.backend.test_slot_batch import SPECS, _drain, _model, _rows, _slots
 
 

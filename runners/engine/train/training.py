@@ -14,22 +14,27 @@ import uuid
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from tinker import types
 
 from runners.engine import checkpoints as ckpt
 from runners.engine import lora
-from runners.engine.forward import DatumBatch, run_loss, validate_data
 from runners.engine.futures import LocalFuture, submit
 from runners.engine.host import AdapterWeights, LiveAdapter, ModelHost
-from runners.engine.losses import resolve_config
-from runners.engine.microbatch_budget import SMALL_BUDGET
 from runners.engine.recorded_sequences import SequenceStore
-from runners.engine.sampler import LocalSamplingClient
+from runners.engine.train.forward import DatumBatch, run_loss, validate_data
+from runners.engine.train.losses import resolve_config
+from runners.engine.train.microbatch_budget import SMALL_BUDGET
+
+if TYPE_CHECKING:
+    from runners.engine.sample.sampler import LocalSamplingClient
 
 OPTIMIZER_FILE = "optimizer.pt"
+# The service's sampler over an adapter snapshot (None: the base model alone) on this client's
+# host, recording for stable_reinforce or not, with this client as the sampler's client.
+NewSampler = Callable[[ModelHost, AdapterWeights | None, bool, str], "LocalSamplingClient"]
 
 
 class LocalTrainingClient:
@@ -42,6 +47,7 @@ class LocalTrainingClient:
         spec: lora.LoraSpec,
         seed: int | None,
         open_sampler: Callable[[str, bool], LocalFuture[LocalSamplingClient]],
+        new_sampler: NewSampler,
         checkpoint_dir: Path,
         tokens_per_microbatch: int = SMALL_BUDGET,
         sequences: SequenceStore | None = None,
@@ -55,6 +61,7 @@ class LocalTrainingClient:
         # The service's create_sampling_client(model_path=..., record_stability_info=...):
         # saved weights get a host of their own when they do not fit this one.
         self._open_sampler = open_sampler
+        self._new_sampler = new_sampler
         # The service's recorded sequences: this client's samplers record into them and
         # stable_reinforce datums are read against them.
         self._sequences = SequenceStore() if sequences is None else sequences
@@ -203,10 +210,7 @@ class LocalTrainingClient:
         """A sampler of the base model alone on this client's loaded weights, the adapter
         switched off (no second copy): the reference of a run's KL penalty. Ours, not
         tinker's (there: create_sampling_client(base_model=...))."""
-        self._host.acquire()  # the sampler's own hold, as a snapshot's
-        return LocalSamplingClient(
-            self._host, None, release=self._host.release, sequences=self._sequences
-        )
+        return self._new_sampler(self._host, None, False, self.model_id)
 
     def load_state(self, path: str) -> LocalFuture[None]:
         """Adapter weights from a state checkpoint (the optimizer starts fresh)."""
@@ -358,15 +362,8 @@ class LocalTrainingClient:
 
     def _snapshot_sampler(self, record_stability_info: bool) -> LocalSamplingClient:
         with self._host.lock, torch.no_grad():
-            frozen = AdapterWeights({n: t.clone() for n, t in self._adapter.tensors.items()})
-        self._host.acquire()  # the sampler's own hold: it may outlive this client
-        return LocalSamplingClient(
-            self._host,
-            frozen,
-            release=self._host.release,
-            record_stability_info=record_stability_info,
-            sequences=self._sequences,
-        )
+            frozen = self._host.frozen({n: t.clone() for n, t in self._adapter.tensors.items()})
+        return self._new_sampler(self._host, frozen, record_stability_info, self.model_id)
 
     def _run_save_state(
         self, folder: Path, user_metadata: dict[str, str], exclusive: bool = False

@@ -18,13 +18,13 @@ from typing import Any
 import numpy as np
 from tinker import types
 
-from runners.engine import prompt_scores
-from runners.engine.batch import Row
 from runners.engine.futures import LocalFuture
 from runners.engine.host import AdapterWeights, ModelHost
-from runners.engine.prompt_scores import PromptScoring
 from runners.engine.recorded_sequences import RecordedSequence, SequenceStore
-from runners.engine.scheduler import SampleRequest, scheduler_for
+from runners.engine.sample import prompt_scores
+from runners.engine.sample.batch import Row
+from runners.engine.sample.prompt_scores import PromptScoring
+from runners.engine.sample.scheduler import SampleRequest, scheduler_for
 
 # Used when SamplingParams.max_tokens is None (tinker advises always setting it).
 DEFAULT_MAX_TOKENS = 1024
@@ -96,7 +96,10 @@ class LocalSamplingClient:
         release: Callable[[], None] | None = None,
         record_stability_info: bool = False,
         sequences: SequenceStore | None = None,
+        client: str | None = None,
     ) -> None:
+        """`client`: who samples through it (a trainer's model id, a session), for the fair
+        turns the decode scheduler takes between clients; by default the sampler itself."""
         if record_stability_info and sequences is None:
             raise ValueError("record_stability_info needs a SequenceStore to record into")
         self._host = host
@@ -108,6 +111,7 @@ class LocalSamplingClient:
         self._recording = sequences if record_stability_info else None
         self._release = release  # gives back the host this sampler holds (close)
         self._tag = f"local{next(_client_ids)}"
+        self._client = client or self._tag
         self._vocab = int(host.model.get_output_embeddings().weight.shape[0])
         self._eos = eos_ids(host)
 
@@ -130,6 +134,7 @@ class LocalSamplingClient:
         record_stability_info: bool | None = None,
         min_tokens: int = 0,
         ignore_eos: bool = False,
+        client: str | None = None,
     ) -> LocalFuture[types.SampleResponse]:
         """tinker's sample(), plus local extensions: `deadline` (a time.monotonic() value)
         after which every sequence stops where it is, with stop_reason "length", `cancel`,
@@ -139,8 +144,10 @@ class LocalSamplingClient:
         API does; by default each gets a new one), `record_stability_info`, which records this
         call's sequences (True) or not (False) whatever the client was made with (None: as made;
         the SDK sends the flag with each request), and vLLM's `min_tokens` (no stop id can be
-        drawn, and no stop ends a sequence, before that many tokens) and `ignore_eos`
-        (end-of-sequence ids are not stops)."""
+        drawn, and no stop ends a sequence, before that many tokens), `ignore_eos`
+        (end-of-sequence ids are not stops) and `client`, who asks, when it is not the
+        client the sampler was made for (the Tinker API's session: turns are fair between
+        clients)."""
         if topk_sample_logprobs:
             raise ValueError(
                 "topk_sample_logprobs is not served: the local backend's decode step keeps the "
@@ -191,6 +198,7 @@ class LocalSamplingClient:
             asked,
             min_tokens,
             ignore_eos,
+            client,
         )
 
     def compute_logprobs(
@@ -229,6 +237,7 @@ class LocalSamplingClient:
         scoring: PromptScoring | None = None,
         min_tokens: int = 0,
         ignore_eos: bool = False,
+        client: str | None = None,
     ) -> LocalFuture[types.SampleResponse]:
         tokens = _prompt_tokens(prompt, self._vocab)
         limit = self._host.max_positions
@@ -278,6 +287,7 @@ class LocalSamplingClient:
             sequence_ids=sequence_ids,
             record=self._recorder(store, tokens) if store is not None and rows else None,
             scoring=scoring,
+            client=client or self._client,
         )
         scheduler_for(self._host).submit(request)
         return future

@@ -13,8 +13,8 @@ import numpy as np
 import torch
 from tinker import types
 
-from runners.engine.losses import RECORDED_LOGPROBS, RECORDED_MASK
 from runners.engine.recorded_sequences import SequenceStore, UnknownSequence
+from runners.engine.train.losses import RECORDED_LOGPROBS, RECORDED_MASK
 
 Span = types.PromptProvenanceSpan | types.SampledProvenanceSpan
 

@@ -31,6 +31,9 @@ class Row:
     # Tokens decoded before a stop id or string may end the row (stop ids cannot be drawn
     # until then), as vLLM's min_tokens.
     min_tokens: int = 0
+    # The sampler's adapter slot this row decodes with (-1: the base model alone); set by the
+    # scheduler as the row joins a batch.
+    adapter_slot: int = -1
     # Told of each token as it is picked (on the scheduler's thread: keep it quick), for streaming.
     on_token: Callable[[int, float], None] | None = None
     tokens: list[int] = field(default_factory=list)

@@ -24,7 +24,7 @@ Objective = Callable[[Tensor, Mapping[str, Tensor], Mapping[str, float], Sequenc
 # metrics(detached target_logprobs, inputs, config) -> sums to add to the call's metrics
 Metrics = Callable[[Tensor, Mapping[str, Tensor], Mapping[str, float]], dict[str, Tensor]]
 
-# Inputs the engine adds from recorded sequences (runners/engine/provenance.py), never sent.
+# Inputs the engine adds from recorded sequences (runners/engine/train/provenance.py), never sent.
 RECORDED_LOGPROBS = "recorded_logprobs"  # the sampler's logprob of each sampled target
 RECORDED_MASK = "recorded_mask"  # 1 where the target is a recorded sampled token
 

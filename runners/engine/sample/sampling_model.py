@@ -17,9 +17,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from runners.engine.decode_attention import use_grouped_decode
 from runners.engine.host import AdapterWeights, ModelHost
 from runners.engine.lora import LanguageModel
+from runners.engine.sample.decode_attention import use_grouped_decode
 
 _PEFT_PREFIX = "base_model.model."
 
@@ -67,7 +67,10 @@ class _Slot:
 
 
 class SamplingModel:
-    """A host's model for sampling; `load(adapter)` puts an adapter (or none) in place."""
+    """A host's model for sampling, with one adapter slot: `load(0, adapter)` puts an adapter
+    (or none) in place; rows of another adapter wait until this one's drain."""
+
+    slots = 1  # the adapter lives in the layers' own buffers: one at a time
 
     def __init__(self, host: ModelHost, dtype: torch.dtype) -> None:
         source = host.model.get_base_model() if host.is_lora else host.model
@@ -79,7 +82,7 @@ class SamplingModel:
             module = copy.deepcopy(source, memo)
         # Nothing here may change a shared tensor's flags (requires_grad_ would freeze the
         # trainer's LoRA parameters too); sampling runs under no_grad instead.
-        self.slots = _replace_lora_layers(host, module)
+        self.lora = _replace_lora_layers(host, module)
         if not shared:
             _cast_weights(module, dtype)
         use_grouped_decode(module)  # the copy's config is its own: the trainer keeps sdpa
@@ -88,17 +91,25 @@ class SamplingModel:
         self.shares_weights = shared
         self._loaded: AdapterWeights | None | bool = False  # False: nothing loaded yet
 
-    def load(self, adapter: AdapterWeights | None) -> None:
+    def load(self, slot: int, adapter: AdapterWeights | None) -> None:
+        if slot != 0:
+            raise ValueError(f"slot {slot}: this sampling copy holds one adapter, in slot 0")
         if adapter is self._loaded:
             return
         with torch.no_grad():
-            for slot in self.slots:
+            for lora in self.lora:
                 if adapter is None:
-                    slot.module.up.zero_()
+                    lora.module.up.zero_()
                     continue
-                slot.module.down.copy_(adapter.tensors[slot.down_name])
-                slot.module.up.copy_(adapter.tensors[slot.up_name] * slot.scale)
+                lora.module.down.copy_(adapter.tensors[lora.down_name])
+                lora.module.up.copy_(adapter.tensors[lora.up_name] * lora.scale)
         self._loaded = adapter
+
+    def score(self, ids: list[int], slot: int) -> torch.Tensor:
+        """The logits [len(ids), vocab] at every position of `ids` with the loaded adapter."""
+        with torch.no_grad():
+            batch = torch.tensor([ids], device=next(self.module.parameters()).device)
+            return self.module(input_ids=batch).logits[0]
 
 
 def plain_head(config: object) -> bool:

@@ -1,9 +1,14 @@
-"""The decode scheduler behind sampling clients: one thread per model, continuous batching.
+"""The decode scheduler behind sampling clients: one thread and one sampling copy per base
+model, continuous batching over many adapters.
 
-Requests that share a weights snapshot decode as one running batch: a request that arrives
-while the batch decodes joins it at the next step (its prefill done alongside), and each
-request is answered the step its last row finishes. Requests for another snapshot wait until
-the running batch drains (a forward pass runs under one set of weights).
+Every sampler on a base model (any adapter, any LoRA shape, or none) submits here. A request
+that arrives while the batch decodes joins it at the next step (its prefill done alongside),
+its rows decoding with its adapter's slot in the sampling copy (`adapter_table.py`), beside
+rows of other adapters; turns between clients are fair (`admission.py`); each request is
+answered the step its last row finishes. What a request asks of its prompt (logprobs, top-k,
+targets) is scored as it joins, on the same copy with its adapter, never on the trainer's
+model. A model the packed forward does not take decodes through transformers with one slot:
+rows of another adapter wait until the batch drains.
 """
 
 from __future__ import annotations
@@ -13,9 +18,9 @@ import queue
 import threading
 import time
 import weakref
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import count
 from typing import Any
 
@@ -23,19 +28,21 @@ import numpy as np
 import torch
 from tinker import types
 
-from runners.engine import prompt_scores
-from runners.engine.batch import DecodeBatch, Row
-from runners.engine.dynamic_batch import DynamicCacheBatch
 from runners.engine.futures import LocalFuture
-from runners.engine.host import AdapterWeights, ModelHost
-from runners.engine.packed_model import PackedModel, packable
-from runners.engine.prompt_scores import PromptScoring
-from runners.engine.sampling_model import SamplingModel, resolve_sampling_dtype
-from runners.engine.slot_batch import SlotBatch
-from runners.engine.slot_batch import supports as supports_slots
+from runners.engine.host import AdapterWeights, ModelHost, SharedBase
+from runners.engine.sample import admission, prompt_scores
+from runners.engine.sample.adapter_table import AdapterTable
+from runners.engine.sample.batch import DecodeBatch, Row
+from runners.engine.sample.dynamic_batch import DynamicCacheBatch
+from runners.engine.sample.packed_model import PackedModel, packable
+from runners.engine.sample.prompt_scores import PromptScoring
+from runners.engine.sample.sampling_model import SamplingModel, resolve_sampling_dtype
+from runners.engine.sample.slot_batch import SlotBatch
+from runners.engine.sample.slot_cache import supports as supports_slots
 
 _STOP = object()
 _sequence_ids = count(1)
+_arrivals = count(1)
 
 
 @dataclass
@@ -54,6 +61,16 @@ class SampleRequest:
     record: Callable[[types.SampleResponse], None] | None = None
     # Top-k, target logprobs and alternative draws at the prompt's positions (prompt_scores).
     scoring: PromptScoring | None = None
+    # Who asked (a session, a trainer, a caller): admission takes turns between clients.
+    client: str = ""
+    order: int = field(default_factory=lambda: next(_arrivals))
+    slot: int | None = None  # its adapter's slot while it is admitted
+    # What it asked of its prompt, scored as it joined: logprobs and the extras.
+    scored: tuple[np.ndarray, dict[str, Any]] | None = None
+
+    @property
+    def scores_prompt(self) -> bool:
+        return self.prompt_logprobs_last_n >= 0 or self.scoring is not None
 
 
 def _settle(future: LocalFuture, value: Any = None, error: BaseException | None = None) -> None:
@@ -67,22 +84,28 @@ def _settle(future: LocalFuture, value: Any = None, error: BaseException | None 
         pass
 
 
-_schedulers: weakref.WeakKeyDictionary[ModelHost, DecodeScheduler] = weakref.WeakKeyDictionary()
+_schedulers: weakref.WeakKeyDictionary[SharedBase | ModelHost, DecodeScheduler] = (
+    weakref.WeakKeyDictionary()
+)
 _schedulers_lock = threading.Lock()
 
 
 def scheduler_for(host: ModelHost) -> DecodeScheduler:
-    """The host's one decode scheduler, started on first use and closed with the host."""
+    """The decode scheduler of the host's base model (of the host alone where the model is not
+    packed: transformers' copy holds one LoRA shape), started on first use and closed with the
+    last host that used it."""
+    key: SharedBase | ModelHost = host.shared if packing_wanted(host) else host
     with _schedulers_lock:
-        scheduler = _schedulers.get(host)
+        scheduler = _schedulers.get(key)
         if scheduler is None or scheduler.closed:
             scheduler = DecodeScheduler(
                 host,
                 max_batch_sequences=host.max_batch_sequences,
                 batch_window_s=host.batch_window_s,
             )
-            _schedulers[host] = scheduler
-            host.on_close(scheduler.close)
+            _schedulers[key] = scheduler
+        if scheduler.attach(host):
+            host.on_close(lambda: scheduler.detach(host))
         return scheduler
 
 
@@ -106,7 +129,7 @@ def sampling_model(host: ModelHost, dtype: torch.dtype) -> SamplingModel | Packe
 
 
 class DecodeScheduler:
-    """A daemon thread that batches sample requests for one ModelHost."""
+    """A daemon thread that batches sample requests for one base model (or one host)."""
 
     def __init__(
         self, host: ModelHost, *, max_batch_sequences: int = 64, batch_window_s: float = 0.005
@@ -120,9 +143,28 @@ class DecodeScheduler:
         self._backlog: deque[SampleRequest] = deque()
         self._closed = False
         self._model: SamplingModel | PackedModel | None = None  # built on first use
+        self._table: AdapterTable | None = None
         self._batch: DecodeBatch | None = None
+        self._live: Counter[str] = Counter()  # rows of admitted requests, by client
+        self._hosts: set[int] = set()  # the hosts using it (ids): the last one's close ends it
+        self._hosts_lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="local-sampler", daemon=True)
         self._thread.start()
+
+    def attach(self, host: ModelHost) -> bool:
+        """Count `host` as a user; whether it is new."""
+        with self._hosts_lock:
+            new = id(host) not in self._hosts
+            self._hosts.add(id(host))
+            return new
+
+    def detach(self, host: ModelHost) -> None:
+        """`host` closed: the scheduler closes with its last user."""
+        with self._hosts_lock:
+            self._hosts.discard(id(host))
+            last = not self._hosts
+        if last:
+            self.close()
 
     def submit(self, request: SampleRequest) -> None:
         if self._closed:
@@ -139,24 +181,36 @@ class DecodeScheduler:
         if threading.current_thread() is not self._thread:
             self._thread.join(timeout=60)
 
+    def resident(self) -> list[tuple[int | None, int]]:
+        """The adapters in the sampling copy's slots now (id, requests holding it)."""
+        return self._table.resident() if self._table is not None else []
+
     def _run(self) -> None:
-        adapter: AdapterWeights | None = None
         in_flight: list[SampleRequest] = []
         while True:
             batch = self._batch
             idle = batch is None or not len(batch)
-            if not self._pull(block=idle and not self._backlog):
+            if not self._pull(block=idle and not self._backlog and not in_flight):
                 self._fail(in_flight, RuntimeError("the decode scheduler was closed"))
                 return self._fail_backlog()
-            if idle and not self._backlog:
+            if idle and not self._backlog and not in_flight:
                 continue
             try:
-                if idle:
-                    adapter = self._backlog[0].adapter
-                    batch = self._batch_for(adapter)
-                assert batch is not None
-                joining = self._take(batch, adapter, self.max_batch_sequences - len(batch))
+                batch = self._ready_batch()
+            except Exception as exc:
+                # Nothing can decode without the model: what waits fails rather than retries.
+                self._fail_backlog(exc)
+                continue
+            try:
+                joining = self._admit(batch)
+                if idle and not in_flight and not joining and self._backlog:
+                    # Never expected (an idle batch has room and free slots): fail, not spin.
+                    self._fail_backlog(RuntimeError("the sampler could admit no waiting request"))
+                    continue
                 in_flight += joining
+                # In slot order: a batch that forms at once holds each adapter's rows together,
+                # which the CPU's products read as blocks without gathering (row_adapters.py).
+                joining.sort(key=lambda request: request.slot or 0)
                 rows = [row for request in joining for row in request.rows]
                 if rows:
                     batch.join(rows)
@@ -168,18 +222,66 @@ class DecodeScheduler:
                 done = [r for r in in_flight if all(row.stop_reason for row in r.rows)]
                 for request in done:
                     in_flight.remove(request)
-                    response = self._response(adapter, request)
-                    if request.record is not None:
-                        request.record(response)
-                    _settle(request.future, value=response)
+                    self._answer(request)
             except Exception as exc:
-                if idle and not in_flight:
-                    # Nothing could start on this adapter: its requests fail rather than retry.
-                    in_flight = [r for r in self._backlog if r.adapter is adapter]
-                    for request in in_flight:
-                        self._backlog.remove(request)
+                for request in in_flight:
+                    self._let_go(request)
                 self._fail(in_flight, exc)
                 in_flight, self._batch = [], None  # its state is unknown: build it afresh
+
+    def _admit(self, batch: DecodeBatch) -> list[SampleRequest]:
+        """Backlogged requests that join now (fair turns; admission.py), their adapters in
+        slots, their rows told the slot, their prompts scored if asked."""
+        admitted = admission.admit(
+            list(self._backlog),
+            self._live,
+            capacity=self.max_batch_sequences,
+            running=len(batch),
+            fits=batch.can_take,
+            hold=self._hold,
+        )
+        for request, error in admitted.refused:
+            self._backlog.remove(request)
+            _settle(request.future, error=error)
+        joining = []
+        for request in admitted.joining:
+            self._backlog.remove(request)
+            self._live[request.client] += len(request.rows)
+            try:
+                if request.scores_prompt:
+                    request.scored = self._score(request)
+            except Exception as exc:
+                self._let_go(request)
+                _settle(request.future, error=exc)
+                continue
+            joining.append(request)
+        return joining
+
+    def _hold(self, request: SampleRequest) -> bool:
+        assert self._table is not None
+        slot = self._table.hold(request.adapter)
+        if slot is None:
+            return False
+        request.slot = slot
+        for row in request.rows:
+            row.adapter_slot = slot
+        return True
+
+    def _let_go(self, request: SampleRequest) -> None:
+        """The request is over: its slot and its place in its client's share go."""
+        if request.slot is not None and self._table is not None:
+            self._table.let_go(request.slot)
+            request.slot = None
+        self._live[request.client] -= len(request.rows)
+        if self._live[request.client] <= 0:
+            del self._live[request.client]
+
+    def _answer(self, request: SampleRequest) -> None:
+        self._let_go(request)
+        response = self._response(request)
+        if request.record is not None:
+            request.record(response)
+        _settle(request.future, value=response)
 
     def _pull(self, block: bool) -> bool:
         """Move queued requests to the backlog (waiting for one if `block`); False on close."""
@@ -199,31 +301,13 @@ class DecodeScheduler:
                 return False
             self._backlog.append(item)
 
-    def _take(
-        self, batch: DecodeBatch, adapter: AdapterWeights | None, room: int
-    ) -> list[SampleRequest]:
-        """Backlogged requests on `adapter` that fit in `room` rows, oldest first."""
-        taken: list[SampleRequest] = []
-        for request in list(self._backlog):
-            if request.adapter is not adapter:
-                continue
-            if taken and len(request.rows) > room:
-                break
-            if not taken and len(request.rows) > room and room < self.max_batch_sequences:
-                break  # a large request waits for room rather than overfilling the batch
-            if len(batch) and not batch.can_take(request.rows):
-                break  # it waits for the running rows to drain (a longer cache, say)
-            taken.append(request)
-            room -= len(request.rows)
-            self._backlog.remove(request)
-        return taken
-
     def _fail(self, requests: list[SampleRequest], error: BaseException) -> None:
         for request in requests:
             _settle(request.future, error=error)
 
-    def _fail_backlog(self) -> None:
-        self._fail(list(self._backlog), RuntimeError("the decode scheduler was closed"))
+    def _fail_backlog(self, error: BaseException | None = None) -> None:
+        error = error or RuntimeError("the decode scheduler was closed")
+        self._fail(list(self._backlog), error)
         self._backlog.clear()
 
     def _sampling_model(self) -> SamplingModel | PackedModel:
@@ -234,13 +318,16 @@ class DecodeScheduler:
                 host.sampling_dtype, next(host.model.parameters()).dtype, host.device
             )
             with host.lock:  # a consistent read of the weights while they are copied
-                self._model = sampling_model(host, dtype)
+                model = sampling_model(host, dtype)
+            self._table = AdapterTable(
+                model.slots, model.load, base_takes_slot=isinstance(model, SamplingModel)
+            )
+            self._model = model
         return self._model
 
-    def _batch_for(self, adapter: AdapterWeights | None) -> DecodeBatch:
-        """The scheduler's batch (built once, kept across adapters), `adapter` loaded."""
+    def _ready_batch(self) -> DecodeBatch:
+        """The scheduler's batch (built once, kept across adapters)."""
         sampling = self._sampling_model()
-        sampling.load(adapter)
         if self._batch is None:
             self._batch = self._make_batch(sampling)
         return self._batch
@@ -283,15 +370,15 @@ class DecodeScheduler:
             max_positions=host.max_positions,
         )
 
-    def _prompt_logprobs(
-        self, adapter: AdapterWeights | None, request: SampleRequest
-    ) -> tuple[np.ndarray, dict[str, Any]]:
-        """Each prompt token's logprob, and what else the request asked of the same prefill."""
-        ids = torch.tensor([request.prompt], device=self.host.device)
-        with self.host.use(adapter) as model, torch.no_grad():
-            logits = model(input_ids=ids).logits[0, :-1].float()
+    def _score(self, request: SampleRequest) -> tuple[np.ndarray, dict[str, Any]]:
+        """Each prompt token's logprob, and what else the request asked of the same prompt,
+        on the sampling copy with the request's adapter (its slot is held)."""
+        assert self._model is not None and request.slot is not None
+        with torch.no_grad():
+            logits = self._model.score(request.prompt, request.slot)[:-1].float()
+        ids = torch.tensor(request.prompt, device=logits.device)
         log_probs = torch.log_softmax(logits, dim=-1)
-        picked = log_probs.gather(-1, ids[0, 1:, None])[:, 0]
+        picked = log_probs.gather(-1, ids[1:, None])[:, 0]
         out = np.full(len(request.prompt), np.nan, dtype=np.float32)
         out[1:] = picked.cpu().numpy()
         if request.prompt_logprobs_last_n > 0:
@@ -302,9 +389,7 @@ class DecodeScheduler:
             extras = prompt_scores.score(log_probs, request.prompt, request.scoring, last_n)
         return out, extras
 
-    def _response(
-        self, adapter: AdapterWeights | None, request: SampleRequest
-    ) -> types.SampleResponse:
+    def _response(self, request: SampleRequest) -> types.SampleResponse:
         ids = request.sequence_ids or [f"{request.tag}-{next(_sequence_ids)}" for _ in request.rows]
         sequences = [
             types.SampledSequence(
@@ -317,8 +402,8 @@ class DecodeScheduler:
         ]
         prompt_logprobs: np.ndarray | None = None
         extras: dict[str, Any] = {}
-        if request.prompt_logprobs_last_n >= 0 or request.scoring is not None:
-            prompt_logprobs, extras = self._prompt_logprobs(adapter, request)
+        if request.scored is not None:
+            prompt_logprobs, extras = request.scored
             if request.prompt_logprobs_last_n < 0:
                 prompt_logprobs = None  # scored for the extras only
         return types.SampleResponse(

@@ -19,136 +19,28 @@ slot cache itself) or a transformers module (`TransformersSlots` adapts it).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 from torch import nn
 
-from runners.engine import decode_attention
-from runners.engine.batch import Passes, Row, ban_lists, finished, record
-from runners.engine.dynamic_batch import right_pad
 from runners.engine.lora import LanguageModel
-from runners.engine.sampling_model import next_token_logits, plain_head
-from runners.engine.selection import row_keys, select_tokens
+from runners.engine.padding import right_pad
+from runners.engine.sample.batch import Passes, Row, ban_lists, finished, record
+from runners.engine.sample.sampling_model import next_token_logits
+from runners.engine.sample.selection import row_keys, select_tokens
+from runners.engine.sample.slot_cache import AdapterIndex, SlotCache, SlotModel
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 _LENGTH_STEP = 256  # cache lengths are multiples of this (fewer distinct graphs)
 
 
-class SlotCache:
-    """Keys and values [slots, heads, length, head_dim] per layer; row r writes at column
-    `positions[r]` (clamped, so a free slot's stale position stays in bounds)."""
-
-    def __init__(self, positions: torch.Tensor, length: int) -> None:
-        self.positions = positions  # [slots, 1], shared with the batch's step inputs
-        self.length = length
-        self.keys: list[torch.Tensor] = []
-        self.values: list[torch.Tensor] = []
-        self.rows = positions.shape[0]  # rows the model sees (a bucket's leading slots)
-
-    @property
-    def capacity(self) -> int:
-        """Slots the buffers hold (0 before they are allocated)."""
-        return self.keys[0].shape[0] if self.keys else 0
-
-    def allocate(self, like: object) -> None:
-        """Size the buffers after a prefill cache (layers, heads, head_dim, dtype)."""
-        layer = like.layers[0]  # type: ignore[attr-defined]
-        k = layer.keys
-        self.allocate_for(
-            len(like.layers),  # type: ignore[attr-defined]
-            k.shape[1],
-            k.shape[3],
-            k.dtype,
-            k.device,
-            self.positions.shape[0],
-        )
-
-    def allocate_for(
-        self,
-        layers: int,
-        heads: int,
-        dim: int,
-        dtype: torch.dtype,
-        device: torch.device,
-        rows: int,
-    ) -> None:
-        """Buffers for `rows` slots (more than before: the old rows are copied over)."""
-        if rows <= self.capacity:
-            return
-        shape = (rows, heads, self.length, dim)
-        old = self.capacity
-        keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
-        values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
-        for new, previous in zip(keys + values, self.keys + self.values, strict=False):
-            new[:old].copy_(previous)
-        self.keys, self.values = keys, values
-
-    def bucket(self, rows: int) -> SlotCache:
-        """A view over the first `rows` slots (same buffers)."""
-        view = SlotCache.__new__(SlotCache)
-        view.positions, view.length = self.positions, self.length
-        view.keys, view.values, view.rows = self.keys, self.values, rows
-        return view
-
-    def update(self, key: torch.Tensor, value: torch.Tensor, layer_idx: int, *args, **kwargs):
-        n = self.rows
-        keys, values = self.keys[layer_idx][:n], self.values[layer_idx][:n]
-        column = self.positions[:n].clamp(max=self.length - 1).view(n, 1, 1, 1)
-        keys.scatter_(2, column.expand_as(key), key)
-        values.scatter_(2, column.expand_as(value), value)
-        return keys, values
-
-    def place(self, slots: torch.Tensor, prefill: object, width: int) -> None:
-        """Copy a prefill cache's rows (columns 0..width-1) into `slots`."""
-        for mine_k, mine_v, layer in zip(
-            self.keys,
-            self.values,
-            prefill.layers,  # type: ignore[attr-defined]
-            strict=True,
-        ):
-            mine_k[:, :, :width].index_copy_(0, slots, layer.keys[:, :, :width])
-            mine_v[:, :, :width].index_copy_(0, slots, layer.values[:, :, :width])
-
-
-class SlotModel(Protocol):
-    """What a slot batch needs of its model."""
-
-    trims: bool  # whether a step may attend to fewer columns than the cache holds
-
-    @property
-    def variant(self) -> object:
-        """Anything a captured step depends on besides its tensors (graphs are kept per value)."""
-        ...
-
-    def allocate(self, cache: SlotCache, rows: int) -> None:
-        """Make room in `cache` for at least `rows` slots (or leave it to the first prefill)."""
-        ...
-
-    def prefill(
-        self,
-        ids: torch.Tensor,
-        mask: torch.Tensor,
-        last: torch.Tensor,
-        cache: SlotCache,
-        slots: torch.Tensor,
-    ) -> torch.Tensor:
-        """Right-padded prompts into `slots`; logits [rows, vocab] at each row's `last`."""
-        ...
-
-    def decode(
-        self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, cache: SlotCache
-    ) -> torch.Tensor:
-        """One token per row of `cache` (a bucket), attending where `mask` [rows, columns]
-        allows (columns may stop short of the cache's length when `trims`)."""
-        ...
-
-
 class TransformersSlots:
     """A transformers module as a slot model: prefill through a DynamicCache copied into the
-    slots, decode through the module with the slot cache standing in for its cache."""
+    slots, decode through the module with the slot cache standing in for its cache. It holds
+    one adapter (in its own buffers), so rows' adapter slots are not read."""
 
-    variant = None
+    layout = 0
     trims = False  # its attention reads the whole cache
 
     def __init__(self, model: LanguageModel) -> None:
@@ -157,7 +49,7 @@ class TransformersSlots:
     def allocate(self, cache: SlotCache, rows: int) -> None:
         pass  # sized after the first prefill, which knows the cache's shapes
 
-    def prefill(self, ids, mask, last, cache, slots) -> torch.Tensor:
+    def prefill(self, ids, mask, last, cache, slots, adapters) -> torch.Tensor:
         from transformers import DynamicCache
 
         rows, width = ids.shape
@@ -169,21 +61,9 @@ class TransformersSlots:
         cache.place(slots, prefill, width)
         return logits
 
-    def decode(self, tokens, positions, mask, cache) -> torch.Tensor:
+    def decode(self, tokens, positions, mask, cache, adapters) -> torch.Tensor:
         mask4d = mask.view(mask.shape[0], 1, 1, mask.shape[1])
         return next_token_logits(self.model, tokens, mask4d, positions, cache)
-
-
-def supports(model: LanguageModel) -> bool:
-    """Full attention in every layer and a plain unembedding (what the slot step assumes)."""
-    config = model.config
-    layer_types = getattr(config, "layer_types", None) or ["full_attention"]
-    return (
-        all(t == "full_attention" for t in layer_types)
-        and plain_head(config)
-        and getattr(config, "_attn_implementation", "sdpa")
-        in ("sdpa", "eager", decode_attention.NAME)
-    )
 
 
 class SlotBatch:
@@ -214,7 +94,8 @@ class SlotBatch:
         self.captures = 0
         self._pool: torch.cuda._POOL_HANDLE | None = None  # the captured graphs' shared memory
         self._cache: SlotCache | None = None
-        self._captured: dict[tuple[int, Passes, object], torch.cuda.CUDAGraph] = {}
+        self._captured: dict[tuple[int, Passes, bool], torch.cuda.CUDAGraph] = {}
+        self._layout = self._model.layout  # the model's tensors the graphs were captured on
         # A launched step not yet read: its slots, their rows then, and its tokens' copy.
         self._pending: tuple[list[int], list[Row], torch.Tensor, Any] | None = None
         self._allocate_slots(slots)
@@ -238,6 +119,7 @@ class SlotBatch:
         self._top_p = torch.ones(slots, dtype=torch.float32, device=device)
         self._min = new(slots, dtype=torch.long, device=device)  # min_tokens
         self._ban = new((slots, 1), dtype=torch.long, device=device)  # stop ids until then
+        self._adapter = torch.full((slots,), -1, dtype=torch.long, device=device)  # its slot
         self._out = new((2, slots), dtype=torch.float32, device=device)
         self._read = [torch.zeros_like(self._out, device="cpu") for _ in range(2)]
         if self._graphs:
@@ -271,8 +153,17 @@ class SlotBatch:
         slots = torch.tensor(free, device=self._device)
         ids, mask = right_pad([r.prompt for r in rows], self._pad_id)
         ids, mask = ids.to(self._device), mask.to(self._device)
+        adapters = [r.adapter_slot for r in rows]
+        self._adapter[slots] = torch.tensor(adapters, device=self._device)
         with torch.no_grad():
-            logits = self._model.prefill(ids, mask, mask.sum(dim=1) - 1, self._cache, slots)
+            logits = self._model.prefill(
+                ids,
+                mask,
+                mask.sum(dim=1) - 1,
+                self._cache,
+                slots,
+                AdapterIndex.of(adapters, self._device),
+            )
         self.prefills += 1
         lengths = torch.tensor([len(r.prompt) for r in rows], device=self._device)
         self._seed[slots] = torch.tensor([r.seed for r in rows], device=self._device)
@@ -353,15 +244,18 @@ class SlotBatch:
             bucket = occupied[-1] + 1
         live = [row for row in self.rows if row is not None]
         passes = Passes.of(live)
+        adapted = any(row.adapter_slot >= 0 for row in live)
         if self._graphs:
-            self._graph(bucket, passes).replay()
+            self._graph(bucket, passes, adapted).replay()
         else:
             columns = self._cache.length
             if self._model.trims and not self._ahead:
                 # The longest row's next position is its length so far: attend that far.
                 columns = max(len(r.prompt) + len(r.tokens) for r in live)
+            values = [-1 if row is None else row.adapter_slot for row in self.rows[:bucket]]
+            adapters = AdapterIndex(self._adapter[:bucket], values, adapted)
             with torch.no_grad():
-                self._step(bucket, passes, columns)
+                self._step(bucket, passes, columns, adapters)
         read = self._read[0]
         self._read.reverse()  # the next step's copy goes to the other buffer
         # The whole buffer: a contiguous copy into pinned memory stays asynchronous.
@@ -387,12 +281,12 @@ class SlotBatch:
             [logprobs[occupied[i]] for i in keep],
         )
 
-    def _step(self, rows: int, passes: Passes, columns: int) -> None:
+    def _step(self, rows: int, passes: Passes, columns: int, adapters: AdapterIndex) -> None:
         """The captured body: forward the current tokens, pick the next, advance."""
         assert self._cache is not None
         tok, pos = self._tok[:rows], self._pos[:rows]
         mask = self._columns[None, :columns] <= pos
-        logits = self._model.decode(tok, pos, mask, self._cache.bucket(rows))
+        logits = self._model.decode(tok, pos, mask, self._cache.bucket(rows), adapters)
         picked = self._select(logits, slice(0, rows), passes)
         self._out[:, :rows].copy_(picked)
         tok.copy_(picked[0].long()[:, None])
@@ -414,13 +308,18 @@ class SlotBatch:
             ban=ban,
         )
 
-    def _graph(self, rows: int, passes: Passes) -> torch.cuda.CUDAGraph:
+    def _graph(self, rows: int, passes: Passes, adapted: bool) -> torch.cuda.CUDAGraph:
         assert self._cache is not None
-        key = (rows, passes, self._model.variant)
+        if self._model.layout != self._layout:
+            self._captured.clear()  # captured on tensors the model has since replaced
+            self._layout = self._model.layout
+        key = (rows, passes, adapted)
         graph = self._captured.get(key)
         if graph is not None:
             return graph
         columns = self._cache.length
+        # The rows' slots as the captured step reads them: the fixed buffer, no list.
+        adapters = AdapterIndex(self._adapter[:rows], None, adapted)
         # Warm-up runs execute the step, so the state they advance is put back afterwards
         # (the cache columns they write are written again by the real step).
         saved = [t.clone() for t in (self._tok, self._pos, self._count)]
@@ -428,7 +327,7 @@ class SlotBatch:
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream), torch.no_grad():
             for _ in range(2):
-                self._step(rows, passes, columns)
+                self._step(rows, passes, columns, adapters)
         torch.cuda.current_stream().wait_stream(stream)
         for tensor, value in zip((self._tok, self._pos, self._count), saved, strict=True):
             tensor.copy_(value)
@@ -439,7 +338,7 @@ class SlotBatch:
         # host lock), and its allocations and copies must neither fail nor join the capture.
         capture = torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local")
         with capture, torch.no_grad():
-            self._step(rows, passes, columns)
+            self._step(rows, passes, columns, adapters)
         self._captured[key] = graph
         self.captures += 1
         return graph

@@ -13,10 +13,11 @@ from collections.abc import Callable
 
 import torch
 
-from runners.engine.batch import Passes, Row, ban_lists, finished, record
 from runners.engine.lora import LanguageModel
-from runners.engine.sampling_model import next_token_logits
-from runners.engine.selection import row_keys, select_tokens
+from runners.engine.padding import left_pad
+from runners.engine.sample.batch import Passes, Row, ban_lists, finished, record
+from runners.engine.sample.sampling_model import next_token_logits
+from runners.engine.sample.selection import row_keys, select_tokens
 
 
 class DynamicCacheBatch:
@@ -144,27 +145,6 @@ class DynamicCacheBatch:
         self.rows, self._cache, self._logits = [], None, None
         self._mask = self._mask[:0, :0]
         self._positions = self._positions[:0]
-
-
-def left_pad(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Token ids and attention mask [rows, longest prompt], prompts aligned to the right."""
-    return _pad(prompts, pad_id, left=True)
-
-
-def right_pad(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Token ids and attention mask [rows, longest prompt], prompts aligned to the left."""
-    return _pad(prompts, pad_id, left=False)
-
-
-def _pad(prompts: list[list[int]], pad_id: int, left: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    width = max(len(p) for p in prompts)
-    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(prompts), width), dtype=torch.long)
-    for i, prompt in enumerate(prompts):
-        span = slice(width - len(prompt), width) if left else slice(0, len(prompt))
-        ids[i, span] = torch.tensor(prompt)
-        mask[i, span] = 1
-    return ids, mask
 
 
 def _pad_left(tensor: torch.Tensor, length: int, dim: int = 1) -> torch.Tensor:

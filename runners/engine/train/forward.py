@@ -14,11 +14,11 @@ from tinker import types
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from runners.engine.dynamic_batch import right_pad
 from runners.engine.lora import LanguageModel
-from runners.engine.losses import check_input_keys, compute_loss, get_loss_spec, loss_metrics
-from runners.engine.provenance import recorded_inputs
+from runners.engine.padding import right_pad
 from runners.engine.recorded_sequences import SequenceStore
+from runners.engine.train.losses import check_input_keys, compute_loss, get_loss_spec, loss_metrics
+from runners.engine.train.provenance import recorded_inputs
 
 
 @dataclass

@@ -1,0 +1,77 @@
+"""Which adapters the sampler's model holds in its slots, and who holds each slot now.
+
+A request holds its adapter's slot from admission until it is answered. An adapter already in
+a slot is found there; a new one takes a slot no request holds: one never used first, else the
+least recently used, whose adapter is evicted (loaded again if it comes back). When every slot
+is held, the request waits. The base model needs no slot on a model whose rows can skip the
+adapter products (slot -1); a one-slot model (transformers' copy) loads it like an adapter.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from itertools import count
+
+from runners.engine.host import AdapterWeights
+
+BASE = -1  # the slot of the base model alone, on a model with slots to skip
+
+
+@dataclass
+class _Slot:
+    adapter: int | None = None  # the adapter's id (0: the base model); None: empty
+    holds: int = 0
+    used: int = 0  # when it was last held or let go (a tick)
+
+
+class AdapterTable:
+    def __init__(
+        self,
+        slots: int,
+        load: Callable[[int, AdapterWeights | None], None],
+        *,
+        base_takes_slot: bool,
+    ) -> None:
+        """`load(slot, adapter)`: copy an adapter (None: the base model) into a slot of the
+        model; it may raise ValueError (the adapter does not fit), and the slot is then empty."""
+        self._slots = [_Slot() for _ in range(max(1, slots))]
+        self._load = load
+        self._base_takes_slot = base_takes_slot
+        self._ticks = count(1)
+
+    def hold(self, adapter: AdapterWeights | None) -> int | None:
+        """The slot `adapter` decodes in, held until `let_go`; None: every slot is held by
+        requests on other adapters (wait for one to be let go)."""
+        if adapter is None and not self._base_takes_slot:
+            return BASE
+        key = 0 if adapter is None else adapter.id
+        for index, slot in enumerate(self._slots):
+            if slot.adapter == key:
+                return self._held(index)
+        free = [i for i, s in enumerate(self._slots) if s.holds == 0]
+        if not free:
+            return None
+        index = min(free, key=lambda i: (self._slots[i].adapter is not None, self._slots[i].used))
+        slot = self._slots[index]
+        slot.adapter = None
+        self._load(index, adapter)  # a ValueError leaves the slot empty
+        slot.adapter = key
+        return self._held(index)
+
+    def let_go(self, index: int) -> None:
+        if index == BASE:
+            return
+        slot = self._slots[index]
+        slot.holds -= 1
+        slot.used = next(self._ticks)
+
+    def _held(self, index: int) -> int:
+        slot = self._slots[index]
+        slot.holds += 1
+        slot.used = next(self._ticks)
+        return index
+
+    def resident(self) -> list[tuple[int | None, int]]:
+        """(adapter id or None, holds) per slot; id 0 is the base model."""
+        return [(s.adapter, s.holds) for s in self._slots]
