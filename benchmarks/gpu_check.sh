@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Issue 38's GPU figures in one run on a device machine (an H100 or H200; at most 8 minutes):
+# Issues 38 and 42's GPU figures in one run on a device machine (an H100 or H200; at most 10
+# minutes):
 # the gpu tests, then for the 135M, 1.5B and 7B (Qwen2.5-7B) shapes with random weights our
 # decode step at 64 rows (with a rank-8 adapter and on the base model) against compiled
 # static-cache `generate` on the plain model, training's share of the measured bf16 rate at the
@@ -7,9 +8,11 @@
 #
 # Here, once (the device image lacks tinker and pydantic; .whl is git-ignored):
 #     echo /.whl/ >> .git/info/exclude && bash benchmarks/gpu_check.sh wheels
-# There (the device tool):
-#     run(command="bash benchmarks/gpu_check.sh", carry=[".whl"], timeout_s=560)
-# Logs come back under $OUT (gpu_tests.log, random-135m.log, random-1.5b.log, random-7b.log).
+# There (the device tool), in two calls of under 10 minutes each (parts: tests, mixed, decode):
+#     run(command="bash benchmarks/gpu_check.sh tests mixed", carry=[".whl"], timeout_s=420)
+#     run(command="bash benchmarks/gpu_check.sh decode", carry=[".whl"], timeout_s=420)
+# Logs come back under $OUT (gpu_tests.log, random-135m.log, random-1.5b.log, random-7b.log,
+# multi-adapter-random-135m.log, multi-adapter-random-1.5b.log).
 set -uo pipefail
 
 if [ "${1:-}" = wheels ]; then
@@ -30,10 +33,13 @@ mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/device.txt"
 python3 -c 'import torch, transformers, peft; print(torch.__version__, transformers.__version__, peft.__version__)' | tee -a "$OUT/device.txt"
 
+PARTS="${*:-tests mixed decode}"
+wants() { [[ " $PARTS " == *" $1 "* ]]; }
+
 # --noconftest: tests/conftest.py builds the server app, whose packages (fastapi, sqlmodel,
 # mcp, ...) the image lacks; the gpu tests need none of its fixtures.
-timeout 120 python3 -m pytest --noconftest -m gpu tests/backend/test_gpu.py -q -p no:cacheprovider \
-    2>&1 | tee "$OUT/gpu_tests.log"
+wants tests && timeout 150 python3 -m pytest --noconftest -m gpu tests/backend/gpu/test_gpu.py \
+    -q -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.log"
 
 # Each shape in its own process (its memory goes back); 64 rows x 64 tokens, as the goals say.
 bench() {
@@ -42,6 +48,20 @@ bench() {
         --episodes 64 --episode-tokens 64 --tokens-per-microbatch "" "${@:3}" 2>&1 \
         | grep -v "Loading weights" | tee "$OUT/$2.log"
 }
-bench 90 random-135m
-bench 120 random-1.5b
-bench 150 random-7b
+if wants decode; then
+    bench 90 random-135m
+    bench 120 random-1.5b
+    bench 150 random-7b
+fi
+
+# Issue 42: 8 clients x 8 rows x 64 tokens on distinct adapters in mixed batches, against one
+# client alone, one adapter per batch and 8 on one shared adapter (goal: 8 at least 5x one).
+mixed() {
+    timeout "$1" python3 -m benchmarks.multi_adapter --parts engine --device cuda --model "$2" \
+        --counts 1,8 --rows 8 --tokens 64 --rounds 2 2>&1 | grep -v "Loading weights" \
+        | tee "$OUT/multi-adapter-$2.log"
+}
+if wants mixed; then
+    mixed 90 random-135m
+    mixed 120 random-1.5b
+fi
