@@ -360,23 +360,10 @@ def _worker_memory(server: LiveServer) -> float:
 # ----- /v1 on several checkpoints --------------------------------------------------------------
 
 
-RUN = {
-    "environment": "repeat_word",
-    "model_name": SMOLLM2,
-    "total_steps": 1,
-    "save_every": 1,
-    "steps_per_eval": 0,
-    "use_wandb": False,
-    "group_size": 2,
-    "batch_size": 1,
-    "max_token_length": 8,
-    "lora_rank": 8,
-}
-
-
 def v1_part(models_dir: Path, args: argparse.Namespace) -> None:
     import httpx
 
+    from benchmarks.v1_speed import RUN  # one step of repeat_word: a rank-8 checkpoint
     from tests.support.helpers import finish_run, start_run
     from tests.support.live_server import LiveServer
 

@@ -102,6 +102,8 @@ def test_list_is_newest_first_and_filters(rclient: TestClient) -> None:
     [
         ({"lora_rank": 0}, "lora_rank"),
         ({"lora_rank": "big"}, "lora_rank"),
+        # Above the local engine's largest (RLCS_MAX_LORA_RANK, 128): refused before any run.
+        ({"lora_rank": 256}, "RLCS_MAX_LORA_RANK"),
         ({"no_such": 1}, "no_such"),
         ({"tokenizer_name": "x"}, "tokenizer_name"),
         ({"environment": "nope"}, "nope"),
@@ -117,7 +119,7 @@ def test_invalid_overrides_leave_nothing(
 ) -> None:
     resp = rclient.post("/runs", json=body)
     assert 400 <= resp.status_code < 500 and needle in resp.json()["detail"], resp.text
-    if "loss_fn_config" in body or "model_name" in body:
+    if "loss_fn_config" in body or "model_name" in body or body.get("lora_rank") == 256:
         assert resp.status_code == 422
     assert rclient.get("/runs").json() == []
     runs_dir = tmp_path / "var" / "runs"

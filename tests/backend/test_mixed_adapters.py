@@ -21,6 +21,7 @@ from runners.engine.sample.packed_model import PackedModel
 from runners.engine.sample.slot_cache import AdapterIndex, SlotCache
 from tests.backend.test_local_backend import ce_batch, prompt, train_steps
 from tests.backend.test_packed_model import SPECS, _drain, _reference, _rows, _slot_batch
+from tests.support.local_backend import local_service
 
 ATOL = 2e-5
 
@@ -138,10 +139,10 @@ def test_samplers_of_every_shape_share_one_scheduler_and_one_copy(service, shape
     assert len(resident) == 3  # the base model needs no slot
 
 
-def test_a_request_on_another_adapter_joins_the_running_batch(service, shapes):
-    """While one adapter's long request decodes, a short one on another adapter is answered
-    first: it joined the batch rather than waiting for it to drain."""
-    long, short = (c.save_weights_and_get_sampling_client().result() for c in shapes[:2])
+def _long_then_short(clients: list[LocalTrainingClient]) -> bool:
+    """A long request on the first client's adapter, then, once it decodes, a short one on
+    the second's: whether the long one was done when the short one was answered."""
+    long, short = (c.save_weights_and_get_sampling_client().result() for c in clients[:2])
     started = threading.Event()
     first = long.sample(
         prompt([1, 2, 3]),
@@ -152,33 +153,26 @@ def test_a_request_on_another_adapter_joins_the_running_batch(service, shapes):
     assert started.wait(timeout=60)
     second = short.sample(prompt([4, 5]), 1, types.SamplingParams(max_tokens=2, seed=2, stop=[]))
     second.result(timeout=60)
-    assert not first.done()
+    done_first = first.done()
     assert len(first.result(timeout=60).sequences[0].tokens) == 60
+    return done_first
+
+
+def test_a_request_on_another_adapter_joins_the_running_batch(shapes):
+    """The short request is answered first: it joined the batch, not waiting for it to drain."""
+    assert not _long_then_short(shapes)
 
 
 def test_one_slot_decodes_one_adapter_at_a_time(tmp_path):
     """adapter_slots=1 (the switch the benchmark compares with): the short request on another
     adapter waits for the running batch to drain."""
-    from tests.support.local_backend import local_service
-
     service = local_service(tmp_path, adapter_slots=1)
     try:
-        a, b = (
+        clients = [
             service.create_lora_training_client("tiny-random", rank=4, seed=s).result()
             for s in (1, 2)
-        )
-        long, short = (c.save_weights_and_get_sampling_client().result() for c in (a, b))
-        started = threading.Event()
-        first = long.sample(
-            prompt([1, 2, 3]),
-            2,
-            types.SamplingParams(max_tokens=40, seed=1, stop=[]),
-            on_token=lambda *_: started.set(),
-        )
-        assert started.wait(timeout=60)
-        second = short.sample(prompt([4]), 1, types.SamplingParams(max_tokens=2, seed=2, stop=[]))
-        second.result(timeout=60)
-        assert first.done()
+        ]
+        assert _long_then_short(clients)
     finally:
         service.close()
 

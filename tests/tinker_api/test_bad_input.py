@@ -1,5 +1,6 @@
 """Bad input, each answered the way the SDK handles it and saying what to fix: a key that is
-not ours (401); an unknown base model (400 at create); wrong loss inputs, a loss or optimizer
+not ours (401); an unknown base model (400 at create); a LoRA rank above the engine's
+largest (a failed future naming RLCS_MAX_LORA_RANK); wrong loss inputs, a loss or optimizer
 the local engine does not have (a failed future, category user, the session going on); a
 body that is not a ForwardBackwardRequest (400 naming the field); an unknown future (410,
 which makes the SDK send a sampling request again). Nothing of another session changes."""
@@ -72,6 +73,8 @@ def test_refusals_leave_the_session_and_others_as_they_were(
         tinker.BadRequestError, match="base_model: 'no/such-model-xyz'.*tiny-random"
     ):
         service.create_lora_training_client("no/such-model-xyz").result(WAIT_S)
+    with pytest.raises(tinker.RequestFailedError, match=r"lora_rank 256 .*RLCS_MAX_LORA_RANK"):
+        service.create_lora_training_client("tiny-random", rank=256).result(WAIT_S)
     training = service.create_lora_training_client("tiny-random", rank=4, seed=2).result(WAIT_S)
 
     wrong_keys = datums("cross_entropy")  # weights: fine for cross_entropy, unknown for ppo

@@ -82,6 +82,8 @@ class PackedGroup:
         self.b_t = torch.zeros(slots, 0, self.out, dtype=adapter_dtype, device=base.device)
         self.low_a_t, self.low_b_t = self.a_t, self.b_t  # the apart route's sampling-dtype copies
         self._onednn: OneDnnProduct | None = None
+        # A and B views by (first slot, slots, ranks, exact): made once, not at every product.
+        self._views: dict[tuple[int, int, int, bool], tuple[torch.Tensor, torch.Tensor]] = {}
 
     # ----- slots ----------------------------------------------------------------------------
 
@@ -109,6 +111,7 @@ class PackedGroup:
         self.b_t = b_t
         self.rank = rank
         self._copy_low(slice(None))
+        self._views.clear()
         return True
 
     def load(
@@ -159,6 +162,7 @@ class PackedGroup:
         if self.low_a_t.shape != self.a_t.shape:
             self.low_a_t = self.a_t.to(self.dtype)
             self.low_b_t = self.b_t.to(self.dtype)
+            self._views.clear()
             return
         self.low_a_t[slots] = self.a_t[slots]
         self.low_b_t[slots] = self.b_t[slots]
@@ -223,27 +227,39 @@ class PackedGroup:
     def _add_apart(self, x: torch.Tensor, y: torch.Tensor, groups: RowGroups) -> None:
         """y += each row's `x A^T B^T` from its own slot: float32 (exact) on a step's few
         outputs, in the sampling dtype beyond."""
-        ranks = groups.rank * self.members
         exact = y.numel() <= EXACT_ADAPTER_OUTPUTS
-        a_t, b_t = (self.a_t, self.b_t) if exact else (self.low_a_t, self.low_b_t)
         x = x.float() if exact else x
         if groups.single is not None:
-            k = groups.single
+            a_t, b_t = self._slot_views(groups.single, 0, groups.rank, exact)
             if exact:
-                y.add_(torch.mm(torch.mm(x, a_t[k, :, :ranks]), b_t[k, :ranks]))
+                y.add_(torch.mm(torch.mm(x, a_t), b_t))
             else:
-                y.addmm_(torch.mm(x, a_t[k, :, :ranks]), b_t[k, :ranks])
+                y.addmm_(torch.mm(x, a_t), b_t)
             return
-        span = slice(groups.low, groups.low + groups.blocks)
+        a_t, b_t = self._slot_views(groups.low, groups.blocks, groups.rank, exact)
         shape = (groups.blocks, groups.per)
         rows = x if groups.gather is None else x.index_select(0, groups.gather)
-        blocks = rows.view(*shape, self.inputs)
-        update = torch.bmm(torch.bmm(blocks, a_t[span, :, :ranks]), b_t[span, :ranks])
+        update = torch.bmm(torch.bmm(rows.view(*shape, self.inputs), a_t), b_t)
         if groups.gather is None:
-            y.view(*shape, -1).add_(update)
+            y.view(*shape, self.out).add_(update)
             return
         assert groups.back is not None
         update = update.view(-1, self.out).index_select(0, groups.back)
         if groups.rows is not None:  # some rows are the base model's: no update there
             update = update.new_zeros(len(y), self.out).index_copy_(0, groups.rows, update)
         y.add_(update)
+
+    def _slot_views(
+        self, first: int, count: int, rank: int, exact: bool
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """A^T and B^T over `rank` ranks of slot `first` ([in, ranks], [ranks, out]; count 0)
+        or of slots first .. first + count - 1 ([count, in, ranks], [count, ranks, out])."""
+        key = (first, count, rank, exact)
+        views = self._views.get(key)
+        if views is None:
+            a_t, b_t = (self.a_t, self.b_t) if exact else (self.low_a_t, self.low_b_t)
+            ranks = rank * self.members
+            at = first if count == 0 else slice(first, first + count)
+            views = (a_t[at][..., :ranks], b_t[at][..., :ranks, :])
+            self._views[key] = views
+        return views

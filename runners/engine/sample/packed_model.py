@@ -20,6 +20,7 @@ packed once, and a decode step's threads follow `cpu_products.Threads`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -32,6 +33,9 @@ from runners.engine.sample.packed_group import PackedGroup
 from runners.engine.sample.row_adapters import RowAdapters, group_rows
 from runners.engine.sample.slot_cache import AdapterIndex, SlotCache, supports
 
+# A layer's attention: (layer, q, k, v) -> its output; and what keeps a layer's keys and values.
+Attend = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+Store = Callable[[int, torch.Tensor, torch.Tensor], None]
 _ARCHITECTURES = ("llama", "qwen2", "qwen3")
 _STATIC_ROPE = ("default", "linear", "llama3", "yarn")  # inverse frequencies fixed at load
 
@@ -308,22 +312,17 @@ class PackedModel:
         over before they are read."""
         rows, width = ids.shape
         positions = torch.arange(width, device=ids.device).repeat(rows)
-        rotations = self._rotations(positions)
 
-        def attend(index: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-            q = q.view(rows, width, self.heads, self.head_dim).transpose(1, 2)
-            k = k.reshape(rows, width, self.kv_heads, self.head_dim).transpose(1, 2)
-            v = v.reshape(rows, width, self.kv_heads, self.head_dim).transpose(1, 2)
+        def store(index: int, k: torch.Tensor, v: torch.Tensor) -> None:
             cache.keys[index][:, :, :width].index_copy_(0, slots, k)
             cache.values[index][:, :, :width].index_copy_(0, slots, v)
-            out = F.scaled_dot_product_attention(
-                q, k, v, is_causal=True, scale=self.scaling, enable_gqa=self.heads != self.kv_heads
-            )
-            return out.transpose(1, 2).reshape(rows * width, self.heads * self.head_dim)
 
         tokens = self.rows(adapters.repeated(width))
         hidden = self._layers(
-            F.embedding(ids.reshape(-1), self.embedding), rotations, attend, tokens
+            F.embedding(ids.reshape(-1), self.embedding),
+            self._rotations(positions),
+            self._causal(rows, width, store),
+            tokens,
         )
         picked = hidden.view(rows, width, -1)[torch.arange(rows, device=ids.device), last]
         return self._logits(picked, self.rows(adapters))
@@ -333,22 +332,32 @@ class PackedModel:
         `slot` (-1: the base model): what a request asks of its prompt (prompt logprobs,
         top-k, targets) from the sampler's own weights, no cache written."""
         width = len(ids)
-        tokens = torch.tensor(ids, device=self.device)
         self._rotary_table(width)
-        rotations = self._rotations(torch.arange(width, device=self.device))
+        rows = self.rows(AdapterIndex.of([slot] * width, self.device))
+        hidden = self._layers(
+            F.embedding(torch.tensor(ids, device=self.device), self.embedding),
+            self._rotations(torch.arange(width, device=self.device)),
+            self._causal(1, width, None),
+            rows,
+        )
+        return self._logits(hidden, rows)
+
+    def _causal(self, rows: int, width: int, store: Store | None) -> Attend:
+        """Attention over whole sequences ([rows, width] tokens, causal), handing each layer's
+        keys and values [rows, kv heads, width, head_dim] to `store(layer, k, v)` first."""
 
         def attend(index: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-            q = q.view(1, width, self.heads, self.head_dim).transpose(1, 2)
-            k = k.reshape(1, width, self.kv_heads, self.head_dim).transpose(1, 2)
-            v = v.reshape(1, width, self.kv_heads, self.head_dim).transpose(1, 2)
+            q = q.view(rows, width, self.heads, self.head_dim).transpose(1, 2)
+            k = k.reshape(rows, width, self.kv_heads, self.head_dim).transpose(1, 2)
+            v = v.reshape(rows, width, self.kv_heads, self.head_dim).transpose(1, 2)
+            if store is not None:
+                store(index, k, v)
             out = F.scaled_dot_product_attention(
                 q, k, v, is_causal=True, scale=self.scaling, enable_gqa=self.heads != self.kv_heads
             )
-            return out.transpose(1, 2).reshape(width, self.heads * self.head_dim)
+            return out.transpose(1, 2).reshape(rows * width, self.heads * self.head_dim)
 
-        rows = self.rows(AdapterIndex.of([slot] * width, self.device))
-        hidden = self._layers(F.embedding(tokens, self.embedding), rotations, attend, rows)
-        return self._logits(hidden, rows)
+        return attend
 
     def decode(
         self,
@@ -401,7 +410,7 @@ class PackedModel:
         self,
         h: torch.Tensor,
         rotations: tuple[torch.Tensor, ...],
-        attend,
+        attend: Attend,
         rows: RowAdapters,
     ) -> torch.Tensor:
         """The decoder layers on hidden states [tokens, hidden]; `attend(layer, q, k, v)`
