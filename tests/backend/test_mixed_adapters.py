@@ -218,3 +218,26 @@ def test_slots_are_evicted_least_recently_used_and_never_while_held():
     assert loads == [(0, a.id), (1, b.id), (1, c.id)]
     one = AdapterTable(1, lambda slot, adapter: None, base_takes_slot=True)
     assert one.hold(None) == 0 and one.hold(a) is None  # one slot: the base model takes it
+
+
+def test_a_free_slot_mid_batch_keeps_the_one_adapter_products(shapes, monkeypatch):
+    """A row that finishes at once leaves its slot free mid-batch: the rows beside it, all on
+    one adapter, still take that adapter's own products (a free slot's row, computed and
+    dropped, takes their adapter), not the products for several adapters."""
+    packed = PackedModel(shapes[0]._host, torch.float32, slots=2)
+    packed.load(0, shapes[0]._host.snapshot())
+    seen: list[int | None] = []
+    rows_of = packed.rows
+
+    def spy(adapters: AdapterIndex):
+        rows = rows_of(adapters)
+        if rows.groups is not None:
+            seen.append(rows.groups.single)
+        return rows
+
+    monkeypatch.setattr(packed, "rows", spy)
+    first, middle, last = _rows()
+    middle.max_tokens = 1  # done at its first token: slot 1 is free from the first step
+    _drain(_slot_batch(packed, shapes[0]), [first, middle, last])
+    assert middle.stop_reason == "length" and len(first.tokens) == 12
+    assert seen and set(seen) == {0}

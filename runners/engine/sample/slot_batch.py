@@ -252,7 +252,11 @@ class SlotBatch:
             if self._model.trims and not self._ahead:
                 # The longest row's next position is its length so far: attend that far.
                 columns = max(len(r.prompt) + len(r.tokens) for r in live)
-            values = [-1 if row is None else row.adapter_slot for row in self.rows[:bucket]]
+            # A free slot's row is computed and dropped: it takes the live rows' adapter when
+            # they share one, so a row's numbers do not hang on where the batch has holes.
+            shared = {row.adapter_slot for row in live}
+            free = shared.pop() if len(shared) == 1 else -1
+            values = [free if row is None else row.adapter_slot for row in self.rows[:bucket]]
             adapters = AdapterIndex(self._adapter[:bucket], values, adapted)
             with torch.no_grad():
                 self._step(bucket, passes, columns, adapters)
