@@ -234,10 +234,14 @@ def record_end(
     failure_kind: str | None = None,
     details: str | None = None,
 ) -> bool:
-    """The runner's own end: succeeded, stopped (after SIGTERM) or failed (a caught error)."""
+    """The runner's own end: succeeded, stopped (after SIGTERM) or failed (a caught error).
+    A success keeps the details the run recorded on its way (a resume of its own, say)."""
     if status not in FINISHED:
         raise ValueError(f"{status} is not a final status")
-    return set_status(engine, run_id, status, failure_kind=failure_kind, details=details)
+    fields: dict[str, Any] = {"failure_kind": failure_kind}
+    if details is not None or status != RunStatus.succeeded:
+        fields["details"] = details
+    return set_status(engine, run_id, status, **fields)
 
 
 def count_active(session: Session) -> int:

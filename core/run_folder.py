@@ -60,6 +60,9 @@ class RunFolder:
     def write_resume(self, point: ResumePoint) -> None:
         write_json_atomic(self.path / RESUME_FILE, point.model_dump(mode="json"))
 
+    def clear_resume(self) -> None:
+        (self.path / RESUME_FILE).unlink(missing_ok=True)
+
     def resume_point(self) -> ResumePoint | None:
         try:
             return ResumePoint.model_validate_json((self.path / RESUME_FILE).read_text())

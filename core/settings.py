@@ -173,11 +173,17 @@ class Settings(BaseSettings):
 
     # The Tinker API (server.tinker_api): Tinker SDK scripts trained by the local engine, in
     # the Tinker worker process (runners.tinker_worker).
-    tinker_memory_budget_gb: float = Field(
+    engine_memory_budget_gb: float = Field(
         8.0,
         gt=0,
-        description="Weights of the base models the Tinker worker may hold at once (GiB); a "
-        "session asking for one more model past it is refused, saying what is loaded",
+        validation_alias=AliasChoices(
+            "RLCS_ENGINE_MEMORY_BUDGET_GB",
+            "RLCS_TINKER_MEMORY_BUDGET_GB",
+            "engine_memory_budget_gb",
+        ),
+        description="Weights of the base models the engine host may hold at once (GiB); a "
+        "session or run asking for one more model past it waits or is refused, saying what is "
+        "loaded (RLCS_TINKER_MEMORY_BUDGET_GB, its former name, still works)",
     )
     tinker_session_timeout_s: float = Field(
         60.0,
@@ -201,8 +207,26 @@ class Settings(BaseSettings):
         description="Larger /api/v1 bodies get 413; the SDK is told to cut forward_backward "
         "requests to a quarter of it",
     )
-    tinker_worker_module: str = Field(
-        "runners.tinker_worker", description="python -m <this>: the Tinker API's worker process"
+    engine_host_module: str = Field(
+        "runners.engine_host",
+        description="python -m <this>: the engine host, the one process per var/ folder that "
+        "holds the models for runs, the Tinker API and inference",
+    )
+    run_engine: Literal["shared", "private"] = Field(
+        "shared",
+        description="Where a local run's model lives unless its config says (engine): shared, "
+        "the engine host; private, the run's own process",
+    )
+    engine_client_timeout_s: float = Field(
+        60.0,
+        gt=0,
+        description="A client of the engine host (a run, the server) that sends nothing for "
+        "this long (they beat every 5 s) is released: its models and samplers go",
+    )
+    engine_idle_s: float = Field(
+        600.0,
+        gt=0,
+        description="The engine host exits after this long with no client connected",
     )
 
     # Inference worker.
@@ -450,6 +474,11 @@ class Settings(BaseSettings):
             "RLCS_SAMPLING_DTYPE": self.sampling_dtype,
             "RLCS_ADAPTER_SLOTS": str(self.adapter_slots),
             "RLCS_MAX_LORA_RANK": str(self.max_lora_rank),
+            "RLCS_ENGINE_HOST_MODULE": self.engine_host_module,
+            "RLCS_RUN_ENGINE": self.run_engine,
+            "RLCS_ENGINE_MEMORY_BUDGET_GB": str(self.engine_memory_budget_gb),
+            "RLCS_ENGINE_CLIENT_TIMEOUT_S": str(self.engine_client_timeout_s),
+            "RLCS_ENGINE_IDLE_S": str(self.engine_idle_s),
             "RLCS_MODELS_DIR": str(self.models_dir),
             "RLCS_BACKEND_CALL_TIMEOUT_S": str(self.backend_call_timeout_s),
             "RLCS_TINKER_CREATE_TIMEOUT_S": str(self.tinker_create_timeout_s),

@@ -51,6 +51,12 @@ class TrainingConfig(BaseModel):
     backend: Literal["auto", "local", "tinker"] = Field(
         "auto", description="auto = tinker when TINKER_API_KEY is set, else local"
     )
+    engine: Literal["auto", "shared", "private"] = Field(
+        "auto",
+        description="Where a local run's model lives: shared = the machine's engine host (one "
+        "copy of each base for every run, decoding in shared batches); private = a copy in "
+        "the run's own process; auto = RLCS_RUN_ENGINE (shared)",
+    )
     # Resources a run asks of a Ray cluster (RLCS_LAUNCHER=ray); ignored by local runs.
     num_gpus: float | None = Field(
         None,

@@ -27,6 +27,9 @@ from core.schema import upgrade as upgrade_schema
 from core.settings import PROJECT_ROOT, Settings
 from server import __version__
 from server.deps import Services, require_token
+from server.engine import routes as engine_routes
+from server.engine.link import EngineLink
+from server.engine.service import EngineService
 from server.environments import routes as environment_routes
 from server.environments.atropos_config import describe_atropos
 from server.environments.catalog import Catalog
@@ -93,14 +96,15 @@ def build_services(settings: Settings) -> Services:
     runs_service = RunService(
         settings, engine, configs, metrics, supervisor.launchers, supervisor.wake
     )
-    worker = InferenceWorker(settings)
+    link = EngineLink(settings)
+    worker = InferenceWorker(link)
     inference = InferenceService(settings, engine, configs, runs_service, worker, models)
     streams = StreamSlots(settings.max_streams_per_client)
     sweeps = SweepService(runs_service, configs, metrics)
     hooks = WebhookService(settings, engine, signing_key(settings))
     fanout = FanOut(engine, RunViews(settings, metrics), utcnow, sweep_view=sweeps.get)
     dispatch = WebhookDispatcher(settings, engine, supervisor.leadership, fanout, hooks.secret)
-    tinker = TinkerService(settings, engine)
+    tinker = TinkerService(settings, engine, link)
     rollouts = RolloutService(engine, runs_service)
     supervisor.launchers.register(TinkerLauncher(engine, tinker))
     return Services(
@@ -122,6 +126,8 @@ def build_services(settings: Settings) -> Services:
         webhook_dispatch=dispatch,
         tinker=tinker,
         tinker_rest=TinkerRest(tinker.records),
+        engine_link=link,
+        engine_status=EngineService(link),
     )
 
 
@@ -148,6 +154,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             await svc.webhook_dispatch.stop()
             await svc.supervisor.stop()
             svc.inference.worker.stop()
+            svc.engine_link.close()
             svc.catalog.close()
             svc.metrics.close()
             svc.engine.dispose()
@@ -190,6 +197,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         inference_routes.router_for(settings.inference_max_prompts), dependencies=protected
     )
     app.include_router(openai_routes.router, dependencies=protected)
+    app.include_router(engine_routes.router, dependencies=protected)
     # The Tinker SDK's API: it checks the SDK's key (X-API-Key) instead of our bearer token.
     app.include_router(tinker_routes.router)
     app.include_router(tinker_routes.downloads)

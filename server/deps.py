@@ -9,6 +9,8 @@ from fastapi import Request
 from sqlalchemy.engine import Engine
 
 from core.settings import Settings
+from server.engine.link import EngineLink
+from server.engine.service import EngineService
 from server.environments.catalog import Catalog
 from server.environments.configs import ConfigService
 from server.errors import Forbidden, Unauthorized
@@ -50,6 +52,8 @@ class Services:
     chat: ChatService
     tinker: TinkerService
     tinker_rest: TinkerRest
+    engine_link: EngineLink
+    engine_status: EngineService
 
 
 def services(request: Request) -> Services:

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
+from core import engine_host
 from core.settings import PROJECT_ROOT, Settings
 from server.app import create_app
 
@@ -23,6 +24,30 @@ os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("TINKER_TELEMETRY", "0")
 os.environ.setdefault("OPENREWARD_DISABLE_UPDATE_CHECK", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+@pytest.fixture(autouse=True)
+def _engine_hosts_end(request: pytest.FixtureRequest) -> Iterator[None]:
+    """An engine host outlives the server or run that started it, by design: the ones a test
+    started under its tmp_path are stopped after it (and any left, at the session's end)."""
+    # Asked for now, so that tmp_path is torn down after this fixture, not before it.
+    folder = request.getfixturevalue("tmp_path") if "tmp_path" in request.fixturenames else None
+    yield
+    if folder is not None:
+        stop_engine_hosts(folder)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _engine_hosts_end_with_the_session(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[None]:
+    yield
+    stop_engine_hosts(tmp_path_factory.getbasetemp())
+
+
+def stop_engine_hosts(folder: Path) -> None:
+    for record in folder.glob(f"**/engine/{engine_host.RECORD}"):
+        engine_host.stop(record.parent.parent)
 
 
 @pytest.fixture(scope="session")

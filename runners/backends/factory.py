@@ -17,8 +17,17 @@ def resolve_backend(requested: str, settings: Settings) -> Literal["local", "tin
     return requested  # type: ignore[return-value]
 
 
-def create_service(backend: str, settings: Settings, checkpoint_dir: Path) -> Any:
-    """A tinker-shaped service client; heavy imports happen only for the backend chosen."""
+def create_service(
+    backend: str,
+    settings: Settings,
+    checkpoint_dir: Path,
+    *,
+    engine: str = "private",
+    client: str = "",
+) -> Any:
+    """A tinker-shaped service client; heavy imports happen only for the backend chosen. On
+    the local backend, `engine` "shared" is the engine host (`client` names what it holds
+    there: a run's id), "private" a copy of the engine in this process."""
     if backend == "tinker":
         from runners.backends.tinker_backend import create_tinker_service
 
@@ -26,6 +35,10 @@ def create_service(backend: str, settings: Settings, checkpoint_dir: Path) -> An
         return create_tinker_service(
             key, settings.tinker_base_url, timeout_s=settings.tinker_create_timeout_s
         )
+    if engine == "shared":
+        from runners.backends.engine_backend import EngineService
+
+        return EngineService(settings, client, checkpoint_dir)
     from runners.engine.local import LocalServiceClient
 
     return LocalServiceClient(
@@ -38,3 +51,12 @@ def create_service(backend: str, settings: Settings, checkpoint_dir: Path) -> An
         max_lora_rank=settings.max_lora_rank,
         tokens_per_microbatch=settings.tokens_per_microbatch,
     )
+
+
+def run_engine(requested: str, settings: Settings) -> Literal["shared", "private"]:
+    """A run config's `engine`: auto is RLCS_RUN_ENGINE."""
+    if requested == "auto":
+        return settings.run_engine
+    if requested not in ("shared", "private"):
+        raise ValueError(f"engine must be auto, shared or private, not {requested!r}")
+    return requested  # type: ignore[return-value]

@@ -133,6 +133,12 @@ class LocalServiceClient:
             raise ValueError("create_sampling_client needs model_path or base_model")
         return submit(self._loader, self._base_sampler, base_model, record_stability_info)
 
+    def sampling_load(self) -> tuple[int, int]:
+        """Adapters resident in the samplers' slots, and sample requests waiting for a batch."""
+        from runners.engine.sample.scheduler import loads
+
+        return loads()
+
     def forget(self, client: LocalTrainingClient, cancel_pending: bool = False) -> None:
         """Close a training client (after its queued requests, or dropping them) and free
         what only it used."""

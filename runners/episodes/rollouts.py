@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from core.engine_client import EngineLost
 from environments.base import BaseEnv, Split
 
 log = logging.getLogger(__name__)
@@ -128,7 +129,8 @@ async def collect(
 ) -> Collected:
     """Run episodes from `specs` with `concurrency` workers until `specs` ends or `enough`.
 
-    A failed sample or environment error drops that episode (counted), never the batch.
+    A failed sample or environment error drops that episode (counted), never the batch; the
+    engine host's going (EngineLost) ends the collection.
     """
     out = Collected(episodes=[])
     done = asyncio.Event()
@@ -143,8 +145,8 @@ async def collect(
             try:
                 episode_policy = own(index) if own is not None else policy
                 episode = await run_episode(spec, episode_policy, render, decode, split)
-            except asyncio.CancelledError:
-                raise
+            except (asyncio.CancelledError, EngineLost):
+                raise  # the engine host went: not this episode's failure, the run's
             except Exception as exc:  # an environment or sampler failure loses one episode
                 out.failed += 1
                 out.failed_by_group[spec.group] = out.failed_by_group.get(spec.group, 0) + 1

@@ -1,2 +1,2 @@
-"""`python -m runners.infer`: the inference worker, kept warm by the server; answers test inference
-and chat requests one JSON line at a time."""
+"""Test inference and chat completions on a model: the jobs the engine host answers for the
+server's /test/inference and /v1 (runners/engine_host/inference.py runs them)."""

@@ -1,30 +1,19 @@
-"""The inference worker: `python -m runners.infer`, started by the server (at start-up to warm
-the default model, or on first use).
-
-It keeps models and adapters loaded between requests. Protocol (core.infer_wire, over
-core.child's LineChannel): one job per line in, its answer out (a streamed chat's answer
-preceded by partial lines of new text); a cancel stops that job's local sampling at the next
-decode step. It exits the moment its input closes, busy or not: the server is gone (however
-it died) and nobody waits for the answer. What a library prints goes to the log.
-A request may carry a `deadline` (epoch seconds): local sampling stops there and the answer
-says which responses were cut short, so a client with its own timeout gets an answer.
+"""Inference jobs (core.spec): an environment's prompts answered and scored, a chat completion,
+a warm-up, on the local engine the engine host holds (or on Tinker). Samplers and renderers are
+kept between jobs. A job may carry a `deadline` (epoch seconds): local sampling stops there and
+the answer says which responses were cut short, so a client with its own timeout gets an
+answer; a cancel event stops it the same way.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import sys
 import threading
 import time
-import traceback
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
-
-from core.child import LineChannel
-from core.infer_wire import TO_WORKER, Cancel, Done, Job, Partial, ToWorker
 from core.settings import Settings
 from core.spec import ChatJob, InferenceJob, WarmJob
 from environments.base import BaseEnv, EnvConfig, EnvContext, SingleTurnEnv, Unscorable
@@ -41,10 +30,12 @@ MAX_CACHED_SAMPLERS = 4
 
 
 class Worker:
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, local: Any = None) -> None:
+        """`local`: the engine host's LocalServiceClient (its models, shared with every
+        client); without one, jobs on the local backend get a service of their own."""
         self.settings = settings
         self.context: EnvContext = env_context(settings)
-        self._services: dict[str, Any] = {}
+        self._services: dict[str, Any] = {} if local is None else {"local": local}
         self._samplers: dict[tuple[str, str, str | None], Any] = {}
         self._renderers: dict[str, Renderer] = {}
         self._loading = asyncio.Lock()
@@ -310,84 +301,3 @@ def error_answer(exc: BaseException) -> dict[str, Any]:
         "TinkerUnreachable": "backend",
     }.get(type(exc).__name__, "error")
     return {"ok": False, "kind": kind, "error": f"{type(exc).__name__}: {exc}"}
-
-
-class Inbox:
-    """The worker's input, read on core.child's reading thread, so that a cancel or the end of
-    input is seen even mid-job: jobs queue up for the event loop (a line that is not one, as
-    its error), each with its cancel event made on arrival; a cancel sets its job's event at
-    once (a cancel of a job already answered finds none: it is moot)."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
-        self.jobs: asyncio.Queue[Job | ValidationError] = asyncio.Queue()
-        self._cancels: dict[int, threading.Event] = {}
-        self._lock = threading.Lock()
-
-    def take(self, message: ToWorker) -> None:
-        match message:
-            case Cancel(id=job_id):
-                with self._lock:
-                    event = self._cancels.get(job_id)
-                if event is not None:
-                    log.info("request %s cancelled by the server", job_id)
-                    event.set()
-            case Job(id=job_id):
-                self.cancel_event(job_id)
-                self._loop.call_soon_threadsafe(self.jobs.put_nowait, message)
-
-    def not_a_job(self, _line: str, error: ValidationError) -> None:
-        self._loop.call_soon_threadsafe(self.jobs.put_nowait, error)
-
-    def cancel_event(self, job_id: int) -> threading.Event:
-        with self._lock:
-            return self._cancels.setdefault(job_id, threading.Event())
-
-    def forget(self, job_id: int) -> None:
-        with self._lock:
-            self._cancels.pop(job_id, None)
-
-
-async def serve(worker: Worker, channel: LineChannel) -> None:
-    """Each job in a task of its own, so that concurrent requests reach the engine together
-    (it decodes them as one batch); answers go out as each finishes, by job id."""
-    inbox = Inbox(asyncio.get_running_loop())
-    channel.serve_lines_in_background(TO_WORKER, inbox.take, inbox.not_a_job)
-    running: set[asyncio.Task[None]] = set()
-    while True:
-        item = await inbox.jobs.get()
-        if isinstance(item, ValidationError):
-            channel.send(Done(id=None, body=error_answer(item)))
-            continue
-        task = asyncio.create_task(answer(worker, channel, inbox, item))
-        running.add(task)  # held until done: the loop keeps only weak references to tasks
-        task.add_done_callback(running.discard)
-
-
-async def answer(worker: Worker, channel: LineChannel, inbox: Inbox, item: Job) -> None:
-    try:
-        body = await worker.handle(
-            item.job, inbox.cancel_event(item.id), partial_writer(channel, item.id)
-        )
-    except Exception as exc:
-        log.error("request failed:\n%s", traceback.format_exc())
-        body = error_answer(exc)
-    finally:
-        inbox.forget(item.id)
-    channel.send(Done(id=item.id, body=body))
-
-
-def partial_writer(channel: LineChannel, job_id: int) -> Emit:
-    """Lines of a job's text so far (streamed chat), each before its answer line."""
-    return lambda index, delta: channel.send(Partial(id=job_id, index=index, delta=delta))
-
-
-def main() -> int:
-    channel = LineChannel(prints="log")  # a library's print lands in the log, not the protocol
-    logging.basicConfig(
-        level=logging.INFO,
-        stream=sys.stderr,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
-    asyncio.run(serve(Worker(Settings()), channel))
-    return 0

@@ -5,8 +5,8 @@ Which names resolve, and the defaults, are torch-free facts in `core.model_names
 
 from __future__ import annotations
 
-import os
 import shutil
+import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -154,8 +154,10 @@ def tokenizer_folder(name: str, models_dir: Path) -> str:
         if not (folder / "tokenizer_config.json").is_file():
             from runners.models.tiny import build_tiny_tokenizer
 
-            # Written beside and renamed in, so a reader never sees half a folder.
-            partial = folder.with_name(f"{folder.name}.partial-{os.getpid()}")
+            # Written beside and renamed in, so a reader never sees half a folder (a folder of
+            # its own per writer: threads of one process may write it at once).
+            folder.parent.mkdir(parents=True, exist_ok=True)
+            partial = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f"{folder.name}.partial-"))
             build_tiny_tokenizer().save_pretrained(partial)
             make_portable(partial)
             try:

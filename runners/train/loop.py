@@ -39,6 +39,7 @@ from runners.episodes.render import Renderer
 from runners.episodes.rollouts import Collected, Episode, mean_return
 from runners.episodes.sources import env_context, load_sources
 from runners.train import staleness
+from runners.train.engine_loss import lost_engine, resume_on_a_new_host
 from runners.train.learner import SEQUENCE_ID, TURN, Advantaged, Sequence, assign_advantages
 from runners.train.pipeline import Pipeline
 from runners.train.report import timed
@@ -285,6 +286,9 @@ def main(argv: list[str] | None = None) -> int:
         return asyncio.run(_run(runner_for(settings, folder, spec, engine)))
     except Exception as exc:
         kind, summary = classify(exc)
+        lost = lost_engine(exc)
+        if lost is not None:  # a new host, and this run again from its last checkpoint
+            kind, summary = "engine", resume_on_a_new_host(engine, folder, spec.run_id, lost)
         try:
             lifecycle.record_end(
                 engine, spec.run_id, RunStatus.failed, failure_kind=kind, details=summary

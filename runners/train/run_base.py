@@ -115,7 +115,7 @@ class RunnerBase(Generic[D]):
         driver's data."""
         from tinker import types
 
-        from runners.backends.factory import create_service, resolve_backend
+        from runners.backends.factory import create_service, resolve_backend, run_engine
         from runners.train.report import Reporter
 
         cfg = self.training_config
@@ -129,7 +129,11 @@ class RunnerBase(Generic[D]):
         )
         reporter = Reporter(self.engine, self.settings, self.run_id, self.folder, cfg)
         checkpoints = self.folder.path / "checkpoints"
-        service = reporter.meter.wrap(create_service(backend, self.settings, checkpoints), backend)
+        where = run_engine(cfg.engine, self.settings) if backend == "local" else "private"
+        service = reporter.meter.wrap(
+            create_service(backend, self.settings, checkpoints, engine=where, client=self.run_id),
+            backend,
+        )
         exits.callback(reporter.settle_cost)  # the run's last seconds, however it ends
         training = await self.open_training(service, reporter)
         adam = types.AdamParams(learning_rate=cfg.learning_rate, beta1=0.9, beta2=0.95, eps=1e-8)

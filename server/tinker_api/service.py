@@ -39,6 +39,7 @@ from core.tinker_wire import (
     SaveState,
     Snapshot,
 )
+from server.engine.link import EngineLink
 from server.errors import BadRequest, Gone, NotFound
 from server.tinker_api import paths, schemas
 from server.tinker_api.billing import TinkerBilling
@@ -53,7 +54,7 @@ from server.tinker_api.sessions.session import Model, Sampler, Session
 from server.tinker_api.sessions.sweeper import SessionSweeper
 from server.tinker_api.sessions_view import TinkerSessions
 from server.tinker_api.weights import TinkerWeights, expiry
-from server.tinker_api.worker_client import TinkerWorkerProcess
+from server.tinker_api.worker_client import EngineTinker
 
 log = logging.getLogger(__name__)
 A = TypeVar("A", bound=BaseModel)
@@ -77,10 +78,14 @@ SAMPLE_CONCURRENCY = 256  # in-flight samples per sampling client (each holds a 
 
 class TinkerService:
     def __init__(
-        self, settings: Settings, engine: Engine, clock: Callable[[], float] = time.monotonic
+        self,
+        settings: Settings,
+        engine: Engine,
+        link: EngineLink,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._settings = settings
-        self._hub = SessionHub(settings, engine, clock)
+        self._hub = SessionHub(settings, engine, link, clock)
         self.records: SessionRecords = self._hub.records
         self.signer = DownloadSigner()
         self.weights = TinkerWeights(self.records, self.signer)
@@ -88,7 +93,7 @@ class TinkerService:
         self.billing = TinkerBilling(self.records)
         self._sweeper = SessionSweeper(self._hub, self.weights.expire)
         self.futures: FutureRegistry = self._hub.futures
-        self.worker: TinkerWorkerProcess = self._hub.worker
+        self.worker: EngineTinker = self._hub.worker
 
     # Running in the lifespan -------------------------------------------------------------
 

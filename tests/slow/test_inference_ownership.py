@@ -1,5 +1,6 @@
-"""Inference work has an owner: the worker stops decoding when a request's client goes away or
-its deadline passes, and exits within seconds of its server's death, however the server died.
+"""Inference work has an owner: the engine host stops decoding a request when its client goes
+away or its deadline passes, and stops the server's requests within seconds of its death,
+however the server died (the host itself goes on: runs use it; the next server adopts it).
 SmolLM2 on the CPU decodes slowly enough that a 4,000-token request is still running when
 the test acts."""
 
@@ -14,8 +15,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from core import engine_host
 from core.procs import process_start_time, same_process_alive
-from tests.support.helpers import processes_with, wait_for
+from tests.support.helpers import wait_for
 from tests.support.live_server import LiveServer
 
 LONG = {"prompts": ["Tell me a very long story about a river."], "max_tokens": 4000}
@@ -41,21 +43,20 @@ def serve(tmp_path: Path, prepared_models_dir: Path) -> Iterator[callable]:
 
 
 def warm_worker(server: LiveServer) -> tuple[int, float | None]:
-    """Answer one short request (loading the model), then return the worker's pid and start."""
+    """Answer one short request (loading the model), then return the host's pid and start."""
     httpx.post(f"{server.url}/environments/repeat_word/select", timeout=10).raise_for_status()
     answer = httpx.post(
         f"{server.url}/test/inference", json={"prompts": ["Hi"], "max_tokens": 1}, timeout=300
     )
     assert answer.status_code == 200, answer.text
-    assert server.proc is not None
-    pid = worker_of(server.proc.pid)
+    pid = worker_of(server)
     return pid, process_start_time(pid)
 
 
-def worker_of(server_pid: int) -> int:
-    workers = processes_with("runners.infer", parent=server_pid)
-    assert workers, "no inference worker under the server"
-    return workers[0]
+def worker_of(server: LiveServer) -> int:
+    record = engine_host.running(server.var_dir)
+    assert record is not None, "no engine host for the server's var folder"
+    return record.pid
 
 
 def cpu_ticks(pid: int) -> int:
@@ -83,15 +84,25 @@ def post_in_background(server: LiveServer, body: dict, timeout: float) -> thread
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
-def test_the_worker_dies_with_its_server(serve, sig: signal.Signals) -> None:
+def test_the_servers_requests_stop_with_it_and_the_host_is_adopted(
+    serve, sig: signal.Signals
+) -> None:
     server = serve()
     pid, start = warm_worker(server)
     post_in_background(server, LONG, timeout=120)
     wait_for(lambda: busy_share(pid) > 0.3, 30)  # decoding the long request
-    assert server.proc is not None
-    server.proc.send_signal(sig)
-    server.proc.wait(timeout=10)  # SIGTERM: the bounded graceful wait, not the 24-s budget
-    wait_for(lambda: not same_process_alive(pid, start), 5)
+    server.kill(sig, engine=False)  # SIGTERM: the bounded graceful wait, not the 24-s budget
+    wait_for(lambda: busy_share(pid) < 0.1, 10)  # its connection gone: its request stopped
+    assert same_process_alive(pid, start)  # the host goes on (runs would be using it)
+    again = LiveServer(server.var_dir, **server.env_overrides).start(timeout=60)
+    try:
+        answer = httpx.post(
+            f"{again.url}/test/inference", json={"prompts": ["Hi"], "max_tokens": 2}, timeout=60
+        )
+        assert answer.status_code == 200, answer.text
+        assert worker_of(again) == pid  # adopted, not started anew
+    finally:
+        again.kill(signal.SIGKILL)
 
 
 def test_a_request_whose_client_left_is_cancelled(serve) -> None:
@@ -108,7 +119,7 @@ def test_a_request_whose_client_left_is_cancelled(serve) -> None:
         f"{server.url}/test/inference", json={"prompts": ["Hi"], "max_tokens": 2}, timeout=30
     )
     assert answer.status_code == 200, answer.text
-    assert same_process_alive(pid, start) and worker_of(server.proc.pid) == pid
+    assert same_process_alive(pid, start) and worker_of(server) == pid
 
 
 def test_a_request_past_its_deadline_leaves_the_worker_idle(serve) -> None:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import httpx
 
+from core import engine_host
 from core.settings import PROJECT_ROOT
 
 
@@ -26,6 +27,7 @@ class LiveServer:
 
     def __init__(self, var_dir: Path, argv: list[str] | None = None, **env: str) -> None:
         self.var_dir = var_dir
+        self.env_overrides = env  # what a server started again on the same folder is given
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.argv = [
@@ -39,6 +41,7 @@ class LiveServer:
             "RLCS_PORT": str(self.port),
             "RLCS_SUPERVISOR_INTERVAL_S": "0.1",
             "RLCS_INFERENCE_WARMUP": "0",
+            "RLCS_ENGINE_IDLE_S": "5",
             **env,
         }
         for key in ("TINKER_API_KEY", "WANDB_API_KEY", "OPENREWARD_API_KEY", "RLCS_API_TOKEN"):
@@ -69,13 +72,17 @@ class LiveServer:
                 time.sleep(0.1)
         raise RuntimeError("server did not start in time")
 
-    def kill(self, sig: signal.Signals = signal.SIGKILL) -> None:
+    def kill(self, sig: signal.Signals = signal.SIGKILL, engine: bool = True) -> None:
+        """Signal the server and wait for it; then stop its engine host too (which outlives
+        a server by design) unless `engine` is False."""
         if self._api is not None:
             self._api.close()
             self._api = None
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(sig)
             self.proc.wait(timeout=30)
+        if engine:
+            engine_host.stop(self.var_dir)
 
     @property
     def api(self) -> httpx.Client:

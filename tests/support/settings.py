@@ -19,6 +19,9 @@ def make_settings(tmp_path: Path, **overrides: object) -> Settings:
         "stop_grace_s": 3.0,
         # Tests that want a warm worker ask for it; others must not load SmolLM2 at start-up.
         "inference_warmup": False,
+        # An engine host a test started ends soon after its last client (tests/conftest.py
+        # stops the ones still there after each test).
+        "engine_idle_s": 5.0,
         # Starlette's TestClient names its host `testserver`; live servers use 127.0.0.1.
         "allowed_hosts": ["testserver", "127.0.0.1", "localhost"],
     }

@@ -1,7 +1,7 @@
 """How sessions end: closed by the script (succeeded, or failed when it raised), stopped
 through our API (the script's next call says so), or settled when the script is killed
-mid-step (its heartbeats stop: its models are freed, nothing of it runs on) or the Tinker worker
-process dies under it; the quiet-session rule with an injected clock."""
+mid-step (its heartbeats stop: its models are freed, nothing of it runs on) or the engine host
+dies under it; the quiet-session rule with an injected clock."""
 
 from __future__ import annotations
 
@@ -16,7 +16,9 @@ from pathlib import Path
 import pytest
 import tinker
 
+from core import engine_host
 from core.models import RunStatus
+from server.engine.link import EngineLink
 from server.tinker_api import schemas
 from server.tinker_api.service import TinkerService
 from tests.support.helpers import pid_alive, processes_with, wait_for
@@ -94,20 +96,20 @@ def test_a_script_killed_mid_step_is_settled_and_freed(fragile: LiveServer) -> N
     assert not pid_alive(script.pid)
 
 
-def test_sessions_of_a_dead_worker_are_settled(fragile: LiveServer) -> None:
+def test_sessions_of_a_dead_engine_host_are_settled(fragile: LiveServer) -> None:
     service = tinker.ServiceClient(base_url=fragile.url)
     training = service.create_lora_training_client("tiny-random", rank=4).result(WAIT_S)
     run_id = training.model_id.split(":")[0]
-    assert fragile.proc is not None
-    (worker,) = processes_with("runners.tinker_worker", parent=fragile.proc.pid)
-    os.kill(worker, signal.SIGKILL)
+    host = engine_host.running(fragile.var_dir)
+    assert host is not None
+    os.kill(host.pid, signal.SIGKILL)
     run = wait_for(lambda: (r := run_of(fragile, run_id))["status"] == "failed" and r, 30)
     # The failure kind runs have recorded for it since the process was "the engine".
     assert run["failure_kind"] == "engine" and "exited" in run["details"]
     assert "Last lines of its log" in run["details"]
-    with pytest.raises(tinker.BadRequestError, match="worker process exited"):
+    with pytest.raises(tinker.BadRequestError, match="engine host exited"):
         training.optim_step(ADAM).result(WAIT_S)
-    # A new session gets a new worker.
+    # A new session gets a new host.
     again = tinker.ServiceClient(base_url=fragile.url)
     fresh = again.create_lora_training_client("tiny-random", rank=4).result(WAIT_S)
     assert fresh.forward(datums("cross_entropy"), "cross_entropy").result(WAIT_S)
@@ -124,7 +126,7 @@ def test_a_quiet_session_is_settled_when_its_time_is_up(tmp_path: Path) -> None:
     engine = make_engine(settings.db_url)
     upgrade(engine)
     now = [1000.0]
-    service = TinkerService(settings, engine, clock=lambda: now[0])
+    service = TinkerService(settings, engine, EngineLink(settings), clock=lambda: now[0])
 
     async def scenario() -> tuple[str, str]:
         await service.start()

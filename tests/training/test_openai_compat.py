@@ -187,9 +187,10 @@ def test_a_stream_whose_client_leaves_frees_the_worker(client, server: LiveServe
     wait_for(lambda: next(pieces).choices[0].delta.content, 120)  # the story is under way
     stream.close()
     left = time.monotonic()
-    # The server tells the worker while the story is still being decoded (the worker logs a
-    # cancel only for the request in progress), so the next request does not wait for it.
-    wait_for(lambda: "cancelled by the server" in (server.var_dir / "inference.log").read_text())
+    # The server tells the engine host while the story is still being decoded (the host logs
+    # a cancel only for the request in progress), so the next request does not wait for it.
+    log = server.var_dir / "engine" / "host.log"
+    wait_for(lambda: "cancelled" in log.read_text())
     answer = client.chat.completions.create(model=SMOLLM2, messages=story, max_tokens=2)
     assert answer.choices[0].message.content
     assert time.monotonic() - left < 20  # the request's budget is 24 s

@@ -109,6 +109,15 @@ def scheduler_for(host: ModelHost) -> DecodeScheduler:
         return scheduler
 
 
+def loads() -> tuple[int, int]:
+    """Adapters resident in every live scheduler's slots, and the sample requests waiting for
+    a place in a batch, summed (the engine host's status)."""
+    with _schedulers_lock:
+        schedulers = [s for s in _schedulers.values() if not s.closed]
+    resident = sum(sum(1 for a, _ in s.resident() if a) for s in schedulers)
+    return resident, sum(s.waiting for s in schedulers)
+
+
 def slots_wanted(device: torch.device) -> bool:
     """Slot batches for a transformers module where captured steps pay (CUDA); tests turn
     them on for the CPU too. A packed model always decodes in slot batches."""
@@ -180,6 +189,11 @@ class DecodeScheduler:
         self._queue.put(_STOP)
         if threading.current_thread() is not self._thread:
             self._thread.join(timeout=60)
+
+    @property
+    def waiting(self) -> int:
+        """Requests not yet in the batch (an estimate: read without the thread's lock)."""
+        return len(self._backlog) + self._queue.qsize()
 
     def resident(self) -> list[tuple[int | None, int]]:
         """The adapters in the sampling copy's slots now (id, requests holding it)."""

@@ -23,13 +23,14 @@ from core.model_names import known_models, model_available
 from core.models import RunStatus
 from core.settings import Settings
 from core.tinker_wire import Answer, Failed, Op, Release, Released
+from server.engine.link import EngineLink
 from server.errors import BadRequest, DomainError, NotFound, Unavailable
 from server.tinker_api import paths
 from server.tinker_api.schemas import JsonObject
 from server.tinker_api.sessions.futures import FutureRegistry, Outcome, Pending
 from server.tinker_api.sessions.records import Recorder, SessionRecords
 from server.tinker_api.sessions.session import Model, Session
-from server.tinker_api.worker_client import OnAnswer, TinkerWorkerProcess
+from server.tinker_api.worker_client import EngineTinker, OnAnswer
 
 log = logging.getLogger(__name__)
 A = TypeVar("A", bound=BaseModel)
@@ -38,14 +39,18 @@ MIB = 1 << 20
 
 class SessionHub:
     def __init__(
-        self, settings: Settings, engine: Engine, clock: Callable[[], float] = time.monotonic
+        self,
+        settings: Settings,
+        engine: Engine,
+        link: EngineLink,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.settings = settings
         self.clock = clock
         self.records = SessionRecords(engine, settings.runs_dir)
         self.recorder = Recorder(self.records)
         self.futures = FutureRegistry(clock, settings.tinker_future_ttl_s)
-        self.worker = TinkerWorkerProcess(settings, self._worker_exited)
+        self.worker = EngineTinker(link, self._worker_exited)
         self.sessions: dict[str, Session] = {}
 
     def close(self) -> None:
@@ -113,12 +118,12 @@ class SessionHub:
     def _worker_exited(self, why: str) -> None:
         for session in list(self.sessions.values()):
             if session.uses_worker and session.ended is None:
-                session.uses_worker = False  # its models died with the worker
+                session.uses_worker = False  # its models went with the host
                 self.end(
                     session,
                     RunStatus.failed,
                     "engine",  # the failure kind runs record for it (kept since issue 28)
-                    "the Tinker worker process exited; its models are lost",
+                    "the engine host exited (or cut this server off); its models are lost",
                     why,
                     category="server",
                     release=False,

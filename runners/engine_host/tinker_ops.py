@@ -1,9 +1,10 @@
-"""The Tinker worker's work: training clients and samplers of the local engine, by the ids the
-server gave them. Each request (core.tinker_wire) is dispatched by its type, checked and queued
-on the reading thread, then acknowledged (`Accepted`, so the server's POST can answer 400 for
-a body that does not parse, or `Refused`); its `Done` follows from whichever thread finished
-the work: the request's answer, or `Failed` with Tinker's category (`user` for what the
-caller can fix, `server` for the rest).
+"""One client's Tinker operations in the engine host: training clients and samplers of the local
+engine, by the ids the client gave them (the server's Tinker sessions, a run's models). Each
+request (core.tinker_wire) is dispatched by its type, checked and queued on the connection's
+reading thread, then acknowledged (`Accepted`, so the server's POST can answer 400 for a body
+that does not parse, or `Refused`); its `Done` follows from whichever thread finished the work:
+the request's answer, or `Failed` with Tinker's category (`user` for what the caller can fix,
+`server` for the rest). Whatever the client made goes when it goes (`release_everything`).
 """
 
 from __future__ import annotations
@@ -59,10 +60,10 @@ from runners.engine.local import LocalServiceClient
 from runners.engine.recorded_sequences import UnknownSequence
 from runners.engine.sample.sampler import LocalSamplingClient
 from runners.engine.train.training import LocalTrainingClient
+from runners.engine_host import custom_loss, proto, rollout_text
 from runners.models.loading import tokenizer_folder
-from runners.tinker_worker import custom_loss, proto, rollout_text
 
-log = logging.getLogger("tinker-worker")
+log = logging.getLogger("engine-host.tinker")
 Send = Callable[[BaseModel], None]
 R = TypeVar("R")
 # Failures the caller can fix (bad input, a missing checkpoint, a full memory budget): a
@@ -87,7 +88,7 @@ class Work(Generic[R]):
     answer: Callable[[R], Answer]
 
 
-class TinkerWorker:
+class TinkerOps:
     def __init__(self, service: LocalServiceClient, send: Send) -> None:
         self._service = service
         self._send = send
@@ -111,7 +112,7 @@ class TinkerWorker:
             return
         except Exception as exc:  # a bug here must not take the worker down with it
             log.exception("request %s (%s) failed", request.id, request.op)
-            detail = f"the Tinker worker failed on {request.op}: {type(exc).__name__}"
+            detail = f"the engine host failed on {request.op}: {type(exc).__name__}"
             self._send(Refused(id=request.id, status=500, detail=detail))
             return
         self._send(Accepted(id=request.id))
@@ -128,10 +129,25 @@ class TinkerWorker:
             request_id = None
         self._send(Refused(id=request_id, status=400, detail=f"request: {_message(error)}"))
 
-    def close(self) -> None:
-        self._closer.shutdown(wait=False, cancel_futures=True)
-        self._answering.shutdown(wait=False, cancel_futures=True)
-        self._service.close()
+    def counts(self) -> tuple[int, int]:
+        """Training clients and samplers this client holds now."""
+        with self._lock:
+            return len(self._models), len(self._samplers)
+
+    def release_everything(self) -> None:
+        """The client is gone: its models and samplers go (requests still queued on them
+        never run, the one running finishes), and the sequences and losses of its sessions."""
+        with self._lock:
+            sessions = {session_of(i) for i in [*self._models, *self._samplers, *self._losses]}
+            models, self._models = list(self._models.values()), {}
+            samplers, self._samplers = list(self._samplers.values()), {}
+            self._last_done.clear()
+            self._losses.clear()
+        for session in sessions:
+            self._service.sequences.forget(f"{session}:")
+        self._closer.submit(self._close_all, models, samplers)
+        self._closer.shutdown(wait=False)
+        self._answering.shutdown(wait=False)
 
     def _queue(self, request: Request) -> Work[Any]:
         match request:
@@ -418,7 +434,7 @@ class TinkerWorker:
         with self._lock:
             future = self._models.get(model_id)
         if future is None:
-            raise Refusal(404, f"model_id: no model {model_id} in the Tinker worker")
+            raise Refusal(404, f"model_id: no model {model_id} in the engine host")
         if not future.done() or future.exception() is not None:
             raise Refusal(409, f"model_id: {model_id} is not ready (its creation failed or runs)")
         return future.result()
