@@ -41,13 +41,47 @@ from core.tinker_wire import Op, Reply
 
 log = logging.getLogger(__name__)
 BEAT_S = 5.0
+HANDSHAKE_S = 30.0
+CONNECT_TRIES = 3
 
 
 class EngineLost(RuntimeError):
     """The engine host went while a client used it (what the client made there went too)."""
 
 
-HANDSHAKE_S = 30.0
+def _connect(
+    settings: Settings, hello: Hello, start_timeout_s: float
+) -> tuple[engine_host.HostRecord, LineSocket[FromHost], Welcome]:
+    """A welcomed connection to the host (started if none runs). A host that goes as this
+    client arrives (it was idle, it died) is met by starting or finding the next one."""
+    for attempt in range(CONNECT_TRIES):
+        record = engine_host.ensure(settings, start_timeout_s)
+        try:
+            channel: LineSocket[FromHost] = LineSocket.connect(
+                Path(record.socket), FROM_HOST, f"engine host (pid {record.pid})"
+            )
+        except OSError as exc:
+            why = f"it did not take a connection ({exc})"
+        else:
+            channel.send(hello)
+            try:
+                answer = channel.read_one(HANDSHAKE_S)
+            except (OSError, ValueError) as exc:
+                answer, why = None, f"the handshake broke ({type(exc).__name__}: {exc})"
+            else:
+                why = "it closed the connection"
+            if isinstance(answer, Welcome):
+                return record, channel, answer
+            channel.close()
+            if isinstance(answer, Turned):
+                raise engine_host.HostUnavailable(
+                    f"the engine host turned this client away: {answer.detail}"
+                )
+        log.info("engine host (pid %s): %s; trying again (%s)", record.pid, why, attempt + 1)
+        engine_host.wait_gone(record)
+    raise engine_host.HostUnavailable(
+        f"the engine host could not be reached after {CONNECT_TRIES} tries: {why}"
+    )
 
 
 class EngineClient:
@@ -68,23 +102,9 @@ class EngineClient:
         self._ask_ids = itertools.count(1)
         self._lock = threading.Lock()
         self._gone = threading.Event()
-        record = engine_host.ensure(settings, start_timeout_s)
-        self.record = record
-        try:
-            self._channel: LineSocket[FromHost] = LineSocket.connect(
-                Path(record.socket), FROM_HOST, f"engine host (pid {record.pid})"
-            )
-        except OSError as exc:
-            raise engine_host.HostUnavailable(
-                f"the engine host (pid {record.pid}) did not take a connection: {exc}"
-            ) from exc
-        self._channel.send(Hello(wire=WIRE, client=client, role=role, pid=os.getpid()))
-        answer = self._channel.read_one(HANDSHAKE_S)
-        if not isinstance(answer, Welcome):
-            self._channel.close()
-            detail = answer.detail if isinstance(answer, Turned) else "no welcome"
-            raise engine_host.HostUnavailable(f"the engine host turned this client away: {detail}")
-        self.welcome = answer
+        self.record, self._channel, self.welcome = _connect(
+            settings, Hello(wire=WIRE, client=client, role=role, pid=os.getpid()), start_timeout_s
+        )
 
     def start(
         self,

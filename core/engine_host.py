@@ -130,6 +130,13 @@ def ensure(settings: Settings, timeout_s: float = 120.0) -> HostRecord:
     )
 
 
+def wait_gone(record: HostRecord, timeout_s: float = 10.0) -> None:
+    """Wait (a moment) for a host that turned a client away as it ended to be gone."""
+    deadline = time.monotonic() + timeout_s
+    while record.alive and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
 def stop(var_dir: Path, timeout_s: float = 30.0) -> bool:
     """SIGTERM to the host of `var_dir` and wait for it to end (SIGKILL past `timeout_s`);
     False when none ran."""

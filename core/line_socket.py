@@ -92,6 +92,10 @@ class LineSocket(Generic[In]):
         except OSError:
             pass
         self._sock.close()
+        try:
+            self._reader.close()  # the socket's file is only let go with its reader's
+        except OSError:
+            pass
 
     def _read(
         self,

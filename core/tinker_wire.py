@@ -86,7 +86,10 @@ class LossReady(_Line):
 
 
 class SamplerReady(_Line):
+    """A sampler is open; `base_model` is what it samples on (a saved checkpoint names it)."""
+
     kind: Literal["sampler_ready"] = "sampler_ready"
+    base_model: str = ""
 
 
 class Sampled(_Line):
@@ -112,11 +115,14 @@ class Released(_Line):
 
 
 class Failed(_Line):
-    """The request failed: `user` for what its caller can fix, `server` for the rest."""
+    """The request failed: `user` for what its caller can fix, `server` for the rest;
+    `failure`: the run failure's kind behind it, when it was one (core/failures.py: "model",
+    "checkpoint", "disk_full"), so that a run records it as it would have in-process."""
 
     kind: Literal["failed"] = "failed"
     error: str
     category: Literal["user", "server"]
+    failure: str | None = None
 
 
 Answer = Annotated[

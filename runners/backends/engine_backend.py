@@ -10,6 +10,7 @@ and the runner resumes itself from its last checkpoint on a new host (runners/tr
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import threading
 import weakref
@@ -24,7 +25,9 @@ from tinker.proto.response_conv import (
     deserialize_sample_response,
 )
 
+from core.checkpoint_check import CheckpointUnusable
 from core.engine_client import EngineClient, EngineLost
+from core.model_names import ModelNotAvailable
 from core.settings import Settings
 from core.tinker_wire import (
     Accepted,
@@ -51,6 +54,7 @@ from core.tinker_wire import (
     Stepped,
     Trained,
 )
+from runners.engine.disk_full import DiskFull
 from runners.engine.futures import LocalFuture
 
 
@@ -83,9 +87,8 @@ class _Calls:
         match reply:
             case Refused(id=request_id, detail=detail) if request_id is not None:
                 self._settle(request_id, error=ValueError(detail))
-            case Done(id=request_id, answer=Failed(error=error, category=category)):
-                kind = ValueError if category == "user" else RuntimeError
-                self._settle(request_id, error=kind(error))
+            case Done(id=request_id, answer=Failed(error=error, category=category) as failed):
+                self._settle(request_id, error=_raised(error, category, failed.failure))
             case Done(id=request_id, answer=answer):
                 self._settle(request_id, answer=answer)
             case Accepted():
@@ -114,6 +117,20 @@ class _Calls:
         for future, _ in waiting:
             if not future.done():
                 future.set_exception(EngineLost(why))
+
+
+# The run failures the host reports by kind, raised here as the run would raise them in-process
+# (so it records the same failure_kind).
+_FAILURES: dict[str, type[Exception]] = {
+    kind.category: kind for kind in (ModelNotAvailable, CheckpointUnusable, DiskFull)
+}
+
+
+def _raised(error: str, category: str, failure: str | None) -> Exception:
+    known = _FAILURES.get(failure or "")
+    if known is not None:
+        return known(error)
+    return ValueError(error) if category == "user" else RuntimeError(error)
 
 
 def _expect(kind: type[Any]) -> Callable[[Any], Any]:
@@ -179,10 +196,7 @@ class EngineService:
             raise ValueError("create_sampling_client needs model_path or base_model")
         sampler_id = self.name("sample")
         request = OpenSampler(sampler_id=sampler_id, folder=model_path, base_model=base_model)
-        model = base_model or ""
-        return self.call(
-            request, lambda _: EngineSampling(self, sampler_id, model, tokenizer_of=None)
-        )
+        return self.call(request, lambda ready: self._sampling(sampler_id, ready))
 
     def close(self, *_: Any, **__: Any) -> None:
         """Leave the host: everything this run made there goes."""
@@ -192,6 +206,10 @@ class EngineService:
         """A sampler this run no longer holds: the host frees it (no answer awaited)."""
         if self._calls.lost is None:
             self.call(Release(models=[], samplers=[sampler_id]), lambda answer: answer)
+
+    def _sampling(self, sampler_id: str, ready: Any) -> EngineSampling:
+        ready = _expect(SamplerReady)(ready)
+        return EngineSampling(self, sampler_id, ready.base_model, tokenizer_of=None)
 
     def _training(self, model_id: str, ready: Any) -> EngineTraining:
         ready = _expect(ModelReady)(ready)
@@ -349,21 +367,20 @@ class EngineSampling:
             )
         if self._opened is not None and self._opened.done() and self._opened.exception():
             raise self._opened.exception()  # type: ignore[misc]
+        sequence_ids = [
+            f"{self._service.run_id}:seq:{self.sampler_id}:{next(self._sequences)}"
+            for _ in range(num_samples)
+        ]
         request = Sample(
             sampler_id=self.sampler_id,
-            sequence_ids=[
-                f"{self._service.run_id}:seq:{self.sampler_id}:{next(self._sequences)}"
-                for _ in range(num_samples)
-            ],
+            sequence_ids=sequence_ids,
             record_stability_info=self._record,
             num_samples=num_samples,
             prompt=prompt.model_dump(mode="json"),
             sampling_params=sampling_params.model_dump(mode="json", exclude_none=True),
             prompt_logprobs=include_prompt_logprobs or None,
         )
-        return self._service.call(
-            request, lambda answer: deserialize_sample_response(_expect(Sampled)(answer).output)
-        )
+        return self._service.call(request, lambda answer: _sampled(answer, sequence_ids))
 
     def compute_logprobs(self, prompt: types.ModelInput) -> LocalFuture[list[float | None]]:
         """Logprobs of each prompt token given the ones before it (None for the first)."""
@@ -394,3 +411,14 @@ class EngineSampling:
 
     def get_base_model(self) -> str:
         return self._base_model
+
+
+def _sampled(answer: Any, sequence_ids: list[str]) -> types.SampleResponse:
+    """The host's sample; the protobuf has no sequence ids, so they are the ones this client
+    gave (stable_reinforce's provenance names them)."""
+    response = deserialize_sample_response(_expect(Sampled)(answer).output)
+    sequences = [
+        dataclasses.replace(sequence, sequence_id=sequence_id)
+        for sequence, sequence_id in zip(response.sequences, sequence_ids, strict=True)
+    ]
+    return dataclasses.replace(response, sequences=sequences)

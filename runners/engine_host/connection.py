@@ -145,10 +145,14 @@ class Connection:
             return
         self._ended.set()
         log.info("client %s is gone: releasing what it held", self.name)
-        self._inference.cancel_all(self)
-        self.tinker.release_everything()
-        self.channel.close()
-        self._on_end(self)
+        try:
+            self._inference.cancel_all(self)
+            self.tinker.release_everything()
+        except Exception:  # the host must forget the client whatever went wrong here
+            log.exception("releasing what %s held failed", self.name)
+        finally:
+            self.channel.close()
+            self._on_end(self)
 
     def _turn(self, detail: str) -> None:
         log.warning("turned a client away: %s", detail)

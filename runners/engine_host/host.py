@@ -18,6 +18,7 @@ from runners.engine_host.inference import InferenceLoop
 
 log = logging.getLogger("engine-host")
 WATCH_S = 1.0  # how often the watchdog looks
+ACCEPT_WAKE_S = 1.0
 
 
 class EngineHost:
@@ -50,11 +51,17 @@ class EngineHost:
         welcome = Welcome(
             wire=WIRE, pid=os.getpid(), started_at=self._started_at, device=self._service.device
         )
+        # Woken each second to see whether the host is ending (closing a listener from another
+        # thread does not wake an accept blocked on it).
+        self._listener.settimeout(ACCEPT_WAKE_S)
         while not self._stopping.is_set():
             try:
                 sock, _ = self._listener.accept()
+            except TimeoutError:
+                continue
             except OSError:
                 break  # the listener was closed: the host ends
+            sock.settimeout(None)
             if not same_user(sock):
                 log.warning("refused a connection from another user")
                 sock.close()
@@ -69,7 +76,13 @@ class EngineHost:
             threading.Thread(target=self._open, args=(connection,), daemon=True).start()
 
     def stop(self) -> None:
+        """Take no client more (one that connects now is refused and starts another host once
+        this one has let its lock go), and cut off the ones there."""
         self._stopping.set()
+        try:
+            self._listener.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
         try:
             self._listener.close()
         except OSError:

@@ -23,6 +23,7 @@ from pydantic import BaseModel, ValidationError
 from tinker import types
 
 from core.checkpoint_check import CheckpointUnusable
+from core.failures import RunFailure
 from core.model_names import ModelNotAvailable
 from core.tinker_wire import (
     Accepted,
@@ -330,7 +331,7 @@ class TinkerOps:
         client = self._model(request.model_id)
         future = _guard(client.save_weights_and_get_sampling_client)
         self._new_sampler(request.sampler_id, future)
-        return Work(future, lambda _: SamplerReady())
+        return Work(future, lambda sampler: SamplerReady(base_model=sampler.get_base_model()))
 
     def _open_sampler(self, request: OpenSampler) -> Work[LocalSamplingClient]:
         """A sampler over saved sampler weights or the bare base model; it loads in the
@@ -340,7 +341,7 @@ class TinkerOps:
         )
         future = _guard(lambda: self._service.create_sampling_client(**source))
         self._new_sampler(request.sampler_id, future)
-        return Work(future, lambda _: SamplerReady())
+        return Work(future, lambda sampler: SamplerReady(base_model=sampler.get_base_model()))
 
     def _sample(self, request: Sample) -> Work[types.SampleResponse]:
         with self._lock:
@@ -466,10 +467,11 @@ class TinkerOps:
             try:
                 answer = work.answer(finished.result())
             except USER_ERRORS as exc:
-                answer = Failed(error=_message(exc), category="user")
+                answer = Failed(error=_message(exc), category="user", failure=_failure(exc))
             except Exception as exc:
                 log.error("request %s failed", request_id, exc_info=exc)
-                answer = Failed(error=f"{type(exc).__name__}: {exc}", category="server")
+                error = f"{type(exc).__name__}: {exc}"
+                answer = Failed(error=error, category="server", failure=_failure(exc))
             self._send(Done(id=request_id, answer=answer, run_s=run_s))
 
         work.future.add_done_callback(done)
@@ -509,6 +511,11 @@ def _relay(source: Future[Any], target: LocalFuture[Any]) -> None:
         target.set_exception(error)
     else:
         target.set_result(source.result())
+
+
+def _failure(exc: BaseException) -> str | None:
+    """The run failure's kind `exc` is, if it is one (a model gone, a checkpoint unusable)."""
+    return exc.category if isinstance(exc, RunFailure) else None
 
 
 def _message(exc: BaseException) -> str:

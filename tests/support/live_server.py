@@ -41,7 +41,7 @@ class LiveServer:
             "RLCS_PORT": str(self.port),
             "RLCS_SUPERVISOR_INTERVAL_S": "0.1",
             "RLCS_INFERENCE_WARMUP": "0",
-            "RLCS_ENGINE_IDLE_S": "5",
+            "RLCS_ENGINE_IDLE_S": "60",
             **env,
         }
         for key in ("TINKER_API_KEY", "WANDB_API_KEY", "OPENREWARD_API_KEY", "RLCS_API_TOKEN"):

@@ -21,7 +21,7 @@ def make_settings(tmp_path: Path, **overrides: object) -> Settings:
         "inference_warmup": False,
         # An engine host a test started ends soon after its last client (tests/conftest.py
         # stops the ones still there after each test).
-        "engine_idle_s": 5.0,
+        "engine_idle_s": 60.0,
         # Starlette's TestClient names its host `testserver`; live servers use 127.0.0.1.
         "allowed_hosts": ["testserver", "127.0.0.1", "localhost"],
     }

@@ -1,5 +1,7 @@
 """Crash safety with the real runner: a full disk at a checkpoint, and a run killed in each phase
-or with a corrupted checkpoint resumes from the last complete one."""
+or with a corrupted checkpoint resumes from the last complete one. The paused runner's checkpoint
+hooks are in the run's process: the tests that use them run it with its engine there (private);
+a real full disk reaches runs on the shared engine host too (the tmpfs case)."""
 
 from __future__ import annotations
 
@@ -48,6 +50,7 @@ def test_a_full_disk_at_a_checkpoint_fails_the_run_and_keeps_the_last_one(
         monkeypatch.setenv("FAKE_PAUSE_AT", "training:4")
     else:
         monkeypatch.setenv("FAKE_DISK_FULL_AT", "step-000004/state")
+        overrides["run_engine"] = "private"
     settings = make_settings(tmp_path, **overrides)
     with TestClient(create_app(settings)) as client:
         run_id = start(client, **TINY, total_steps=6, save_every=2)
@@ -81,7 +84,9 @@ def test_a_full_disk_at_a_checkpoint_fails_the_run_and_keeps_the_last_one(
 def test_the_real_runner_killed_in_each_phase_resumes_from_its_last_complete_checkpoint(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    settings = make_settings(tmp_path, runner_module=PAUSED_RUNNER, stop_grace_s=30.0)
+    settings = make_settings(
+        tmp_path, runner_module=PAUSED_RUNNER, stop_grace_s=30.0, run_engine="private"
+    )
     points = ["sampling:3", "training:4", "checkpoint:step-000004/state"]
     with TestClient(create_app(settings)) as client:
         monkeypatch.setenv("FAKE_PAUSE_AT", points[0])
