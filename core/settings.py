@@ -74,7 +74,14 @@ class Settings(BaseSettings):
     )
 
     # Runs.
-    max_concurrent_runs: int = Field(2, ge=1, le=256)
+    max_concurrent_runs: int | None = Field(
+        None,
+        ge=1,
+        le=256,
+        description="Runs active at once (unset: 8 where runs share the engine host, "
+        "RLCS_RUN_ENGINE=shared, whose memory budget admits their base models; 2 where each "
+        "holds its own copy)",
+    )
     stop_grace_s: float = Field(10.0, ge=0.0)
     supervisor_interval_s: float = Field(0.5, gt=0.0)
     leader_poll_s: float = Field(
@@ -216,6 +223,12 @@ class Settings(BaseSettings):
         "shared",
         description="Where a local run's model lives unless its config says (engine): shared, "
         "the engine host; private, the run's own process",
+    )
+    engine_admission_wait_s: float = Field(
+        600.0,
+        ge=0,
+        description="A run whose base model the engine host's memory budget cannot take yet "
+        "waits this long for room (its details say what is loaded), then fails with the reason",
     )
     engine_client_timeout_s: float = Field(
         60.0,
@@ -400,6 +413,13 @@ class Settings(BaseSettings):
             )
         return self
 
+    @property
+    def concurrent_runs(self) -> int:
+        """RLCS_MAX_CONCURRENT_RUNS, or its default for where runs keep their models."""
+        if self.max_concurrent_runs is not None:
+            return self.max_concurrent_runs
+        return 8 if self.run_engine == "shared" else 2
+
     @cached_property
     def db_url(self) -> str:
         return self.database_url or f"sqlite:///{self.var_dir / 'rlcs.db'}"
@@ -478,6 +498,7 @@ class Settings(BaseSettings):
             "RLCS_RUN_ENGINE": self.run_engine,
             "RLCS_ENGINE_MEMORY_BUDGET_GB": str(self.engine_memory_budget_gb),
             "RLCS_ENGINE_CLIENT_TIMEOUT_S": str(self.engine_client_timeout_s),
+            "RLCS_ENGINE_ADMISSION_WAIT_S": str(self.engine_admission_wait_s),
             "RLCS_ENGINE_IDLE_S": str(self.engine_idle_s),
             "RLCS_MODELS_DIR": str(self.models_dir),
             "RLCS_BACKEND_CALL_TIMEOUT_S": str(self.backend_call_timeout_s),

@@ -10,7 +10,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable
+import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Generic, TypeVar
 
@@ -150,8 +151,8 @@ class RunnerBase(Generic[D]):
         own_resume = self.folder.resume_point()  # a new attempt of this run
         wanted = own_resume.state_path if own_resume else cfg.resume_from
         if wanted is None:
-            training = await self._call(
-                service.create_lora_training_client(
+            training = await self._admitted(
+                lambda: service.create_lora_training_client(
                     base_model=cfg.model_name, rank=cfg.lora_rank, seed=cfg.seed
                 ),
                 "create_lora_training_client",
@@ -163,8 +164,9 @@ class RunnerBase(Generic[D]):
                 lifecycle.rewind(self.engine, self.run_id, self.step)
             self.saved_step = self.step
             log.info("resuming from %s at step %s", state_path, self.step)
-            training = await self._call(
-                service.create_training_client_from_state_with_optimizer(state_path), "resume"
+            training = await self._admitted(
+                lambda: service.create_training_client_from_state_with_optimizer(state_path),
+                "resume",
             )
         # Our own earlier attempt logged under this run's W&B id: rewind it to the checkpoint.
         reporter.start_wandb(resume_step=self.step if own_resume else None)
@@ -227,6 +229,28 @@ class RunnerBase(Generic[D]):
     async def _call(self, call: Awaitable[T], what: str) -> T:
         return await bounded(call, self.settings.backend_call_timeout_s, what)
 
+    async def _admitted(self, make: Callable[[], Awaitable[T]], what: str) -> T:
+        """A training client; while the engine host's memory budget cannot take its base
+        model, the run waits (its details saying why) up to RLCS_ENGINE_ADMISSION_WAIT_S,
+        then fails with the reason."""
+        deadline = time.monotonic() + self.settings.engine_admission_wait_s
+        waited = False
+        while True:
+            try:
+                made = await self._call(make(), what)
+            except ValueError as exc:
+                if "memory budget" not in str(exc) or time.monotonic() >= deadline:
+                    raise
+                waited = True
+                note = f"waiting for room in the engine host's memory: {exc}"
+                lifecycle.record_fields(self.engine, self.run_id, details=note)
+                log.warning("%s", note)
+                await asyncio.sleep(ADMISSION_POLL_S)  # another client's release frees it
+                continue
+            if waited:
+                lifecycle.record_fields(self.engine, self.run_id, details=None)
+            return made
+
     async def _until_stopped(self, work: Awaitable[T]) -> T:
         """Await `work`, abandoning it if SIGTERM arrives first."""
         task = asyncio.ensure_future(work)
@@ -238,6 +262,9 @@ class RunnerBase(Generic[D]):
             await asyncio.gather(task, return_exceptions=True)
             raise Stopped
         return task.result()
+
+
+ADMISSION_POLL_S = 5.0  # how often a run waiting for the engine host's memory asks again
 
 
 def step_from_name(path: str) -> int:

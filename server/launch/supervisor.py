@@ -152,7 +152,7 @@ class Supervisor:
 
     def _start_queued(self) -> None:
         with read_session(self._engine) as session:
-            free = self._settings.max_concurrent_runs - lifecycle.count_active(session)
+            free = self._settings.concurrent_runs - lifecycle.count_active(session)
             if free <= 0:
                 return
             queued = session.exec(

@@ -40,7 +40,7 @@ class RunViews:
         if queue is not None:
             position, active = queue
             details = (
-                f"waiting for a slot: {active} of {self._settings.max_concurrent_runs} runs "
+                f"waiting for a slot: {active} of {self._settings.concurrent_runs} runs "
                 f"active (RLCS_MAX_CONCURRENT_RUNS); position {position} in the queue"
             )
         summary = _summary(run, latest.metrics.get("reward_mean"), progress, stalled)

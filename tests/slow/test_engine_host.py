@@ -1,7 +1,8 @@
 """The engine host under faults (issue 43), with real processes and signals: runs training when
 the host is killed resume by themselves from their last checkpoint and end with complete
 histories; a killed run's models are released at once; a client gone silent is released after
-its timeout; a killed server leaves its runs and host working, and the next server adopts them.
+its timeout; a killed server leaves its runs and host working, and the next server adopts them;
+a run whose base the host's memory budget cannot take waits, saying why, then fails with it.
 """
 
 from __future__ import annotations
@@ -128,3 +129,17 @@ def test_engine_lists_the_host(server: LiveServer) -> None:
     assert engine["running"] and engine["pid"] == host_pid(server)
     assert engine["log"].endswith("engine/host.log")
     assert httpx.get(f"{server.url}/engine").status_code == 200
+
+
+def test_a_run_whose_base_the_budget_cannot_take_waits_saying_why_then_fails(
+    tmp_path: Path,
+) -> None:
+    no_room = {"RLCS_ENGINE_MEMORY_BUDGET_GB": "0.00001", "RLCS_ENGINE_ADMISSION_WAIT_S": "3"}
+    with LiveServer(tmp_path / "var", **no_room) as server:
+        run_id = start_run(server.api, **RUN, total_steps=2)
+        wait_for(lambda: "waiting for room" in (run_of(server.api, run_id)["details"] or ""), 120)
+        details = run_of(server.api, run_id)["details"]
+        assert "memory budget" in details and "loaded now" in details, details
+        run = finish_run(server.api, run_id, timeout=120)
+        assert run["status"] == "failed" and "memory budget" in run["error"], run
+        assert engine_host.running(server.var_dir) is not None  # the host itself is fine
