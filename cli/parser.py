@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
-from cli import commands, db, export, infer, mcp, rollouts, runs, sweeps, watch, webhooks
+from cli import commands, db, engine, export, infer, mcp, rollouts, runs, sweeps, watch, webhooks
 from cli.client import DEFAULT_URL, Client
 from cli.exits import EPILOG
 from cli.values import assignment, positive_float
@@ -27,6 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
     _global_options(parser)
     top = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     add(top, "health", commands.health, "server liveness, version, backend and counts")
+    add(top, "engine", engine.show, "the engine host: its models, slots, clients and queue")
 
     envs = top.add_parser("envs", help="list, select and inspect environments")
     env_cmds = envs.add_subparsers(dest="envs_command", metavar="ACTION", required=True)

@@ -330,6 +330,24 @@ def test_try_the_model_on_two_prompts(page: Page, live_server: LiveServer) -> No
     screenshot(page, "try")
 
 
+def test_the_engine_page_shows_the_host_its_models_and_a_running_run(
+    page: Page, live_server: LiveServer, api: httpx.Client
+) -> None:
+    run_id = create_run(api, total_steps=400)
+    try:
+        wait_for(lambda: run_of(api, run_id)["step"] >= 1, RUN_START_S)
+        root = open_route(page, live_server, "engine", "engine")
+        expect(page.locator("a[data-testid=nav-engine]")).to_have_class(re.compile("active"))
+        expect(root.get_by_test_id("engine-summary")).to_contain_text("pid ")
+        expect(root.locator("[data-testid=engine-bases] tr[data-base=tiny-random]")).to_be_visible()
+        client = root.locator(f"[data-testid=engine-clients] tr[data-client='run {run_id}']")
+        expect(client).to_be_visible()
+        expect(client.locator("a")).to_have_attribute("href", f"#/runs/{run_id}")
+        screenshot(page, "engine")
+    finally:
+        stop(api, run_id)
+
+
 def test_connection_indicator_follows_the_server(
     page: Page, tmp_path: Path, console_errors: ConsoleErrors
 ) -> None:

@@ -103,6 +103,32 @@ def test_a_run_goes_through_ray_and_postgresql(
     assert not processes_with(shared)
 
 
+def test_two_runs_on_one_node_share_its_engine_host(
+    tmp_path: Path, ray_head: RayHead, postgres_url: str
+) -> None:
+    """Each node has one engine host (under the runs' var folder there, started by the first
+    run that needs it): two Ray jobs on this one node train on the same host."""
+    with ray_server(tmp_path / "var", ray_head.address, postgres_url) as server:
+        runs = [
+            start_run(server.api, environment="arithmetic", total_steps=300, seed=i, **TINY_RUN)
+            for i in range(2)
+        ]
+        try:
+
+            def both_attached() -> dict | None:
+                engine = server.api.get("/engine").json()
+                names = {c["client"] for c in engine.get("clients", [])}
+                return engine if {f"run {r}" for r in runs} <= names else None
+
+            engine = wait_for(both_attached, 180, every=0.5)
+            assert engine["running"] and [b["name"] for b in engine["bases"]] == ["tiny-random"]
+        finally:
+            for run_id in runs:
+                server.api.post(f"/runs/{run_id}/stop")
+            for run_id in runs:
+                assert finish_run(server.api, run_id, 180)["status"] in ("stopped", "succeeded")
+
+
 def test_stop_ends_stopped_with_a_checkpoint_and_resume_is_a_new_job(
     tmp_path: Path, ray_head: RayHead, postgres_url: str
 ) -> None:

@@ -4,6 +4,7 @@
 
 import { onConnection, ping, setToken, token, whenTokenNeeded } from "/static/js/api.js";
 import * as compare from "/static/js/pages/compare.js";
+import * as engine from "/static/js/pages/engine.js";
 import * as newRun from "/static/js/pages/new_run.js";
 import * as run from "/static/js/pages/run.js";
 import * as runs from "/static/js/pages/runs.js";
@@ -11,7 +12,7 @@ import * as sweep from "/static/js/pages/sweep.js";
 import * as sweeps from "/static/js/pages/sweeps.js";
 import * as tryModel from "/static/js/pages/try.js";
 
-const PAGES = { runs, run, sweeps, sweep, compare, new: newRun, try: tryModel };
+const PAGES = { runs, run, sweeps, sweep, compare, new: newRun, try: tryModel, engine };
 // A page's nav link: a run's page is under Runs, a sweep's under Sweeps.
 const NAV = { run: "runs", sweep: "sweeps" };
 const main = document.getElementById("page");
@@ -26,6 +27,7 @@ function route() {
   else if (parts[0] === "compare") [page, arg] = ["compare", parts[1] || ""];
   else if (parts[0] === "new") [page, arg] = ["new", parts[1] || null];
   else if (parts[0] === "try") page = "try";
+  else if (parts[0] === "engine") page = "engine";
   return { page, arg: arg && decodeURIComponent(arg) };
 }
 
