@@ -1,5 +1,5 @@
 """The Tinker API's overhead: one RL loop run through the API (the real tinker SDK against a
-live `python -m server`, its Tinker worker process doing the work) and in-process on the local
+live `python -m server`, its engine host process doing the work) and in-process on the local
 backend (LocalServiceClient), side by side, the same work in each (same seeds: the same
 tokens are sampled and trained).
 

@@ -4,11 +4,13 @@ hosts on one var/), its log and, where the path is short enough, its socket.
 
 Whoever needs the host first starts it (the server, or a run whose host died while no server
 watched), detached like a run: it outlives its starter and is adopted by the next one through
-its record. Two starters at once start two processes; the lock keeps one, the other exits.
+its record. Starters take turns on `start.lock`, so one starts it and the rest find it running;
+the host's own lock keeps one even so (a starter that gave up waiting).
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -27,6 +29,7 @@ from core.settings import PROJECT_ROOT, Settings
 RECORD = "host.json"
 LOCK = "host.lock"
 LOG = "host.log"
+START_LOCK = "start.lock"
 _SOCKET_PATH_MAX = 100  # sun_path holds 108 bytes; a longer path goes under the temp folder
 
 
@@ -97,8 +100,15 @@ def ensure(settings: Settings, timeout_s: float = 120.0) -> HostRecord:
     record = running(settings.var_dir)
     if record is not None:
         return record
+    folder(settings.var_dir).mkdir(parents=True, exist_ok=True)
+    # One starter at a time: the others wait here, then find the host it started.
+    with (folder(settings.var_dir) / START_LOCK).open("a") as turn:
+        fcntl.flock(turn, fcntl.LOCK_EX)
+        return running(settings.var_dir) or _start(settings, timeout_s)
+
+
+def _start(settings: Settings, timeout_s: float) -> HostRecord:
     log_path = folder(settings.var_dir) / LOG
-    log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("ab") as log:
         proc = subprocess.Popen(
             [settings.python_executable, "-m", settings.engine_host_module],

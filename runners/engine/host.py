@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from runners.engine import lora
+from runners.engine import heap, lora
 from runners.engine.fair_lock import FairLock
 
 _adapter_ids = count(1)
@@ -140,17 +140,20 @@ class ModelHost:
     def training(self, adapter: LiveAdapter) -> Iterator[nn.Module]:
         """The model with `adapter`'s tensors and gradients in its LoRA parameters, lock held.
         They stay there after (the next client to work swaps them out), so a host with one
-        client never swaps."""
-        with self.lock:
-            if self.active is not adapter:
-                previous = self.active
-                for name, param in self.params.items():
-                    if previous is not None:
-                        previous.grads[name] = param.grad
-                    param.data = adapter.tensors[name]
-                    param.grad = adapter.grads[name]
-                self.active = adapter
-            yield self.model
+        client never swaps. After the pass, its freed activations go back to the system."""
+        try:
+            with self.lock:
+                if self.active is not adapter:
+                    previous = self.active
+                    for name, param in self.params.items():
+                        if previous is not None:
+                            previous.grads[name] = param.grad
+                        param.data = adapter.tensors[name]
+                        param.grad = adapter.grads[name]
+                    self.active = adapter
+                yield self.model
+        finally:
+            heap.give_back_free_memory()
 
     def acquire(self) -> None:
         with self.lock:

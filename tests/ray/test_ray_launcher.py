@@ -118,7 +118,9 @@ def test_two_runs_on_one_node_share_its_engine_host(
             def both_attached() -> dict | None:
                 engine = server.api.get("/engine").json()
                 names = {c["client"] for c in engine.get("clients", [])}
-                return engine if {f"run {r}" for r in runs} <= names else None
+                # A client says hello before its base is loaded: wait for both.
+                attached = {f"run {r}" for r in runs} <= names and engine.get("bases")
+                return engine if attached else None
 
             engine = wait_for(both_attached, 180, every=0.5)
             assert engine["running"] and [b["name"] for b in engine["bases"]] == ["tiny-random"]
