@@ -145,9 +145,11 @@ A = TypeVar("A", bound=BaseModel)
 
 
 class Op(_Line, Generic[A]):
-    """A request whose answer (when it does not fail) is an A. `id` is the worker client's."""
+    """A request whose answer (when it does not fail) is an A. `id` is the worker client's;
+    `op`, each request's literal, discriminates Request."""
 
     id: int = 0
+    op: str
     _answer: ClassVar[type[BaseModel]]
 
     @classmethod

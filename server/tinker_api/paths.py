@@ -4,16 +4,18 @@ A session's id is its run's id, so a model id is `r-3f9c2a1b:train:0` (SDK 0.38 
 from the session and the client's sequence number) and a checkpoint path is
 `tinker://r-3f9c2a1b:train:0/weights/<name>` (or `sampler_weights`), the folder
 `<run folder>/tinker/train-0/<name>/state` (or `sampler`): one mapping, both ways, that holds
-across restarts.
+across restarts. A sampler's id is `r-3f9c2a1b:sample:<seq>`.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from core.checkpoint_check import SAMPLER_KIND, SAMPLER_RECORD, STATE_KIND, STATE_RECORD
+from core.checkpoint_check import RECORDS, SAMPLER_KIND, SAMPLER_RECORD, STATE_KIND, STATE_RECORD
 
 PREFIX = "tinker://"
 MODEL_ID = re.compile(r"^(r-[0-9a-f]{8}):train:(\d{1,6})$")
@@ -68,6 +70,10 @@ def model_id(session_id: str, seq: int) -> str:
     return f"{session_id}:train:{seq}"
 
 
+def sampler_id(session_id: str, seq: int) -> str:
+    return f"{session_id}:sample:{seq}"
+
+
 def parse_model_id(value: str) -> tuple[str, int] | None:
     match = MODEL_ID.match(value)
     return (match[1], int(match[2])) if match else None
@@ -109,3 +115,14 @@ def from_folder(session_id: str, folder: str) -> CheckpointRef | None:
         return None
     seq = model.removeprefix("train-")
     return CheckpointRef(session_id, int(seq), kind, name) if seq.isdigit() else None
+
+
+def read_record(folder: Path, kind: str | None) -> dict[str, Any]:
+    """The record a checkpoint folder holds (`kind`'s, or whichever it has), {} if none reads;
+    blocking (its callers run it in a thread)."""
+    for name in [RECORDS[kind]] if kind else list(RECORDS.values()):
+        try:
+            return dict(json.loads((folder / name).read_text()))
+        except (OSError, ValueError):
+            continue
+    return {}

@@ -82,12 +82,12 @@ async def finish_session(session_id: str, body: schemas.FinishIn, tk: Tk) -> Jso
 
 @router.post("/create_model")
 async def create_model(body: schemas.CreateModelIn, tk: Tk) -> JsonObject:
-    return await tk.create_model(body)
+    return await tk.models.create_model(body)
 
 
 @router.post("/get_info")
 async def get_info(body: schemas.ModelIn, tk: Tk) -> JsonObject:
-    return tk.get_info(body.model_id)
+    return tk.models.get_info(body.model_id)
 
 
 @router.post("/forward_backward")
@@ -100,32 +100,32 @@ async def forward_backward(request: Request, tk: Tk) -> JsonObject:
         )
     if request.headers.get("content-encoding", "identity").lower() not in ("", "identity"):
         raise BadRequest("body: send it uncompressed (this server's client/config asks for that)")
-    return await tk.forward_backward(await request.body())
+    return await tk.models.forward_backward(await request.body())
 
 
 @router.post("/optim_step")
 async def optim_step(body: schemas.OptimStepIn, tk: Tk) -> JsonObject:
-    return await tk.optim_step(body)
+    return await tk.models.optim_step(body)
 
 
 @router.post("/save_weights")
 async def save_weights(body: schemas.SaveWeightsIn, tk: Tk) -> JsonObject:
-    return await tk.save_weights(body)
+    return await tk.models.save_weights(body)
 
 
 @router.post("/save_weights_for_sampler")
 async def save_weights_for_sampler(body: schemas.SaveSamplerIn, tk: Tk) -> JsonObject:
-    return await tk.save_weights_for_sampler(body)
+    return await tk.models.save_weights_for_sampler(body)
 
 
 @router.post("/save_weights_external")
 async def save_weights_external(body: schemas.SaveExternalIn, tk: Tk) -> JsonObject:
-    return await tk.save_weights_external(body)
+    return await tk.models.save_weights_external(body)
 
 
 @router.post("/load_weights")
 async def load_weights(body: schemas.LoadWeightsIn, tk: Tk) -> JsonObject:
-    return await tk.load_weights(body)
+    return await tk.models.load_weights(body)
 
 
 # Sampling ----------------------------------------------------------------------------------
@@ -133,22 +133,22 @@ async def load_weights(body: schemas.LoadWeightsIn, tk: Tk) -> JsonObject:
 
 @router.post("/create_sampling_session")
 async def create_sampling_session(body: schemas.CreateSamplerIn, tk: Tk) -> JsonObject:
-    return await tk.create_sampling_session(body)
+    return await tk.sampling.create_sampling_session(body)
 
 
 @router.get("/samplers/{sampler_id}")
 async def get_sampler(sampler_id: str, tk: Tk) -> JsonObject:
-    return tk.sampler(sampler_id)
+    return tk.sampling.sampler(sampler_id)
 
 
 @router.post("/asample")
 async def asample(body: schemas.SampleIn, tk: Tk) -> JsonObject:
-    return await tk.asample(body)
+    return await tk.sampling.asample(body)
 
 
 @router.post("/join_sampling_session")
 async def join_sampling_session(body: schemas.JoinSamplerIn, tk: Tk) -> JsonObject:
-    return await tk.join_sampling_session(body)
+    return await tk.sampling.join_sampling_session(body)
 
 
 # Futures -----------------------------------------------------------------------------------
@@ -169,7 +169,7 @@ async def retrieve_future(
 
 @router.post("/retrieve_futures")
 async def retrieve_futures(body: schemas.FuturesIn, tk: Tk) -> JsonObject:
-    return await tk.retrieve_futures(body)
+    return await tk.sampling.retrieve_futures(body)
 
 
 @router.post("/cancel_future")
@@ -179,7 +179,7 @@ def cancel_future(body: schemas.CancelIn, tk: Tk) -> JsonObject:
 
 @router.post("/create_custom_loss")
 async def create_custom_loss(body: schemas.CreateLossIn, tk: Tk) -> JsonObject:
-    return await tk.create_custom_loss(body)
+    return await tk.models.create_custom_loss(body)
 
 
 # The RestClient ----------------------------------------------------------------------------

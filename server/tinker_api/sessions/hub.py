@@ -22,7 +22,24 @@ from core.checkpoint_check import STATE_KIND
 from core.model_names import known_models, model_available
 from core.models import RunStatus
 from core.settings import Settings
-from core.tinker_wire import Answer, Failed, Op, Release, Released
+from core.tinker_wire import (
+    Answer,
+    CreateLoss,
+    CreateModel,
+    Failed,
+    ForwardBackward,
+    LoadModel,
+    LoadState,
+    Op,
+    OptimStep,
+    Release,
+    Released,
+    Sample,
+    SaveExternal,
+    SaveSampler,
+    SaveState,
+    Snapshot,
+)
 from server.engine.link import EngineLink
 from server.errors import BadRequest, DomainError, NotFound, Unavailable
 from server.tinker_api import paths
@@ -156,7 +173,6 @@ class SessionHub:
     async def submit(
         self,
         session: Session,
-        kind: str,
         request: Op[A],
         encode: Callable[[A], Outcome],
         target: str | None = None,
@@ -164,17 +180,16 @@ class SessionHub:
     ) -> Pending:
         """A future for a request the worker works on, settled from its answer: `encode`
         turns the request's kind of answer into the future's outcome (`target`: the poll
-        target retrieve_futures reports it to; `request_id`: its id, made by the caller)."""
-        pending = self.futures.new(session.id, kind, target, request_id)
+        target retrieve_futures reports it to; `request_id`: its id, made by the caller).
+        The future's kind (in its id) is the request's: future_kind."""
+        pending = self.futures.new(session.id, future_kind(request), target, request_id)
         submitted = time.time()
         track = str(
             getattr(request, "model_id", None) or getattr(request, "sampler_id", session.id)
         )
 
         def answered(answer: Answer, run_s: float) -> None:
-            session.timed(
-                getattr(request, "op", kind), track, submitted, run_s, isinstance(answer, Failed)
-            )
+            session.timed(request.op, track, submitted, run_s, isinstance(answer, Failed))
             outcome: Outcome
             expected = request.answered_by(answer)
             if isinstance(answer, Failed):
@@ -220,11 +235,12 @@ class SessionHub:
         raise BadRequest(refusal.detail + suffix)
 
     def failed_now(
-        self, session: Session, outcome: Outcome, model_id: str | None = None
+        self, session: Session, kind: str, outcome: Outcome, model_id: str | None = None
     ) -> JsonObject:
         """A request refused before it reached the worker, answered as Tinker does: a failed
-        future (category user), not an HTTP error."""
-        pending = self.futures.new(session.id, "load_weights")
+        future (category user), not an HTTP error; `kind`: the one its request would have had
+        (future_kind)."""
+        pending = self.futures.new(session.id, kind)
         self.futures.settle(pending.request_id, outcome)
         answer: JsonObject = {"request_id": pending.request_id}
         if model_id is not None:
@@ -264,6 +280,26 @@ class SessionHub:
                 f"{field}: {name!r} cannot be trained here: {why}. Models here: {served}, or "
                 "a local folder (GET /api/v1/get_server_capabilities lists them)."
             )
+
+
+def future_kind(request: Op[Any]) -> str:
+    """The kind a request's future has, the middle of its id (`<session>:train:<hex>`): the
+    SDK's operation it serves, which several requests share (a save of any kind is "save")."""
+    match request:
+        case CreateModel():
+            return "create_model"
+        case LoadModel() | LoadState():
+            return "load_weights"
+        case ForwardBackward() | OptimStep():
+            return "train"
+        case SaveState() | SaveSampler() | SaveExternal() | Snapshot():
+            return "save"
+        case Sample():
+            return "sample"
+        case CreateLoss():
+            return "create_custom_loss"
+        case _:
+            return request.op
 
 
 def no_session(session_id: str) -> str:
