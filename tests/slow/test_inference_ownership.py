@@ -71,16 +71,37 @@ def busy_share(pid: int, window_s: float = 0.5) -> float:
     return (cpu_ticks(pid) - before) / TICKS_PER_S / window_s
 
 
-def post_in_background(server: LiveServer, body: dict, timeout: float) -> threading.Thread:
-    def send() -> None:
-        try:
-            httpx.post(f"{server.url}/test/inference", json=body, timeout=timeout)
-        except httpx.HTTPError:
-            pass  # the server died or the client gave up: what the test is about
+class Background(threading.Thread):
+    """A /test/inference request sent from a thread; `outcome`: how it ended (a status and
+    the start of its text, or the error)."""
 
-    thread = threading.Thread(target=send, daemon=True)
+    def __init__(self, server: LiveServer, body: dict, timeout: float) -> None:
+        super().__init__(daemon=True)
+        self.url, self.body, self.timeout = f"{server.url}/test/inference", body, timeout
+        self.outcome = "still waiting"
+
+    def run(self) -> None:
+        try:
+            answer = httpx.post(self.url, json=self.body, timeout=self.timeout)
+            self.outcome = f"{answer.status_code} {answer.text[:300]}"
+        except httpx.HTTPError as exc:
+            self.outcome = repr(exc)  # the server died or the client gave up: what's tested
+
+
+def post_in_background(server: LiveServer, body: dict, timeout: float) -> Background:
+    thread = Background(server, body, timeout)
     thread.start()
     return thread
+
+
+def wait_decoding(pid: int, request: Background) -> None:
+    """Until the host decodes `request` (a request answered first fails, saying how)."""
+
+    def decoding() -> bool:
+        assert request.is_alive(), f"the request ended before it was decoded: {request.outcome}"
+        return busy_share(pid) > 0.3
+
+    wait_for(decoding, 60)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
@@ -89,8 +110,7 @@ def test_the_servers_requests_stop_with_it_and_the_host_is_adopted(
 ) -> None:
     server = serve()
     pid, start = warm_worker(server)
-    post_in_background(server, LONG, timeout=120)
-    wait_for(lambda: busy_share(pid) > 0.3, 30)  # decoding the long request
+    wait_decoding(pid, post_in_background(server, LONG, timeout=120))
     server.kill(sig, engine=False)  # SIGTERM: the bounded graceful wait, not the 24-s budget
     wait_for(lambda: busy_share(pid) < 0.1, 10)  # its connection gone: its request stopped
     assert same_process_alive(pid, start)  # the host goes on (runs would be using it)
@@ -109,7 +129,7 @@ def test_a_request_whose_client_left_is_cancelled(serve) -> None:
     server = serve(RLCS_INFERENCE_BUDGET_S="60", RLCS_INFERENCE_TIMEOUT_S="120")
     pid, start = warm_worker(server)
     client = post_in_background(server, LONG, timeout=3)  # gives up after 3 s
-    wait_for(lambda: busy_share(pid) > 0.3, 30)
+    wait_decoding(pid, client)
     client.join(10)
     gave_up = time.monotonic()
     wait_for(lambda: busy_share(pid) < 0.1, 10)

@@ -53,8 +53,9 @@ def test_bound_zero_gives_the_synchronous_loops_numbers(tclient: TestClient, tmp
     assert any(loss is not None for loss, _ in expected.values())  # something trained
     for step, (loss_sum, reward) in expected.items():
         # Even in float32 a product of one row rounds apart from one of several (gemv and
-        # gemm): the last bits of a logprob, never a sampled token here.
-        assert got[step].get("train/loss_sum") == pytest.approx(loss_sum, rel=1e-5), step
+        # gemm): the last bits of a logprob, never a sampled token here. The loss is a sum of
+        # O(1) terms whose advantages cancel (near 1e-7): its rounding is absolute.
+        assert got[step].get("train/loss_sum") == pytest.approx(loss_sum, rel=1e-5, abs=1e-5), step
         assert got[step]["reward/mean"] == reward, step
         assert "sampler/steps_off_policy" not in got[step]  # a synchronous run: not recorded
 
