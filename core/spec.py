@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 # Whose BaseEnv an environment derives from: ours (environments.base) or Atropos's.
 Framework = Literal["rlcs", "atropos"]
@@ -85,16 +85,25 @@ class ChatMessage(_Frozen):
 
 class ChatJob(_Frozen):
     """One /v1/chat/completions request as the worker receives it: messages in, `n` choices
-    out; with `stream` the worker also writes partial lines of new text as it decodes."""
+    out; with `stream` the worker also writes partial lines of new text as it decodes. A vLLM
+    `generate` request is one too, its prompt given as token ids instead of messages."""
 
     op: Literal["chat"] = "chat"
     model: str
     adapter: str | None = None
     backend: Literal["local", "tinker"]
-    messages: list[ChatMessage] = Field(min_length=1)
+    messages: list[ChatMessage] = Field(default_factory=list)
+    prompt_ids: list[int] | None = Field(
+        None, min_length=1, description="the prompt the caller rendered"
+    )
     max_tokens: int = Field(ge=1)
     temperature: float = Field(ge=0.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
+    top_k: int = Field(-1, ge=-1)
+    stop_token_ids: list[int] = Field(default_factory=list)  # beside the end-of-turn markers
+    # The answer carries the prompt's and each choice's token ids, and then a logprob for
+    # every token id (the text's view leaves out special tokens and those past a stop string).
+    token_ids: bool = False
     n: int = Field(1, ge=1)
     stop: list[str] = Field(default_factory=list)
     logprobs: bool = False
@@ -105,6 +114,12 @@ class ChatJob(_Frozen):
     # the end of turn does not stop (local backend only).
     min_tokens: int = Field(0, ge=0)
     ignore_eos: bool = False
+
+    @model_validator(mode="after")
+    def _one_prompt(self) -> ChatJob:
+        if bool(self.messages) == (self.prompt_ids is not None):
+            raise ValueError("give messages or prompt_ids (one of them)")
+        return self
 
 
 class WarmJob(_Frozen):

@@ -22,6 +22,7 @@ from starlette.exceptions import HTTPException
 from starlette.routing import Route
 
 from core.db import make_engine
+from core.model_names import context_length
 from core.models import utcnow
 from core.schema import upgrade as upgrade_schema
 from core.settings import PROJECT_ROOT, Settings
@@ -121,7 +122,17 @@ def build_services(settings: Settings) -> Services:
         forks=ForkService(runs_service, configs),
         export=ExportService(settings, runs_service, metrics, rollouts),
         rollouts=rollouts,
-        chat=ChatService(settings, ChatModels(engine, configs, inference, models), worker),
+        chat=ChatService(
+            settings,
+            ChatModels(
+                engine,
+                configs,
+                inference,
+                models,
+                context=lambda name: context_length(name, settings.models_dir),
+            ),
+            worker,
+        ),
         webhooks=hooks,
         webhook_dispatch=dispatch,
         tinker=tinker,
@@ -197,6 +208,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         inference_routes.router_for(settings.inference_max_prompts), dependencies=protected
     )
     app.include_router(openai_routes.router, dependencies=protected)
+    app.include_router(openai_routes.inference_router, dependencies=protected)
     app.include_router(engine_routes.router, dependencies=protected)
     # The Tinker SDK's API: it checks the SDK's key (X-API-Key) instead of our bearer token.
     app.include_router(tinker_routes.router)

@@ -83,6 +83,7 @@ class ChatCompletion:
         # With ignore_eos the end-of-turn markers are not stops either (they are the chat's
         # end of sequence); the sampler then also leaves out the model's EOS ids.
         markers = [] if job.ignore_eos else Renderer(self._tokenizer).stop_token_ids()
+        markers = markers + [t for t in job.stop_token_ids if t not in markers]
         stop: list[str] | list[int] = markers
         if job.stop:
             # One list cannot mix ids and strings: the end-of-turn markers go in as text.
@@ -93,7 +94,7 @@ class ChatCompletion:
             max_tokens=job.max_tokens,
             temperature=job.temperature,
             top_p=job.top_p,
-            top_k=-1,
+            top_k=job.top_k,
             stop=stop,
             seed=job.seed,
         )
@@ -101,7 +102,11 @@ class ChatCompletion:
     async def run(self, cancel: Any = None, emit: Emit | None = None) -> dict[str, Any]:
         job = self.job
         started = time.monotonic()
-        prompt = prompt_tokens(self._tokenizer, job.messages)
+        prompt = (
+            job.prompt_ids
+            if job.prompt_ids is not None
+            else prompt_tokens(self._tokenizer, job.messages)
+        )
         deadline = None
         if job.deadline is not None:  # the server stamps wall-clock time; engines use monotonic
             deadline = time.monotonic() + (job.deadline - time.time())
@@ -128,7 +133,7 @@ class ChatCompletion:
             timeout = None if left is None else left + TINKER_MARGIN_S
             response = await bounded(self._sampler.sample(**call_args), timeout, "sample")
         choices = [self._choice(i, seq) for i, seq in enumerate(response.sequences)]
-        return {
+        answer = {
             "ok": True,
             "model": job.model,
             "backend": job.backend,
@@ -136,6 +141,9 @@ class ChatCompletion:
             "choices": choices,
             "latency_s": round(time.monotonic() - started, 3),
         }
+        if job.token_ids:
+            answer["prompt_token_ids"] = list(prompt)
+        return answer
 
     async def _streamed(
         self, call_args: dict[str, Any], streams: list[TextStream], emit: Emit
@@ -179,11 +187,27 @@ class ChatCompletion:
             "tokens": len(tokens),
             "logprobs": None,
         }
+        if self.job.token_ids:
+            choice["token_ids"] = tokens
         if self.job.logprobs:
             logprobs = sequence.logprobs
             values = list(logprobs) if logprobs is not None else [0.0] * len(tokens)
-            choice["logprobs"] = self._logprobs(tokens, values, cut)
+            if self.job.token_ids:
+                choice["logprobs"] = [
+                    self._entry(t, lp) for t, lp in zip(tokens, values, strict=True)
+                ]
+            else:
+                choice["logprobs"] = self._logprobs(tokens, values, cut)
         return choice
+
+    def _entry(self, token: int, logprob: float) -> dict[str, Any]:
+        text = self._tokenizer.decode([token], skip_special_tokens=False)
+        return {
+            "token": text,
+            "logprob": float(logprob),
+            "bytes": list(text.encode("utf-8")),
+            "top_logprobs": [],
+        }
 
     def _logprobs(
         self, tokens: list[int], values: list[float], cut: int | None
@@ -196,13 +220,5 @@ class ChatCompletion:
                 continue
             if cut is not None and len(self.decode(tokens[:k])) >= cut:
                 break
-            text = self._tokenizer.decode([token], skip_special_tokens=False)
-            entries.append(
-                {
-                    "token": text,
-                    "logprob": float(logprob),
-                    "bytes": list(text.encode("utf-8")),
-                    "top_logprobs": [],
-                }
-            )
+            entries.append(self._entry(token, logprob))
         return entries

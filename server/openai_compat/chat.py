@@ -9,7 +9,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from core.infer_wire import Partial
 from core.settings import Settings
@@ -17,6 +17,7 @@ from core.spec import ChatJob, ChatMessage
 from server.errors import InvalidValue, Unavailable
 from server.inference.worker import InferenceWorker
 from server.openai_compat.chat_models import ChatModels, Target, not_found
+from server.openai_compat.generate import GenerateIn, GenerateOut, generate_body, job_fields
 from server.openai_compat.schemas import (
     AssistantMessage,
     ChatCompletionIn,
@@ -38,6 +39,7 @@ class Prepared:
     arrived: float
     completion_id: str
     include_usage: bool
+    prompt_param: str = "messages"  # the field a prompt the sampler refuses came in
 
 
 class ChatService:
@@ -72,9 +74,25 @@ class ChatService:
             deadline=arrived + self._budget_s(),
             min_tokens=body.min_tokens or 0,
             ignore_eos=bool(body.ignore_eos),
+            token_ids=bool(body.return_token_ids),
         )
         usage = bool(body.stream_options and body.stream_options.include_usage)
         return Prepared(target, job, arrived, f"chatcmpl-{uuid.uuid4().hex[:24]}", usage)
+
+    def prepare_generate(self, body: GenerateIn) -> Prepared:
+        """vLLM's generate as a worker job: the prompt's token ids as given (every 4xx here)."""
+        arrived = time.time()
+        target = self.models.resolve(body.model)
+        params = body.sampling_params
+        check_decoding_options(params, target, where="sampling_params.")
+        job = ChatJob(
+            model=target.model,
+            adapter=target.adapter,
+            backend=target.backend,  # type: ignore[arg-type]
+            deadline=arrived + self._budget_s(),
+            **job_fields(body),
+        )
+        return Prepared(target, job, arrived, "", False, prompt_param="token_ids")
 
     def run(
         self,
@@ -92,13 +110,24 @@ class ChatService:
             on_partial=on_partial,
         )
         if not answer.get("ok"):
-            raise worker_error(answer, prepared.target)
+            raise worker_error(answer, prepared.target, prepared.prompt_param)
         return answer
 
     async def complete(
         self, prepared: Prepared, disconnected: Callable[[], Awaitable[bool]]
     ) -> ChatCompletionOut:
         """The whole completion; the worker stops decoding if the client goes away."""
+        return completion_body(prepared, await self.answer(prepared, disconnected))
+
+    async def generate(
+        self, prepared: Prepared, disconnected: Callable[[], Awaitable[bool]]
+    ) -> GenerateOut:
+        return generate_body(await self.answer(prepared, disconnected))
+
+    async def answer(
+        self, prepared: Prepared, disconnected: Callable[[], Awaitable[bool]]
+    ) -> dict[str, Any]:
+        """The worker's whole answer; it stops decoding if the client goes away."""
         abandoned = threading.Event()
         answer = asyncio.ensure_future(asyncio.to_thread(self.run, prepared, abandoned))
         while not answer.done():
@@ -106,30 +135,39 @@ class ChatService:
             if not answer.done() and await disconnected():
                 abandoned.set()
                 break
-        return completion_body(prepared, await answer)
+        return await answer
 
     def _budget_s(self) -> float:
         return min(self._settings.inference_budget_s, self._settings.inference_timeout_s)
 
 
-def check_decoding_options(body: ChatCompletionIn, target: Target) -> None:
+class DecodingOptions(Protocol):
+    """What chat completions and vLLM's generate both carry (their bodies)."""
+
+    min_tokens: int | None
+    ignore_eos: bool | None
+
+    def token_limit(self) -> int: ...
+
+
+def check_decoding_options(body: DecodingOptions, target: Target, where: str = "") -> None:
     """vLLM's min_tokens and ignore_eos: within the token limit, and on the local backend
-    only (hosted Tinker's sampler has neither)."""
+    only (hosted Tinker's sampler has neither). `where`: the fields' prefix in the body."""
     limit = body.token_limit()
     if body.min_tokens is not None and body.min_tokens > limit:
         raise InvalidValue(
-            f"min_tokens: {body.min_tokens} is more than the token limit ({limit}); give at "
-            "most max_tokens (or max_completion_tokens)",
-            param="min_tokens",
+            f"{where}min_tokens: {body.min_tokens} is more than the token limit ({limit}); "
+            "give at most max_tokens (or max_completion_tokens)",
+            param=f"{where}min_tokens",
         )
     if target.backend == "local":
         return
     for name in ("min_tokens", "ignore_eos"):
         if getattr(body, name):
             raise InvalidValue(
-                f"{name}: the {target.backend} backend that serves {target.model_id} does not "
-                "support it; leave it out",
-                param=name,
+                f"{where}{name}: the {target.backend} backend that serves {target.model_id} "
+                "does not support it; leave it out",
+                param=f"{where}{name}",
             )
 
 
@@ -141,6 +179,7 @@ def completion_body(prepared: Prepared, answer: dict[str, Any]) -> ChatCompletio
             message=AssistantMessage(content=c["text"]),
             finish_reason=c["finish_reason"],
             logprobs=ChoiceLogprobs(content=c["logprobs"]) if c["logprobs"] is not None else None,
+            token_ids=c.get("token_ids"),
         )
         for c in answer["choices"]
     ]
@@ -150,6 +189,7 @@ def completion_body(prepared: Prepared, answer: dict[str, Any]) -> ChatCompletio
         model=prepared.target.model_id,
         choices=choices,
         usage=usage(answer),
+        prompt_token_ids=answer.get("prompt_token_ids"),
     )
 
 
@@ -161,12 +201,13 @@ def usage(answer: dict[str, Any]) -> UsageOut:
     )
 
 
-def worker_error(answer: dict[str, Any], target: Target) -> Exception:
+def worker_error(answer: dict[str, Any], target: Target, prompt_param: str) -> Exception:
     kind, error = answer.get("kind"), answer.get("error", "unknown error")
     if kind == "model":
         return not_found(target.model_id, f"its weights do not load ({error})")
     if kind == "backend":
         return Unavailable(f"the {target.backend} backend is not usable for sampling: {error}")
     if error.startswith("ValueError:"):  # the sampler refused the input (say, too long)
-        return InvalidValue(f"messages: {error.removeprefix('ValueError: ')}", param="messages")
+        reason = error.removeprefix("ValueError: ")
+        return InvalidValue(f"{prompt_param}: {reason}", param=prompt_param)
     return Unavailable(f"sampling {target.model_id} failed: {error}")

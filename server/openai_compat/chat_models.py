@@ -48,12 +48,14 @@ class ChatModels:
         inference: InferenceService,
         models: ModelCheck,
         clock: Callable[[], float] = time.time,
+        context: Callable[[str], int | None] = lambda name: None,
     ) -> None:
         self._engine = engine
         self._configs = configs
         self._inference = inference
         self._models = models
         self._started = int(clock())
+        self._context = context  # a base model's context length (its config.json), if known
 
     def resolve(self, model_id: str) -> Target:
         match = RUN_MODEL.match(model_id)
@@ -93,7 +95,21 @@ class ChatModels:
 
     def listing(self) -> list[ModelOut]:
         """OpenAI's model objects: base models, then runs newest first (latest, then steps)."""
-        data = [_model(name, self._started, name, None) for name in self.base_models()]
+        contexts: dict[str, int | None] = {}
+
+        def model(model_id: str, created: int, root: str, parent: str | None) -> ModelOut:
+            if root not in contexts:
+                contexts[root] = self._context(root)
+            return ModelOut(
+                id=model_id,
+                created=created,
+                owned_by=OWNER,
+                root=root,
+                parent=parent,
+                max_model_len=contexts[root],
+            )
+
+        data = [model(name, self._started, name, None) for name in self.base_models()]
         with read_session(self._engine) as session:
             with_samplers = select(Checkpoint.run_id).where(Checkpoint.kind == "sampler")
             runs = session.exec(
@@ -119,9 +135,9 @@ class ChatModels:
             if not steps:
                 continue
             latest = next(iter(steps.values()))
-            data.append(_model(run.id, _epoch(latest), base, None))
+            data.append(model(run.id, _epoch(latest), base, None))
             for step, row in list(steps.items())[:MAX_STEPS_PER_RUN]:
-                data.append(_model(f"{run.id}@step-{step}", _epoch(row), base, run.id))
+                data.append(model(f"{run.id}@step-{step}", _epoch(row), base, run.id))
         return data
 
 
@@ -137,10 +153,6 @@ def not_found(model_id: str, why: str) -> NotFound:
         param="model",
         code="model_not_found",
     )
-
-
-def _model(model_id: str, created: int, root: str, parent: str | None) -> ModelOut:
-    return ModelOut(id=model_id, created=created, owned_by=OWNER, root=root, parent=parent)
 
 
 def _epoch(row: Checkpoint) -> int:

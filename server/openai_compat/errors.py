@@ -13,7 +13,7 @@ from fastapi.responses import JSONResponse, Response
 from server.errors import DomainError, headers_for, status_for
 from server.openai_compat.schemas import OpenAIErrorBody, OpenAIErrorOut
 
-PREFIX = "/v1/"
+PREFIXES = ("/v1/", "/inference/v1/")  # OpenAI's routes and vLLM's generate beside them
 # Answered by our handlers (OpenAI's shape); the middleware's 403/413/415 come before them and
 # keep {"detail"}, as documented for every route. A 503 (with Retry-After) is ours when the
 # inference worker or a backend is down, {"detail"} when the database is busy.
@@ -59,11 +59,12 @@ def validation_error(exc: RequestValidationError) -> JSONResponse:
 
 
 def install(app: FastAPI) -> None:
-    """Answer errors on /v1 paths in OpenAI's shape; call after the app's own handlers."""
+    """Answer errors on /v1 (and /inference/v1) paths in OpenAI's shape; call after the app's
+    own handlers."""
 
     def scoped(original: Handler, convert: Callable[[Any], JSONResponse]) -> Handler:
         async def handle(request: Request, exc: Any) -> Response:
-            if request.url.path.startswith(PREFIX):
+            if request.url.path.startswith(PREFIXES):
                 return convert(exc)
             answer = original(request, exc)
             return answer if isinstance(answer, Response) else await answer
@@ -91,7 +92,7 @@ def _document(app: FastAPI) -> None:
         ref = {"$ref": "#/components/schemas/OpenAIError"}
         either = {"anyOf": [ref, {"$ref": "#/components/schemas/Error"}]}
         for path, item in schema.get("paths", {}).items():
-            if not path.startswith(PREFIX):
+            if not path.startswith(PREFIXES):
                 continue
             for operation in item.values():
                 responses = operation.setdefault("responses", {})

@@ -1,5 +1,6 @@
 """GET /v1/models and POST /v1/chat/completions: an OpenAI-compatible face on base models and
-runs' checkpoints, for OpenAI clients (base_url http://host:port/v1, api_key = the token)."""
+runs' checkpoints, for OpenAI clients (base_url http://host:port/v1, api_key = the token);
+and vLLM's token-in, token-out POST /inference/v1/generate beside it."""
 
 from __future__ import annotations
 
@@ -11,9 +12,11 @@ from fastapi.responses import StreamingResponse
 
 from server.deps import Services, services
 from server.openai_compat.chat_stream import stream
+from server.openai_compat.generate import GenerateIn, GenerateOut
 from server.openai_compat.schemas import ChatCompletionIn, ChatCompletionOut, ModelListOut
 
 router = APIRouter(prefix="/v1", tags=["openai"])
+inference_router = APIRouter(prefix="/inference/v1", tags=["openai"])
 
 CHAT_RESPONSES: dict[int | str, dict[str, Any]] = {
     200: {
@@ -41,3 +44,11 @@ async def chat_completions(
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
     return await svc.chat.complete(prepared, request.is_disconnected)
+
+
+@inference_router.post("/generate")
+async def generate(
+    body: GenerateIn, svc: Annotated[Services, Depends(services)], request: Request
+) -> GenerateOut:
+    prepared = await asyncio.to_thread(svc.chat.prepare_generate, body)
+    return await svc.chat.generate(prepared, request.is_disconnected)

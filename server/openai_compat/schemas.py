@@ -15,18 +15,18 @@ StopText = Annotated[str, StringConstraints(min_length=1, max_length=200)]
 Text = Annotated[str, StringConstraints(max_length=64_000)]
 
 
-class _In(BaseModel):
+class StrictIn(BaseModel):
     # A field we do not know is refused by name rather than silently ignored: the client
     # asked for something (tools, response_format, ...) this server would not do.
     model_config = ConfigDict(extra="forbid")
 
 
-class TextPart(_In):
+class TextPart(StrictIn):
     type: Literal["text"]
     text: Text
 
 
-class ChatMessageIn(_In):
+class ChatMessageIn(StrictIn):
     role: Literal["system", "developer", "user", "assistant"]
     content: Text | list[TextPart] = Field(
         description="The text, or a list of text parts (joined); images are not supported"
@@ -39,11 +39,11 @@ class ChatMessageIn(_In):
         return "".join(part.text for part in self.content)
 
 
-class StreamOptions(_In):
+class StreamOptions(StrictIn):
     include_usage: bool = False
 
 
-class ChatCompletionIn(_In):
+class ChatCompletionIn(StrictIn):
     """OpenAI's chat completion request; `model` is a base model or a run's checkpoint."""
 
     model: str = Field(
@@ -80,12 +80,22 @@ class ChatCompletionIn(_In):
         description="vLLM's: the end of turn does not end a choice (stop strings still do), "
         "so each choice decodes its whole token limit unless a stop string ends it",
     )
+    return_token_ids: bool | None = Field(
+        None,
+        description="vLLM's: the answer carries the prompt's token ids (prompt_token_ids) and "
+        "each choice's (token_ids), and with logprobs an entry for every one of those ids; "
+        "whole completions only",
+    )
     user: str | None = Field(None, max_length=256, description="Accepted and ignored")
     store: bool | None = Field(None, description="Accepted and ignored")
     metadata: dict[str, str] | None = Field(None, description="Accepted and ignored")
 
     @model_validator(mode="after")
     def _supported(self) -> ChatCompletionIn:
+        if self.return_token_ids and self.stream:
+            raise ValueError(
+                "return_token_ids is answered on whole completions here; leave out stream"
+            )
         if (
             self.max_tokens is not None
             and self.max_completion_tokens is not None
@@ -118,6 +128,9 @@ class ModelOut(BaseModel):
     owned_by: str
     root: str = Field(description="The base model")
     parent: str | None = Field(None, description="For a run's checkpoint: the run")
+    max_model_len: int | None = Field(
+        None, description="vLLM's: the base model's context, prompt and completion together"
+    )
 
 
 class ModelListOut(BaseModel):
@@ -147,6 +160,7 @@ class ChoiceOut(BaseModel):
     message: AssistantMessage
     finish_reason: Literal["stop", "length"]
     logprobs: ChoiceLogprobs | None
+    token_ids: list[int] | None = Field(None, description="With return_token_ids")
 
 
 class UsageOut(BaseModel):
@@ -163,6 +177,7 @@ class ChatCompletionOut(BaseModel):
     choices: list[ChoiceOut]
     usage: UsageOut
     system_fingerprint: str | None = None
+    prompt_token_ids: list[int] | None = Field(None, description="With return_token_ids")
 
 
 class OpenAIErrorBody(BaseModel):

@@ -1,6 +1,7 @@
 """The OpenAI-compatible endpoint through the real `openai` client against a live server: a
 short tiny-random run's checkpoints listed and chatted with (n, logprobs, a step, stop
-strings, a stream), bad input in OpenAI's error shape, and the bearer token as api_key."""
+strings, a stream, vLLM's token ids), vLLM's token-in `/inference/v1/generate`, bad input in
+OpenAI's error shape, and the bearer token as api_key."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import httpx
 import openai
 import pytest
 
+from core.model_names import TINY_RANDOM_CONTEXT
 from tests.support.helpers import finish_run, run_of, start_run, wait_for
 from tests.support.live_server import LiveServer
 
@@ -77,7 +79,8 @@ def test_models_lists_the_base_model_and_each_checkpoint(client, runs) -> None:
     assert runs["empty"] not in models  # nothing to sample yet
     assert models[run].object == "model" and models[run].owned_by == "rlcs"
     assert models[run].created > 0
-    assert models[f"{run}@step-1"].model_extra == {"root": "tiny-random", "parent": run}
+    extra = {"root": "tiny-random", "parent": run, "max_model_len": TINY_RANDOM_CONTEXT}
+    assert models[f"{run}@step-1"].model_extra == extra
 
 
 def test_completion_with_n_and_logprobs(client, runs) -> None:
@@ -225,6 +228,80 @@ def test_a_request_is_answered_while_another_is_still_decoding(client, runs) -> 
     assert short.choices[0].message.content is not None
     assert still_decoding
     assert reasons[-1] == "length"
+
+
+def test_token_ids_back_from_chat_and_the_same_tokens_from_generate(client, runs, api) -> None:
+    """vLLM's return_token_ids (what verifiers' v0 trainers read): the prompt's ids and each
+    choice's, a logprob for every id; the same prompt ids and seed through vLLM's generate
+    (what its v1 trainers send) sample the same tokens with the same logprobs."""
+    run = runs["trained"]
+    chat = client.chat.completions.create(
+        model=run,
+        messages=HI,
+        max_completion_tokens=6,
+        n=2,
+        logprobs=True,
+        seed=11,
+        extra_body={"return_token_ids": True},
+    )
+    prompt_ids = chat.model_extra["prompt_token_ids"]
+    assert len(prompt_ids) == chat.usage.prompt_tokens
+    ids = [choice.model_extra["token_ids"] for choice in chat.choices]
+    assert sum(len(i) for i in ids) == chat.usage.completion_tokens
+    for choice, tokens in zip(chat.choices, ids, strict=True):
+        assert 1 <= len(tokens) <= 6 and len(choice.logprobs.content) == len(tokens)
+
+    body = {
+        "model": run,
+        "token_ids": prompt_ids,
+        "sampling_params": {
+            "temperature": 1.0,
+            "max_tokens": 6,
+            "n": 2,
+            "seed": 11,
+            "logprobs": 1,
+            "skip_special_tokens": False,
+            "stop_token_ids": [],
+        },
+    }
+    answer = api.post("/inference/v1/generate", json=body)
+    assert answer.status_code == 200, answer.text
+    generated = answer.json()
+    assert generated["prompt_token_ids"] == prompt_ids
+    assert [c["token_ids"] for c in generated["choices"]] == ids
+    for choice, chatted in zip(generated["choices"], chat.choices, strict=True):
+        entries = choice["logprobs"]["content"]
+        assert [e["token"] for e in entries] == [f"token_id:{t}" for t in choice["token_ids"]]
+        expected = [e.logprob for e in chatted.logprobs.content]
+        assert [e["logprob"] for e in entries] == pytest.approx(expected, abs=1e-5)
+        assert choice["finish_reason"] == chatted.finish_reason
+
+    plain = client.chat.completions.create(model=run, messages=HI, max_tokens=2)
+    assert plain.model_extra.get("prompt_token_ids") is None  # only when asked
+
+
+def test_bad_input_to_generate_names_the_field(api) -> None:
+    good = {"model": "tiny-random", "token_ids": [1, 2, 3]}
+    assert api.post("/inference/v1/generate", json=good).status_code == 200
+    for bad, param in (
+        ({"token_ids": [1, 10**9]}, "token_ids"),  # past the vocabulary: the sampler's check
+        ({"token_ids": [-1]}, "token_ids"),
+        ({"token_ids": []}, "token_ids"),
+        ({"sampling_params": {"logprobs": 5}}, "logprobs"),
+        ({"sampling_params": {"min_p": 0.1}}, "min_p"),
+        ({"sampling_params": {"best_of": 2}}, "best_of"),
+        ({"sampling_params": {"max_tokens": 4, "min_tokens": 5}}, "sampling_params.min_tokens"),
+    ):
+        answer = api.post("/inference/v1/generate", json={**good, **bad})
+        assert answer.status_code == 400, answer.text
+        assert param in answer.json()["error"]["message"], answer.text
+    missing = api.post("/inference/v1/generate", json={**good, "model": "gpt-4o"})
+    assert missing.status_code == 404 and missing.json()["error"]["code"] == "model_not_found"
+    streamed = api.post(
+        "/v1/chat/completions",
+        json={"model": "tiny-random", "messages": HI, "stream": True, "return_token_ids": True},
+    )
+    assert streamed.status_code == 400 and "leave out stream" in streamed.text
 
 
 def test_bad_input_in_openai_error_shape(client, runs, server: LiveServer) -> None:
