@@ -46,6 +46,11 @@ class FairLock:
             else:
                 self._owner = None
 
+    def waiting(self) -> int:
+        """Threads waiting for it now."""
+        with self._mutex:
+            return len(self._waiting)
+
     def __enter__(self) -> bool:
         return self.acquire()
 

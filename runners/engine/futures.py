@@ -46,6 +46,15 @@ def submit(
     executor: concurrent.futures.Executor, fn: Callable[..., T], *args: Any, **kwargs: Any
 ) -> LocalFuture[T]:
     """Run `fn` on `executor` and report its outcome through a LocalFuture."""
+    fut, work = task(fn, *args, **kwargs)
+    executor.submit(work)
+    return fut
+
+
+def task(
+    fn: Callable[..., T], *args: Any, **kwargs: Any
+) -> tuple[LocalFuture[T], Callable[[], None]]:
+    """A future and the call that runs `fn` and settles it (skipped if it was cancelled)."""
     fut: LocalFuture[T] = LocalFuture()
 
     def work() -> None:
@@ -58,5 +67,4 @@ def submit(
         else:
             fut.set_result(value)
 
-    executor.submit(work)
-    return fut
+    return fut, work

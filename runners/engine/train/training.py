@@ -3,7 +3,8 @@
 Requests run one at a time on the client's own worker thread, in submission order, so a loop
 can submit forward_backward and optim_step back to back before waiting on either. Clients on
 one base model share its host; each holds its own adapter, gradients and optimizer state, and
-each request runs whole under the base's lock (two clients' steps never interleave).
+its requests on the model run under the base's lock, a whole step's in one turn (turns.py):
+two clients' steps never interleave.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ import math
 import time
 import uuid
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -21,12 +21,13 @@ from tinker import types
 
 from runners.engine import checkpoints as ckpt
 from runners.engine import lora
-from runners.engine.futures import LocalFuture, submit
+from runners.engine.futures import LocalFuture
 from runners.engine.host import AdapterWeights, LiveAdapter, ModelHost
 from runners.engine.recorded_sequences import SequenceStore
 from runners.engine.train.forward import DatumBatch, run_loss, validate_data
 from runners.engine.train.losses import resolve_config
 from runners.engine.train.microbatch_budget import SMALL_BUDGET
+from runners.engine.train.turns import Hold, TurnWorker
 
 if TYPE_CHECKING:
     from runners.engine.sample.sampler import LocalSamplingClient
@@ -78,7 +79,7 @@ class LocalTrainingClient:
         self._optimizer = torch.optim.AdamW(
             list(host.params.values()), lr=1e-4, betas=(0.9, 0.95), eps=1e-12, weight_decay=0.0
         )
-        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="local-train")
+        self._worker = TurnWorker(host.lock)
         self._closed = False
 
     # ----- training -----------------------------------------------------------------------
@@ -111,7 +112,7 @@ class LocalTrainingClient:
         # Bad input fails here, at the call, as the hosted service refuses it at submission.
         config = resolve_config(loss_fn, loss_fn_config)
         batch = validate_data(data, loss_fn, self._vocab, self._host.max_positions, self._sequences)
-        return submit(self._worker, self._run_forward, batch, loss_fn, config, backward)
+        return self._worker.submit(Hold.MODEL, self._run_forward, batch, loss_fn, config, backward)
 
     def forward_backward_of(
         self,
@@ -135,7 +136,7 @@ class LocalTrainingClient:
             for d in data
         ]
         batch = validate_data(plain, "cross_entropy", self._vocab, self._host.max_positions)
-        return submit(self._worker, self._run_loss_of, batch, loss, backward)
+        return self._worker.submit(Hold.MODEL, self._run_loss_of, batch, loss, backward)
 
     def optim_step(
         self,
@@ -149,7 +150,7 @@ class LocalTrainingClient:
             raise ValueError(
                 f"the local backend implements AdamW only; got {type(params).__name__}"
             )
-        return submit(self._worker, self._run_optim_step, params)
+        return self._worker.submit(Hold.STEP_END, self._run_optim_step, params)
 
     # ----- checkpoints and samplers -----------------------------------------------------------
 
@@ -167,7 +168,9 @@ class LocalTrainingClient:
         in order with this client's other requests: Tinker's rule)."""
         folder = ckpt.checkpoint_folder(self.checkpoint_dir, name, ckpt.STATE_KIND)
         exclusive = refuse_existing and not overwrite
-        return submit(self._worker, self._run_save_state, folder, user_metadata or {}, exclusive)
+        return self._worker.submit(
+            Hold.NONE, self._run_save_state, folder, user_metadata or {}, exclusive
+        )
 
     def save_weights_for_sampler(
         self,
@@ -177,14 +180,16 @@ class LocalTrainingClient:
     ) -> LocalFuture[types.SaveWeightsForSamplerResponse]:
         """A peft adapter folder `<checkpoint_dir>/<name>/sampler/` for sampling later."""
         folder = ckpt.checkpoint_folder(self.checkpoint_dir, name, ckpt.SAMPLER_KIND)
-        return submit(self._worker, self._run_save_sampler, folder, user_metadata or {})
+        return self._worker.submit(Hold.NONE, self._run_save_sampler, folder, user_metadata or {})
 
     def export_adapter(
         self, folder: Path, user_metadata: dict[str, str] | None = None
     ) -> LocalFuture[types.SaveWeightsForSamplerResponse]:
         """The adapter as a peft folder at `folder`, in the sampler checkpoint's format (the
         Tinker API's save_weights_external), in order with this client's other requests."""
-        return submit(self._worker, self._run_save_sampler, Path(folder), user_metadata or {})
+        return self._worker.submit(
+            Hold.NONE, self._run_save_sampler, Path(folder), user_metadata or {}
+        )
 
     def save_weights_and_get_sampling_client(
         self,
@@ -195,7 +200,7 @@ class LocalTrainingClient:
     ) -> LocalFuture[LocalSamplingClient]:
         """A sampler over a snapshot of the current adapter (nothing is written to disk); with
         `record_stability_info`, it records what it samples for stable_reinforce."""
-        return submit(self._worker, self._snapshot_sampler, record_stability_info)
+        return self._worker.submit(Hold.NONE, self._snapshot_sampler, record_stability_info)
 
     def create_sampling_client(
         self,
@@ -214,10 +219,10 @@ class LocalTrainingClient:
 
     def load_state(self, path: str) -> LocalFuture[None]:
         """Adapter weights from a state checkpoint (the optimizer starts fresh)."""
-        return submit(self._worker, self.restore, path, False)
+        return self._worker.submit(Hold.MODEL, self.restore, path, False)
 
     def load_state_with_optimizer(self, path: str) -> LocalFuture[None]:
-        return submit(self._worker, self.restore, path, True)
+        return self._worker.submit(Hold.MODEL, self.restore, path, True)
 
     # ----- information ----------------------------------------------------------------------
 
@@ -361,7 +366,9 @@ class LocalTrainingClient:
         return {name: t.detach() for name, t in self._adapter.tensors.items()}
 
     def _snapshot_sampler(self, record_stability_info: bool) -> LocalSamplingClient:
-        with self._host.lock, torch.no_grad():
+        # No lock: these tensors are this client's, changed only by its own optim_step, which
+        # runs on this thread; another client's training swaps its own into the host.
+        with torch.no_grad():
             frozen = self._host.frozen({n: t.clone() for n, t in self._adapter.tensors.items()})
         return self._new_sampler(self._host, frozen, record_stability_info, self.model_id)
 
