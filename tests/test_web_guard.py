@@ -12,6 +12,7 @@ from fastapi.testclient import TestClient
 from core.settings import Settings
 from server.app import create_app
 from server.guards.web import host_name
+from server.openai_compat.errors import PREFIXES as OPENAI_PREFIXES
 from tests.support.settings import make_settings
 
 LOCAL = "http://127.0.0.1:8080"
@@ -216,8 +217,10 @@ def test_read_tokens_may_watch_but_not_change(tmp_path: Path) -> None:
             resp = client.request(method, path, headers=reader, json={})
             assert resp.status_code == 403, (method, path, resp.text)
             body = resp.json()
-            # /v1 answers in OpenAI's error shape, every other route with {"detail": ...}.
-            message = body["error"]["message"] if path.startswith("/v1/") else body["detail"]
+            # /v1 (and vLLM's generate beside it) answers in OpenAI's error shape, every other
+            # route with {"detail": ...}.
+            openai_shape = path.startswith(OPENAI_PREFIXES)
+            message = body["error"]["message"] if openai_shape else body["detail"]
             assert "read-only (scope: read)" in message
             assert READER not in resp.text and ADMIN not in resp.text
         after = client.get("/config", headers=admin).text, client.get("/runs", headers=admin).text
