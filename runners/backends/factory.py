@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from core.settings import Settings
+
+if TYPE_CHECKING:
+    from runners.engine.local import LocalServiceClient
 
 
 def resolve_backend(requested: str, settings: Settings) -> Literal["local", "tinker"]:
@@ -39,6 +42,13 @@ def create_service(
         from runners.backends.engine_backend import EngineService
 
         return EngineService(settings, client, checkpoint_dir)
+    return local_service(settings, checkpoint_dir)
+
+
+def local_service(
+    settings: Settings, checkpoint_dir: Path, memory_budget_bytes: int | None = None
+) -> LocalServiceClient:
+    """The local engine as the settings configure it (a private run's, or the engine host's)."""
     from runners.engine.local import LocalServiceClient
 
     return LocalServiceClient(
@@ -50,6 +60,7 @@ def create_service(
         adapter_slots=settings.adapter_slots,
         max_lora_rank=settings.max_lora_rank,
         tokens_per_microbatch=settings.tokens_per_microbatch,
+        memory_budget_bytes=memory_budget_bytes,
     )
 
 

@@ -18,7 +18,7 @@ from core import engine_host, procs
 from core.engine_wire import WIRE
 from core.line_socket import listen
 from core.settings import Settings
-from runners.engine.local import LocalServiceClient
+from runners.backends.factory import local_service
 from runners.engine_host.host import EngineHost
 from runners.engine_host.inference import InferenceLoop
 
@@ -44,17 +44,7 @@ def main() -> int:
     path = engine_host.socket_path(settings.var_dir)
     listener = listen(path)
     budget = int(settings.engine_memory_budget_gb * GIB)
-    service = LocalServiceClient(
-        checkpoint_dir=settings.var_dir / "tinker",
-        models_dir=settings.models_dir,
-        device=settings.device,
-        dtype=settings.dtype,
-        sampling_dtype=settings.sampling_dtype,
-        adapter_slots=settings.adapter_slots,
-        max_lora_rank=settings.max_lora_rank,
-        tokens_per_microbatch=settings.tokens_per_microbatch,
-        memory_budget_bytes=budget,
-    )
+    service = local_service(settings, settings.var_dir / "tinker", memory_budget_bytes=budget)
     started_at = time.time()
     host = EngineHost(
         listener,

@@ -9,7 +9,13 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field, model_validator
 
-from server.openai_compat.schemas import DEFAULT_MAX_TOKENS, MAX_CHOICES, MAX_TOKENS, StrictIn
+from server.openai_compat.schemas import (
+    DEFAULT_MAX_TOKENS,
+    MAX_CHOICES,
+    MAX_TOKENS,
+    ModelId,
+    StrictIn,
+)
 
 TokenId = Annotated[int, Field(ge=0)]
 MAX_PROMPT_TOKENS = 128_000
@@ -56,12 +62,7 @@ class GenerateSampling(StrictIn):
 class GenerateIn(StrictIn):
     """A prompt the caller rendered, as token ids, and how to sample its continuations."""
 
-    model: str = Field(
-        min_length=1,
-        max_length=256,
-        description="A base model, a run id (its latest sampler checkpoint) or "
-        "'<run_id>@step-N'; GET /v1/models lists them",
-    )
+    model: ModelId
     token_ids: list[TokenId] = Field(min_length=1, max_length=MAX_PROMPT_TOKENS)
     sampling_params: GenerateSampling = Field(default_factory=GenerateSampling)
     cache_salt: str | None = Field(None, max_length=256, description="Accepted and ignored")

@@ -13,6 +13,15 @@ DEFAULT_MAX_TOKENS = 512
 
 StopText = Annotated[str, StringConstraints(min_length=1, max_length=200)]
 Text = Annotated[str, StringConstraints(max_length=64_000)]
+ModelId = Annotated[
+    str,
+    Field(
+        min_length=1,
+        max_length=256,
+        description="A base model, a run id (its latest sampler checkpoint) or "
+        "'<run_id>@step-N'; GET /v1/models lists them",
+    ),
+]
 
 
 class StrictIn(BaseModel):
@@ -46,12 +55,7 @@ class StreamOptions(StrictIn):
 class ChatCompletionIn(StrictIn):
     """OpenAI's chat completion request; `model` is a base model or a run's checkpoint."""
 
-    model: str = Field(
-        min_length=1,
-        max_length=256,
-        description="A base model, a run id (its latest sampler checkpoint) or "
-        "'<run_id>@step-N'; GET /v1/models lists them",
-    )
+    model: ModelId
     messages: list[ChatMessageIn] = Field(min_length=1, max_length=256)
     max_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS)
     max_completion_tokens: int | None = Field(
