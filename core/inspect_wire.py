@@ -1,8 +1,8 @@
 """What an environment inspector and the server say to each other, one JSON line each: the
 inspector's first line describes the environment's config (or why the file cannot be imported),
 then each `Validate` the server sends gets one answer. Ours (runners.inspector) sends these
-models; the Atropos inspector writes the same JSON with its own stdlib copy
-(runners/atropos/envside/inspect_protocol.py), since nothing of ours imports there.
+models; the Atropos and verifiers inspectors write the same JSON with their own stdlib copy
+(runners/doors/envside/inspect_protocol.py), since nothing of ours imports there.
 """
 
 from __future__ import annotations
@@ -20,9 +20,12 @@ class _Line(BaseModel):
 
 
 class Validate(_Line):
-    """Server to inspector: values to validate as the environment's config validates them."""
+    """Server to inspector: values to validate as the environment's config validates them;
+    with `load`, the environment is also loaded with them as a run would load it (verifiers):
+    a `Failed` answer then says why a run could not start."""
 
     values: dict[str, Any]
+    load: bool = False
 
 
 class Described(_Line):

@@ -92,13 +92,13 @@ def test_an_edited_file_is_inspected_again(client: TestClient, folder: Path) -> 
     assert client.post("/environments/raises/select").status_code == 200
 
 
-def test_the_atropos_inspectors_copy_of_the_protocol_agrees_with_ours() -> None:
-    """runners/atropos/envside/inspect_protocol.py cannot import core (the Atropos inspector
-    loads it by path, in an interpreter with nothing of ours), so it spells the protocol
+def test_the_doors_inspectors_copy_of_the_protocol_agrees_with_ours() -> None:
+    """runners/doors/envside/inspect_protocol.py cannot import core (the Atropos and verifiers
+    inspectors load it by path, in interpreters with nothing of ours), so it spells the protocol
     itself: its answers must read as core.inspect_wire's, and its parent variable be ours."""
     from core.inspect_wire import ANSWER, Failed, plain_error
     from core.procs import PARENT_PID_VARIABLE
-    from runners.atropos.envside import inspect_protocol
+    from runners.doors.envside import inspect_protocol
 
     assert inspect_protocol.PARENT_PID_VARIABLE == PARENT_PID_VARIABLE
     try:

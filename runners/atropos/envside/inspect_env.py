@@ -95,10 +95,10 @@ def validate(config: Any, values: dict[str, Any]) -> dict[str, Any]:
 
 
 def load_protocol() -> Any:
-    """inspect_protocol.py beside this file (stdlib only), loaded by path: nothing of the
+    """runners/doors/envside/inspect_protocol.py (stdlib only), loaded by path: nothing of the
     project is importable in this interpreter, and the project's root on sys.path could shadow
     the environment's own modules (Atropos has an `environments` package too)."""
-    path = Path(__file__).resolve().parent / "inspect_protocol.py"
+    path = Path(__file__).resolve().parents[2] / "doors" / "envside" / "inspect_protocol.py"
     spec = importlib.util.spec_from_file_location("rlcs_inspector_protocol", path)
     if spec is None or spec.loader is None:
         raise ImportError(f"cannot import {path}")

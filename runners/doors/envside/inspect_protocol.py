@@ -1,7 +1,8 @@
-"""The inspector protocol's side in the Atropos inspector (inspect_env.py), stdlib only: its
-interpreter has nothing of the project, so it writes the JSON of core.inspect_wire's models
-itself (a test holds the two together). A first line describes the config (or the import
-error), then one JSON answer per request line. Ours uses core.child's LineChannel instead.
+"""The inspector protocol's side in the Atropos and verifiers inspectors (their inspect_env.py),
+stdlib only: their interpreters have nothing of the project, so it writes the JSON of
+core.inspect_wire's models itself (a test holds the two together). A first line describes the
+config (or the import error), then one JSON answer per request line. Ours uses core.child's
+LineChannel instead.
 """
 
 from __future__ import annotations

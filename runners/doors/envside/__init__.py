@@ -1,0 +1,1 @@
+"""Scripts every door's interpreter runs by path (stdlib only)."""
