@@ -1,5 +1,6 @@
 # Two commands matter: `make serve` and `make test`. Both create .venv and install on first use,
-# and .venv-atropos, the interpreter Atropos environments run in (docs/atropos.md).
+# .venv-atropos, the interpreter Atropos environments run in (docs/atropos.md), and
+# .venv-verifiers, the one verifiers environments run in (docs/verifiers.md).
 # Python 3.11: uv.lock pins what runs the server (Linux x86-64, Python 3.11, the CPU build of torch).
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
@@ -15,12 +16,17 @@ MKDOCS := NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build
 SYNC := $(BIN)/uv sync --locked --compile-bytecode --extra dev --extra all --group models
 # What `make test-fast` leaves out: the test lanes, which tests/conftest.py gives by folder (markers
 # declared in pyproject.toml; tests/tinker_api is slow). The rest: at most 3 minutes on 2 cores.
-NOT_FAST := browser or ray or postgres or install or training or slow or atropos
+NOT_FAST := browser or ray or postgres or install or training or slow or atropos or verifiers
 # A second interpreter for Atropos environments: atroposlib pins nothing and needs transformers
 # 4 (its chat tokenization); ours has 5 and torch. Pinned by its own lock, as uv.lock pins ours.
 ATROPOS_VENV := .venv-atropos
 ATROPOS_STAMP := $(ATROPOS_VENV)/.installed
 ATROPOS_LOCK := runners/atropos/requirements.lock
+# Another for verifiers environments: verifiers pins openai, mcp and websockets apart from ours;
+# 0.3 serves both generations (v0 and v1). Pinned by its own lock.
+VERIFIERS_VENV := .venv-verifiers
+VERIFIERS_STAMP := $(VERIFIERS_VENV)/.installed
+VERIFIERS_LOCK := runners/verifiers/requirements.lock
 # A third, for the Tinker API tests: the oldest tinker SDK the server serves (the protobuf era
 # began with 0.25.0), beside the project's 0.38 (tests/tinker_api/test_sdk_versions.py).
 OLDEST_SDK_VENV := .venv-tinker-oldest
@@ -46,12 +52,17 @@ $(ATROPOS_STAMP): $(ATROPOS_LOCK) | $(BIN)/uv
 	$(BIN)/uv pip sync --quiet --python $(ATROPOS_VENV)/bin/python --compile-bytecode $(ATROPOS_LOCK)
 	touch $(ATROPOS_STAMP)
 
+$(VERIFIERS_STAMP): $(VERIFIERS_LOCK) | $(BIN)/uv
+	test -x $(VERIFIERS_VENV)/bin/python || $(PYTHON) -m venv $(VERIFIERS_VENV)
+	$(BIN)/uv pip sync --quiet --python $(VERIFIERS_VENV)/bin/python --compile-bytecode $(VERIFIERS_LOCK)
+	touch $(VERIFIERS_STAMP)
+
 $(OLDEST_SDK_STAMP): $(OLDEST_SDK_LOCK) | $(BIN)/uv
 	test -x $(OLDEST_SDK_VENV)/bin/python || $(PYTHON) -m venv $(OLDEST_SDK_VENV)
 	$(BIN)/uv pip sync --quiet --python $(OLDEST_SDK_VENV)/bin/python --compile-bytecode $(OLDEST_SDK_LOCK)
 	touch $(OLDEST_SDK_STAMP)
 
-install: $(STAMP) $(ATROPOS_STAMP) $(OLDEST_SDK_STAMP)
+install: $(STAMP) $(ATROPOS_STAMP) $(VERIFIERS_STAMP) $(OLDEST_SDK_STAMP)
 
 # After a change to pyproject.toml's dependencies: pin everything anew (torch: its newest CPU build).
 lock: | $(BIN)/uv
@@ -60,12 +71,14 @@ lock: | $(BIN)/uv
 	$(BIN)/uv pip compile --quiet --python-version 3.11 --python-platform x86_64-unknown-linux-gnu \
 		runners/atropos/requirements.txt -o $(ATROPOS_LOCK)
 	$(BIN)/uv pip compile --quiet --python-version 3.11 --python-platform x86_64-unknown-linux-gnu \
+		runners/verifiers/requirements.txt -o $(VERIFIERS_LOCK)
+	$(BIN)/uv pip compile --quiet --python-version 3.11 --python-platform x86_64-unknown-linux-gnu \
 		tests/tinker_api/sdk_oldest/requirements.txt -o $(OLDEST_SDK_LOCK)
 
-serve: $(STAMP) $(ATROPOS_STAMP)
+serve: $(STAMP) $(ATROPOS_STAMP) $(VERIFIERS_STAMP)
 	$(BIN)/python -m server
 
-test: $(STAMP) $(ATROPOS_STAMP) $(OLDEST_SDK_STAMP)
+test: $(STAMP) $(ATROPOS_STAMP) $(VERIFIERS_STAMP) $(OLDEST_SDK_STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(MKDOCS) --strict --quiet
@@ -95,7 +108,7 @@ docs: $(STAMP)
 	$(MKDOCS) --strict
 
 clean:
-	rm -rf $(VENV) $(ATROPOS_VENV) $(OLDEST_SDK_VENV) var site wheels
+	rm -rf $(VENV) $(ATROPOS_VENV) $(VERIFIERS_VENV) $(OLDEST_SDK_VENV) var site wheels
 
 demo: $(STAMP)
 	$(BIN)/python scripts/demo.py

@@ -281,6 +281,18 @@ class Settings(BaseSettings):
         "fails, saying why from the environment's log (it says it is stalled sooner)",
     )
 
+    # verifiers environments (docs/verifiers.md): an interpreter of their own too.
+    verifiers_python: str = Field(
+        str(PROJECT_ROOT / ".venv-verifiers" / "bin" / "python"),
+        description="The Python with verifiers 0.3 that verifiers environments, their "
+        "inspector and a run's driver run in (`make install` makes .venv-verifiers)",
+    )
+    verifiers_start_timeout_s: float = Field(
+        180.0,
+        gt=0,
+        description="Most seconds a verifiers environment may take to load in a run",
+    )
+
     # Prices (docs/runs.md, "What a run cost"): money from what a run spent, on read.
     price_device_hour: float | None = Field(
         None,
@@ -506,6 +518,8 @@ class Settings(BaseSettings):
             "RLCS_ATROPOS_PYTHON": self.atropos_python,
             "RLCS_ATROPOS_START_TIMEOUT_S": str(self.atropos_start_timeout_s),
             "RLCS_ATROPOS_STALL_S": str(self.atropos_stall_s),
+            "RLCS_VERIFIERS_PYTHON": self.verifiers_python,
+            "RLCS_VERIFIERS_START_TIMEOUT_S": str(self.verifiers_start_timeout_s),
             "PYTHONUNBUFFERED": "1",
             "TINKER_TELEMETRY": os.environ.get("TINKER_TELEMETRY", "0"),
             "OPENREWARD_DISABLE_UPDATE_CHECK": "1",

@@ -7,8 +7,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-# Whose BaseEnv an environment derives from: ours (environments.base) or Atropos's.
-Framework = Literal["rlcs", "atropos"]
+# Whose environment it is: ours (environments.base), Atropos's or a verifiers one.
+Framework = Literal["rlcs", "atropos", "verifiers"]
 
 
 class _Frozen(BaseModel):

@@ -37,6 +37,7 @@ from server.environments.catalog import Catalog
 from server.environments.configs import ConfigService
 from server.environments.inspector import Inspectors
 from server.environments.model_check import ModelCheck
+from server.environments.verifiers_config import describe_verifiers
 from server.errors import DomainError, headers_for, status_for
 from server.guards.access import LoopbackUnlessToken, insecure_warning
 from server.guards.validation import (
@@ -88,7 +89,9 @@ def build_services(settings: Settings) -> Services:
     engine = make_engine(settings.db_url, settings.db_busy_timeout_s)
     upgrade_schema(engine)
     catalog = Catalog(
-        settings.environment_dirs, PROJECT_ROOT, Inspectors(settings, describe_atropos)
+        settings.environment_dirs,
+        PROJECT_ROOT,
+        Inspectors(settings, {"atropos": describe_atropos, "verifiers": describe_verifiers}),
     )
     models = ModelCheck.from_settings(settings)
     configs = ConfigService(engine, catalog, models)

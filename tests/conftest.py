@@ -78,6 +78,7 @@ LANE_OF_FOLDER = {
     "tinker_api": "slow",  # our server's Tinker API: the SDK against a live server and engine
     "browser": "browser",
     "atropos": "atropos",
+    "verifiers": "verifiers",
     "ray": "ray",
     "install": "install",
     "postgres": "postgres",
@@ -85,9 +86,19 @@ LANE_OF_FOLDER = {
 }
 LANES = frozenset(LANE_OF_FOLDER.values())
 # Where a test with lane markers of its own belongs, when they name several: the first listed.
-PRECEDENCE = ("gpu", "install", "ray", "browser", "atropos", "postgres", "training", "slow")
+PRECEDENCE = (
+    "gpu",
+    "install",
+    "ray",
+    "browser",
+    "atropos",
+    "verifiers",
+    "postgres",
+    "training",
+    "slow",
+)
 # Folders that are a domain and a lane at once: a test there is in their lane, however marked.
-DOMAIN_LANE_FOLDERS = {"browser", "atropos", "tinker_api"}
+DOMAIN_LANE_FOLDERS = {"browser", "atropos", "verifiers", "tinker_api"}
 TESTS = Path(__file__).parent
 
 

@@ -38,8 +38,10 @@ REMEMBERED = 65_536
 
 @dataclass
 class FaceStats:
-    """What the face served since the last look (the runner reports it per step)."""
+    """What the face served since the last look (the runner reports it per step, under its
+    door's name: atropos/face_requests, verifiers/face_requests)."""
 
+    door: str = "atropos"
     requests: int = 0
     sequences: int = 0
     tokens: int = 0
@@ -49,10 +51,10 @@ class FaceStats:
 
     def take(self) -> dict[str, float]:
         out = {
-            "atropos/face_requests": float(self.requests),
-            "atropos/face_sequences": float(self.sequences),
-            "atropos/face_tokens": float(self.tokens),
-            "atropos/face_refused": float(self.refused),
+            f"{self.door}/face_requests": float(self.requests),
+            f"{self.door}/face_sequences": float(self.sequences),
+            f"{self.door}/face_tokens": float(self.tokens),
+            f"{self.door}/face_refused": float(self.refused),
         }
         self.requests = self.sequences = self.tokens = self.refused = 0
         return out
@@ -70,6 +72,7 @@ class InferenceFace:
         end_ids: list[int],
         model_name: str,
         max_tokens_cap: int | None = None,
+        door: str = "atropos",
     ) -> None:
         self.tokenizer = tokenizer
         self.max_tokens_cap = max_tokens_cap
@@ -78,7 +81,7 @@ class InferenceFace:
         self.end_ids = end_ids
         self.model_name = model_name
         self.key = secrets.token_urlsafe(24)
-        self.stats = FaceStats()
+        self.stats = FaceStats(door)
         self._sampler: Any = None
         self.version = 0
         self.policy_step: int | None = None  # optimizer steps behind the policy served now
@@ -205,6 +208,7 @@ class InferenceFace:
             self.decode,
             self.token_text,
             bool(body.get("logprobs")),
+            prompt if body.get("return_token_ids") else None,
         )
 
     def _openai_sampling(self, body: dict[str, Any], prompt_length: int) -> shapes.Sampling:

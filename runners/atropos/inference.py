@@ -32,7 +32,7 @@ from runners.atropos.env_yaml import server_entries
 from runners.atropos.face import InferenceFace, serving
 from runners.atropos.requests import SamplingDefaults
 from runners.atropos.watch import LogWatch
-from runners.episodes.policy import SamplerPolicy
+from runners.doors.free_prompts import answer_unscored
 from runners.episodes.render import Renderer
 
 UNSCORED = (
@@ -75,27 +75,10 @@ class AtroposInference:
     # Free prompts --------------------------------------------------------------------------
 
     async def _answer(self, prompt: str, index: int) -> dict[str, Any]:
-        renderer = Renderer(self.tokenizer)
         cfg = self.config
-        policy = SamplerPolicy(
-            self.sampler,
-            max_tokens=self.job.max_tokens,
-            temperature=self.job.temperature,
-            top_p=cfg.top_p,
-            top_k=cfg.top_k,
-            stop=self.end_ids,
-            seed=None if self.job.seed is None else self.job.seed + index,
+        return await answer_unscored(
+            self.job, self.sampler, self.tokenizer, prompt, index, cfg.top_p, cfg.top_k, UNSCORED
         )
-        completion = await policy.complete(renderer.prompt_tokens(prompt))
-        return {
-            "prompt": prompt,
-            "response": renderer.decode(completion.tokens),
-            "score": None,
-            "correct": None,
-            "reason": UNSCORED,
-            "truncated": False,
-            "tokens": len(completion.tokens),
-        }
 
     # The environment's own items -----------------------------------------------------------
 

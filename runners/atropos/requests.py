@@ -180,7 +180,10 @@ def chat_answer(
     decode: Any,
     token_text: Any,
     with_logprobs: bool,
+    prompt: list[int] | None = None,
 ) -> dict[str, Any]:
+    """OpenAI's chat answer; with the `prompt` given (vLLM's `return_token_ids`), the prompt's
+    and each choice's token ids too, as verifiers' trainers read them."""
     choices = []
     for index, sequence in enumerate(sequences):
         choice: dict[str, Any] = {
@@ -196,8 +199,10 @@ def chat_answer(
                     for t, lp in zip(sequence.tokens, logprobs_of(sequence), strict=True)
                 ]
             }
+        if prompt is not None:
+            choice["token_ids"] = [int(t) for t in sequence.tokens]
         choices.append(choice)
-    return {
+    answer: dict[str, Any] = {
         "id": f"chatcmpl-{uuid.uuid4().hex}",
         "object": "chat.completion",
         "created": int(time.time()),
@@ -205,6 +210,9 @@ def chat_answer(
         "choices": choices,
         "usage": _usage(sequences, prompt_len),
     }
+    if prompt is not None:
+        answer["prompt_token_ids"] = list(prompt)
+    return answer
 
 
 def completion_answer(

@@ -55,6 +55,8 @@ class Worker:
         started = time.monotonic()
         if job.source.framework == "atropos":
             return await self.atropos(job, started)
+        if job.source.framework == "verifiers":
+            return await self.verifiers(job, started)
         env_cls = load_env_class(Path(job.source.env_file), job.source.env_class)
         config = env_cls.Config.model_validate(job.source.config)
         model = job.model
@@ -104,6 +106,30 @@ class Worker:
             tokenizer_folder(job.model, models),
             context_length(job.model, models) if backend == "local" else None,
         )
+        results = await inference.run(Budget.from_job(job).deadline)
+        return {
+            "ok": True,
+            "model": job.model,
+            "backend": backend,
+            "results": results,
+            "latency_s": round(time.monotonic() - started, 3),
+        }
+
+    async def verifiers(self, job: InferenceJob, started: float) -> dict[str, Any]:
+        """A verifiers environment's examples (or free prompts), scored by its rubric in its
+        own interpreter."""
+        from core.model_names import context_length
+        from core.verifiers import VerifiersRunConfig
+        from runners.verifiers.inference import VerifiersInference
+
+        config = VerifiersRunConfig.model_validate(job.source.config)
+        backend = resolve_backend(config.backend, self.settings)
+        sampler = await self._sampler(backend, job.model, job.adapter)
+        tokenizer = self._renderer(job.model, EnvConfig(model_name=job.model)).tokenizer
+        context = (
+            context_length(job.model, self.settings.models_dir) if backend == "local" else None
+        )
+        inference = VerifiersInference(self.settings, job, sampler, tokenizer, context)
         results = await inference.run(Budget.from_job(job).deadline)
         return {
             "ok": True,

@@ -303,12 +303,16 @@ def main(argv: list[str] | None = None) -> int:
 def runner_for(
     settings: Settings, folder: RunFolder, spec: RunSpec, engine: Engine
 ) -> RunnerBase[Any]:
-    """The loop that trains this run: ours, or the Atropos trainer (its environment runs in
-    processes of its own, docs/atropos.md)."""
+    """The loop that trains this run: ours, or the Atropos or verifiers trainer (their
+    environments run in processes of their own, docs/atropos.md, docs/verifiers.md)."""
     if spec.framework == "atropos":
         from runners.atropos.trainer import AtroposTrainer
 
         return AtroposTrainer(settings, folder, spec, engine)
+    if spec.framework == "verifiers":
+        from runners.verifiers.trainer import VerifiersTrainer
+
+        return VerifiersTrainer(settings, folder, spec, engine)
     return Trainer(settings, folder, spec, engine)
 
 

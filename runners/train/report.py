@@ -147,7 +147,9 @@ class Reporter:
             return
         try:
             env_metrics = {
-                k: v for k, v in (step_metrics or {}).items() if k.startswith(("env/", "atropos/"))
+                k: v
+                for k, v in (step_metrics or {}).items()
+                if k.startswith(("env/", "atropos/", "verifiers/"))
             }
             self._rollouts.record(step, build(), env_metrics)
         except Exception as exc:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from core.spec import EnvSource, Framework
+from core.verifiers import Generation
 from server.environments import discovery
 from server.environments.inspector import ConfigSchema, InspectFailed, Inspectors
 from server.environments.schemas import EnvironmentOut
@@ -38,6 +39,7 @@ class EnvEntry:
     error: str | None
     path: Path
     framework: Framework = "rlcs"
+    generation: Generation | None = None
 
     def source(self, config: dict[str, Any], weight: float = 1.0) -> EnvSource:
         """This environment with `config`, as a run or the inference worker receives it."""
@@ -160,6 +162,7 @@ class Catalog:
             error=error,
             path=found.path,
             framework=found.framework,
+            generation=found.generation,
         )
 
     def _entry_for(self, entry: EnvEntry) -> EnvEntry:

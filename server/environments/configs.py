@@ -21,9 +21,15 @@ from core.db import read_session, write_session
 from core.model_names import LOCAL_DEFAULT_MODEL, default_model
 from core.models import EnvironmentConfig, Selection, iso, utcnow
 from core.spec import EnvSource
+from core.verifiers import VerifiersRunConfig
 from environments.base import EnvConfig, MixEntry
 from server.environments.catalog import Catalog, EnvEntry
-from server.environments.inspector import ConfigInvalid, ConfigSchema, InspectFailed
+from server.environments.inspector import (
+    CannotStart,
+    ConfigInvalid,
+    ConfigSchema,
+    InspectFailed,
+)
 from server.environments.model_check import ModelCheck
 from server.environments.schemas import ConfigOut, SelectOut
 from server.errors import BadRequest, Conflict, DomainError, InvalidValue
@@ -36,9 +42,16 @@ class ResolvedConfig(EnvConfig):
     model_config = ConfigDict(extra="allow", validate_assignment=False)
 
 
-# An Atropos environment's whole config (core.atropos.AtroposRunConfig).
-ResolvedAtroposConfig = AtroposRunConfig
-Resolved = ResolvedConfig | AtroposRunConfig
+Resolved = ResolvedConfig | AtroposRunConfig | VerifiersRunConfig
+RESOLVED: dict[str, type[Resolved]] = {
+    "rlcs": ResolvedConfig,
+    "atropos": AtroposRunConfig,
+    "verifiers": VerifiersRunConfig,
+}
+
+
+# How a message names an environment of another framework.
+OTHER_FRAMEWORKS = {"rlcs": "one of ours", "atropos": "an Atropos", "verifiers": "a verifiers"}
 
 
 class ConfigService:
@@ -117,6 +130,21 @@ class ConfigService:
         self.check_mix(config)
         return entry, config
 
+    def check_starts(self, name: str, config: Resolved) -> None:
+        """422 when a run of `config` could not start: the environment does not load with
+        it (verifiers environments are tried in their inspector; the others load in the run)."""
+        _, config_schema = self._config_class(name)
+        try:
+            config_schema.check_starts(config.model_dump(mode="json"))
+        except CannotStart as exc:
+            raise InvalidValue(
+                f"Environment '{name}' cannot start with this config: {exc}."
+            ) from None
+        except ConfigInvalid as exc:
+            raise InvalidValue(describe_errors(exc.errors)) from None
+        except InspectFailed as exc:
+            raise Conflict(f"The environment could not be tried: {exc}.") from None
+
     def check_model(self, config: Resolved | EnvConfig, purpose: str = "train") -> None:
         """422 when the backend that will run `config` cannot serve its model (or its rank)."""
         self._models.check(config.model_name, config.backend, "model_name", purpose)
@@ -147,7 +175,7 @@ class ConfigService:
 
     def check_mix(self, config: Resolved) -> None:
         """Every environment named in a multi-environment mix must exist and import (and be
-        one of ours: an Atropos environment runs in a process of its own)."""
+        one of ours: Atropos and verifiers environments run in processes of their own)."""
         for name in config.environments:
             try:
                 entry, _ = self._catalog.load(name)
@@ -155,8 +183,9 @@ class ConfigService:
                 raise InvalidValue(f"field 'environments': {exc.detail}") from None
             if entry.framework != "rlcs":
                 raise InvalidValue(
-                    f"field 'environments': '{name}' is an Atropos environment; it trains in a "
-                    "run of its own and cannot be mixed into another environment's run."
+                    f"field 'environments': '{name}' is {OTHER_FRAMEWORKS[entry.framework]} "
+                    "environment; it trains in a run of its own and cannot be mixed into another "
+                    "environment's run."
                 )
 
     def mix(self, name: str, config: Resolved) -> dict[str, EnvSource]:
@@ -269,9 +298,7 @@ def _validate(config_schema: ConfigSchema, values: dict[str, Any]) -> Resolved:
         dumped = _check(config_schema, values)
     except ConfigInvalid as exc:
         raise InvalidValue(describe_errors(exc.errors)) from None
-    resolved: type[Resolved] = (
-        ResolvedAtroposConfig if config_schema.framework == "atropos" else ResolvedConfig
-    )
+    resolved = RESOLVED[config_schema.framework]
     try:
         return resolved.model_validate(dumped)
     except ValidationError as exc:

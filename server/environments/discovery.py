@@ -1,12 +1,14 @@
 """Find environment classes by reading source files as AST: nothing is imported or executed.
 
-Two kinds, told apart by where their `BaseEnv` comes from: ours (`environments.base`, the
-`rlcs` framework) and Atropos's (`atroposlib.envs.base`, the `atropos` framework). Ours are
+Three kinds. Two told apart by where their `BaseEnv` comes from: ours (`environments.base`,
+the `rlcs` framework) and Atropos's (`atroposlib.envs.base`, the `atropos` framework). Ours are
 the files directly in an environments folder (helpers live in its subfolders, such as
 `environments/support/`). Atropos environments come as they were written, often a folder
 with helper modules and a config.yaml: they are found both directly in an environments folder
 and one folder down. A class counts when it derives from a root class, directly or through
-classes defined in the scanned files. Results are cached per file by (mtime, size).
+classes defined in the scanned files. The third, verifiers environments (`verifiers`), come as
+published: a folder with a `pyproject.toml` naming the environment and its module beside it
+(verifiers_discovery.py). Results are cached per file by (mtime, size).
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from core.spec import Framework
+from core.verifiers import Generation
+from server.environments import verifiers_discovery
 
 RLCS: Framework = "rlcs"
 ATROPOS: Framework = "atropos"
@@ -32,6 +36,7 @@ class FoundEnv:
     description: str
     syntax_error: str | None = None
     framework: Framework = RLCS
+    generation: Generation | None = None  # verifiers: v0 or v1
 
 
 @dataclass(frozen=True)
@@ -51,6 +56,7 @@ def scan(dirs: list[Path]) -> list[FoundEnv]:
     """All environments in `dirs`, sorted by name."""
     parsed: dict[Path, list[_ParsedClass] | str] = {}
     nested: set[Path] = set()  # files one folder down: Atropos environments only
+    found: list[FoundEnv] = []
     for folder in dirs:
         if not folder.is_dir():
             continue
@@ -58,12 +64,15 @@ def scan(dirs: list[Path]) -> list[FoundEnv]:
             if path.name != "__init__.py":
                 parsed[path] = _parse_cached(path)
         for sub in sorted(p for p in folder.iterdir() if p.is_dir() and _visible(p.name)):
+            published = verifiers_discovery.read_folder(sub)
+            if published is not None:
+                found.append(FoundEnv(**published.__dict__, framework="verifiers"))
+                continue
             for path in sorted(sub.glob("*.py")):
                 if path not in parsed:
                     parsed[path] = _parse_cached(path, atropos_only=True)
                     nested.add(path)
     kinds = _env_class_kinds(parsed)
-    found: list[FoundEnv] = []
     for path, classes in parsed.items():
         if isinstance(classes, str):
             if path not in nested:

@@ -1,7 +1,9 @@
 """Environment code runs in inspector subprocesses, never in the server: `runners.inspector`
 for ours, `runners/atropos/envside/inspect_env.py` in the Atropos interpreter for Atropos
-environments. One process per environment file version, each answer within a deadline. A file
-whose import hangs, raises, exits or floods its output costs its own process only."""
+environments, `runners/verifiers/envside/inspect_env.py` in the verifiers interpreter for
+verifiers environments. One process per environment file version, each answer within a
+deadline. A file whose import hangs, raises, exits or floods its output costs its own process
+only."""
 
 from __future__ import annotations
 
@@ -12,9 +14,9 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
-from core import procs
+from core import procs, verifiers
 from core.atropos import INSPECT_SCRIPT, offline_environment
 from core.child import Child
 from core.inspect_wire import (
@@ -47,7 +49,14 @@ class ConfigInvalid(Exception):
         self.errors = errors
 
 
-Ask = Callable[[dict[str, Any]], InspectorAnswer]  # values to the inspector, its answer
+class Ask(Protocol):
+    """Values to the inspector (`load`: and load the environment with them), its answer."""
+
+    def __call__(self, values: dict[str, Any], load: bool = False) -> InspectorAnswer: ...
+
+
+class CannotStart(Exception):
+    """The environment does not load with these values, as a run would load it (says why)."""
 
 
 @dataclass
@@ -77,6 +86,10 @@ class ConfigSchema:
         """Why a locked field cannot be edited (for the 4xx that refuses an edit)."""
         return "the server derives it (it follows model_name)"
 
+    def check_starts(self, values: dict[str, Any]) -> None:
+        """CannotStart when a run with these (validated) values could not start. Ours and
+        Atropos's are loaded by the run itself; a verifiers environment is tried here."""
+
 
 @dataclass
 class InspectorCommand:
@@ -91,18 +104,22 @@ class InspectorCommand:
         cls, settings: Settings, path: Path, class_name: str, framework: Framework
     ) -> InspectorCommand:
         env = settings.inspector_environment()
-        if framework != ATROPOS:
+        if framework == "rlcs":
             argv = [settings.python_executable, "-m", INSPECTOR_MODULE, str(path), class_name]
             return cls(argv, PROJECT_ROOT, env)
-        python = settings.atropos_python
+        if framework == ATROPOS:
+            python, script = settings.atropos_python, INSPECT_SCRIPT
+            needs = "RLCS_ATROPOS_PYTHON at a Python with atroposlib 0.4 (.venv-atropos)"
+        else:
+            python, script = settings.verifiers_python, verifiers.INSPECT_SCRIPT
+            needs = "RLCS_VERIFIERS_PYTHON at a Python with verifiers 0.3 (.venv-verifiers)"
         if not Path(python).is_file():
             raise InspectFailed(
-                f"it is an Atropos environment, and the Atropos interpreter {python} does not "
-                "exist: run `make install` (it makes .venv-atropos), or point "
-                "RLCS_ATROPOS_PYTHON at a Python with atroposlib 0.4"
+                f"it is an {framework} environment, and its interpreter {python} does not "
+                f"exist: run `make install`, or point {needs}"
             )
-        # By path in the Atropos interpreter, in the file's folder, as `python FILE` runs.
-        argv = [python, str(INSPECT_SCRIPT), str(path), class_name]
+        # By path in the framework's interpreter, in the file's folder, as it runs there.
+        argv = [python, str(script), str(path), class_name]
         # Its stdlib loop watches the server by pid (it reads input only between requests).
         parent = {procs.PARENT_PID_VARIABLE: str(os.getpid())}
         return cls(argv, path.parent, {**offline_environment(env), **parent})
@@ -124,12 +141,12 @@ class InspectorProcess:
         with self._lock:
             return self._wait("importing it")
 
-    def ask(self, values: dict[str, Any]) -> InspectorAnswer:
+    def ask(self, values: dict[str, Any], load: bool = False) -> InspectorAnswer:
         with self._lock:
-            if not self._child.send(Validate(values=values)):
+            if not self._child.send(Validate(values=values, load=load)):
                 self.close()
                 raise InspectFailed("its inspector process is gone; try again")
-            return self._wait("validating a config")
+            return self._wait("loading the environment" if load else "validating a config")
 
     def _wait(self, doing: str) -> InspectorAnswer:
         try:
@@ -172,14 +189,14 @@ def describe_ours(first: Described, ask: Ask) -> ConfigSchema:
 
 class Inspectors:
     """Inspector processes by (file, class, mtime), at most MAX_PROCESSES alive; one that was
-    ended (evicted, timed out, crashed) is started again when next asked. `describe_atropos`
-    turns an Atropos inspector's first answer into the config the user sees."""
+    ended (evicted, timed out, crashed) is started again when next asked. `describers` turn
+    another framework's inspector's first answer into the config the user sees."""
 
-    def __init__(self, settings: Settings, describe_atropos: Describe | None = None) -> None:
+    def __init__(
+        self, settings: Settings, describers: dict[Framework, Describe] | None = None
+    ) -> None:
         self._settings = settings
-        self._describe: dict[Framework, Describe] = {"rlcs": describe_ours}
-        if describe_atropos is not None:
-            self._describe[ATROPOS] = describe_atropos
+        self._describe: dict[Framework, Describe] = {"rlcs": describe_ours, **(describers or {})}
         self._lock = threading.Lock()
         self._alive: OrderedDict[Key, InspectorProcess] = OrderedDict()
 
@@ -193,7 +210,11 @@ class Inspectors:
             raise InspectFailed(f"this server does not inspect {framework} environments")
         process, first = self._start(key)
         self._keep(key, process)
-        return describe(first, lambda values: self._ask(key, values))
+
+        def ask(values: dict[str, Any], load: bool = False) -> InspectorAnswer:
+            return self._ask(key, values, load)
+
+        return describe(first, ask)
 
     def _start(self, key: Key) -> tuple[InspectorProcess, Described]:
         command = InspectorCommand.for_file(self._settings, key[0], key[1], key[3])
@@ -219,7 +240,7 @@ class Inspectors:
             if proc is not process:
                 proc.close()
 
-    def _ask(self, key: Key, values: dict[str, Any]) -> InspectorAnswer:
+    def _ask(self, key: Key, values: dict[str, Any], load: bool = False) -> InspectorAnswer:
         with self._lock:
             process = self._alive.get(key)
             if process is not None:
@@ -227,7 +248,7 @@ class Inspectors:
         if process is None or not process.alive:
             process = self._start(key)[0]
             self._keep(key, process)
-        return process.ask(values)
+        return process.ask(values, load)
 
     def close(self) -> None:
         with self._lock:

@@ -20,9 +20,15 @@ class EnvironmentOut(BaseModel):
     description: str
     importable: bool | None = Field(description="null until an import was attempted")
     error: str | None
-    framework: Literal["rlcs", "atropos"] = Field(
-        description="Whose BaseEnv the class derives from: ours (environments.base) or "
-        "Atropos's (atroposlib.envs.base, trained unchanged; docs/atropos.md)"
+    framework: Literal["rlcs", "atropos", "verifiers"] = Field(
+        description="Whose environment it is: ours (environments.base), Atropos's "
+        "(atroposlib.envs.base, trained unchanged; docs/atropos.md) or a verifiers "
+        "environment folder (trained unchanged; docs/verifiers.md)"
+    )
+    generation: Literal["v0", "v1"] | None = Field(
+        None,
+        description="verifiers: v0 (load_environment) or v1 (verifiers.v1 Taskset); null for "
+        "the others",
     )
 
 
@@ -31,7 +37,7 @@ class SelectOut(BaseModel):
     file_path: str
     class_name: str | None
     description: str
-    framework: Literal["rlcs", "atropos"]
+    framework: Literal["rlcs", "atropos", "verifiers"]
     config: dict[str, Any]
 
 

@@ -130,6 +130,7 @@ class RunService:
         """A run's row and frozen spec for a validated config (`row`: extra Run fields);
         nothing is written until `launch`. Run references (kl_reference, teacher) are
         checked and pinned to their step."""
+        self._configs.check_starts(entry.name, config)
         config = config.model_copy(update=self._references.pins(config.model_dump(mode="json")))
         values = config.model_dump(mode="json")
         config_hash = hash_config(values)

@@ -1,0 +1,1 @@
+"""A verifiers environment as a run or a test inference plays it (docs/verifiers.md)."""

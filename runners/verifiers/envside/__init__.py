@@ -1,0 +1,1 @@
+"""Scripts that run in the verifiers interpreter (stdlib and verifiers only)."""

@@ -1,0 +1,173 @@
+"""The verifiers inspector: `<verifiers python> inspect_env.py MODULE_FILE ENTRY`, run by path in
+the verifiers interpreter, in the environment's folder (nothing of the project imports here).
+It imports the environment's module and describes its own config as the server's inspector
+protocol asks (core.inspect_wire): v0, `load_environment`'s parameters (typed by their
+annotations, else by their defaults); then validates values as those types take them, strictly,
+and on a request to `load`, loads the environment with them as a run's driver would (what a
+run could not start with is a `failed` answer saying why).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import inspect
+import json
+import sys
+import typing
+from pathlib import Path
+from typing import Any
+
+V0_ENTRY = "load_environment"
+
+
+def load_protocol() -> Any:
+    """runners/doors/envside/inspect_protocol.py, loaded by path (stdlib only)."""
+    path = Path(__file__).resolve().parents[2] / "doors" / "envside" / "inspect_protocol.py"
+    spec = importlib.util.spec_from_file_location("rlcs_inspector_protocol", path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot import {path}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+protocol = load_protocol()
+
+
+def module_name(module_file: Path) -> str:
+    """What verifiers imports the environment as (its id with `-` as `_`)."""
+    return module_file.parent.name if module_file.name == "__init__.py" else module_file.stem
+
+
+def load_entry(module_file: Path, entry: str) -> Any:
+    """The module as verifiers imports it (its folder on sys.path, by its own name)."""
+    package = module_file.name == "__init__.py"
+    sys.path.insert(0, str(module_file.parent.parent if package else module_file.parent))
+    module = importlib.import_module(module_name(module_file))
+    found = getattr(module, entry, None)
+    if found is None:
+        raise ImportError(f"{module_file.name} defines no {entry}")
+    return found
+
+
+def parameter_fields(function: Any) -> dict[str, tuple[Any, Any]]:
+    """`load_environment`'s named parameters as pydantic fields: (type, default)."""
+    try:
+        hints = typing.get_type_hints(function)
+    except Exception:  # an annotation that names what is not importable here
+        hints = {}
+    fields: dict[str, tuple[Any, Any]] = {}
+    for name, parameter in inspect.signature(function).parameters.items():
+        if parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
+            continue
+        default = parameter.default
+        if default is inspect.Parameter.empty:
+            default = ...
+        elif not _json(default):
+            continue  # a default only code can give (an object): not a config field
+        annotation = hints.get(name)
+        if annotation is None:
+            annotation = Any if default in (..., None) else type(default)
+        fields[name] = (annotation, default)
+    return fields
+
+
+def _json(value: Any) -> bool:
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+# Environments that run their rollouts in Prime's remote sandboxes (verifiers 0.3's classes).
+REMOTE = ("SandboxEnv", "CliAgentEnv", "HarborEnv", "BrowserEnv")
+
+
+class CannotUse(Exception):
+    """Why a run could not use the environment, in words (no traceback place)."""
+
+
+def load_checked(env_id: str, args: dict[str, Any]) -> None:
+    """Load the environment as the driver does; raise why a run could not use it."""
+    import verifiers as vf
+
+    try:
+        env = vf.load_environment(env_id, **args)
+    except vf.MissingKeyError as exc:
+        raise CannotUse(
+            f"it needs an API key the server does not give environments ({exc})"
+        ) from None
+    remote = [c.__name__ for c in type(env).__mro__ if c.__name__ in REMOTE]
+    if remote:
+        raise CannotUse(
+            f"it is a {remote[0]}: its rollouts run in Prime's remote sandboxes, which this "
+            "server does not reach"
+        )
+    if len(env.get_dataset()) < 1:
+        raise CannotUse("its dataset is empty")
+
+
+def describe_v0(function: Any, env_id: str) -> tuple[dict[str, Any], Any]:
+    from pydantic import ConfigDict, create_model
+
+    fields = parameter_fields(function)
+    model = create_model(  # type: ignore[call-overload]
+        "EnvArgs", __config__=ConfigDict(extra="forbid"), **fields
+    )
+    model.__doc__ = (inspect.getdoc(function) or "").split("\n\n")[0] or None
+    defaults = {k: v for k, (_, v) in fields.items() if v is not ...}
+    first = {
+        "kind": "described",
+        "fields": sorted(fields),
+        "schema": model.model_json_schema(),
+        "defaults": defaults,
+    }
+    loaded: dict[str, dict[str, Any]] = {}  # arguments (as JSON) -> the answer to a load
+
+    def answer(request: dict[str, Any]) -> dict[str, Any]:
+        reply = validate(model, defaults, dict(request.get("values") or {}))
+        if reply["kind"] != "validated" or not request.get("load"):
+            return reply
+        key = json.dumps(reply["values"], sort_keys=True)
+        if key not in loaded:
+            try:
+                load_checked(env_id, reply["values"])
+                loaded[key] = reply
+            except CannotUse as exc:
+                loaded[key] = {"kind": "failed", "error": str(exc)}
+            except BaseException as exc:  # the environment's own code: anything
+                loaded[key] = protocol.failed(exc)
+        return loaded[key]
+
+    return first, answer
+
+
+def validate(model: Any, defaults: dict[str, Any], values: dict[str, Any]) -> dict[str, Any]:
+    """`values` over the defaults: the given values strictly (JSON types, no coercion from
+    strings); the answer holds every field."""
+    from pydantic import ValidationError
+
+    try:
+        valid = model.model_validate_json(json.dumps({**defaults, **values}), strict=True)
+    except ValidationError as exc:
+        errors = [protocol.plain_error(e) for e in exc.errors(include_url=False)]
+        return {"kind": "invalid", "errors": errors}
+    return {"kind": "validated", "values": valid.model_dump(mode="json")}
+
+
+def main(argv: list[str]) -> int:
+    module_file, entry = Path(argv[0]).resolve(), argv[1]
+
+    def describe_file() -> tuple[dict[str, Any], Any]:
+        found = load_entry(module_file, entry)
+        if entry != V0_ENTRY:
+            raise ImportError(f"{entry}: only v0 environments (load_environment) are read yet")
+        return describe_v0(found, module_name(module_file))
+
+    return int(protocol.serve(describe_file))
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,161 @@
+"""A verifiers run: the runner plays the part prime-rl's orchestrator and trainer play for a
+verifiers environment (docs/verifiers.md).
+
+It serves the run's current policy on a loopback inference face (the one Atropos samples from,
+with vLLM's token ids), starts the environment's driver in the verifiers interpreter
+(driver.py), and then for each step: asks the driver for `groups_per_step` groups of
+`group_size` rollouts (examples taken in order from the dataset, shuffled by the run's seed;
+sampled from the newest policy), reads their model calls as the learner's sequences with the
+sampler's logprobs and group advantages (groups.py), trains (runners/train/learner.py), and
+swaps the policy the face serves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from core.models import RunStatus
+from core.rollouts import RolloutRecord
+from core.run_folder import RunFolder
+from core.settings import Settings
+from core.spec import RunSpec
+from core.verifiers import VerifiersRunConfig
+from core.verifiers_wire import Group
+from runners.atropos.face import InferenceFace, serving
+from runners.atropos.requests import SamplingDefaults
+from runners.train.report import timed
+from runners.train.run_base import RunContext, RunnerBase
+from runners.verifiers.driver import Driver, DriverConfig, sampling_args
+from runners.verifiers.groups import Batch, read_groups
+from runners.verifiers.records import rollout_records
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import Engine
+
+    from runners.backends.surface import TrainingClient
+
+log = logging.getLogger("runner")
+DRAIN_S = 60.0  # at the end, how long samples already running may take to finish
+
+
+@dataclass
+class Data:
+    face: InferenceFace
+    driver: Driver
+    context: int | None
+    examples: int
+
+
+Run = RunContext[Data]
+
+
+class VerifiersTrainer(RunnerBase[Data]):
+    def __init__(self, settings: Settings, folder: RunFolder, spec: RunSpec, engine: Engine):
+        config = VerifiersRunConfig.model_validate(spec.config)
+        super().__init__(settings, folder, spec.run_id, engine, config, config.total_steps)
+        self.config = config
+        self.spec = spec
+        self.work = folder.path / "verifiers"
+
+    def describe(self) -> str:
+        return f"verifiers environment {self.spec.environment} ({self.spec.env_file})"
+
+    async def open_data(
+        self, backend: str, training: TrainingClient, exits: contextlib.AsyncExitStack
+    ) -> Data:
+        """The face serving the current policy and the environment's driver; the driver ends
+        first, then the face (after what still samples)."""
+        from core.model_names import context_length
+        from runners.atropos.trainer import _end_ids
+        from runners.models.loading import load_tokenizer
+
+        cfg = self.config
+        models = self.settings.models_dir
+        tokenizer = load_tokenizer(cfg.model_name, models)
+        context = context_length(cfg.model_name, models) if backend == "local" else None
+        face = InferenceFace(
+            tokenizer,
+            SamplingDefaults(cfg.max_tokens, cfg.temperature, cfg.top_p, cfg.top_k),
+            context,
+            _end_ids(tokenizer),
+            cfg.model_name,
+            door="verifiers",
+        )
+        face.set_sampler(await self.snapshot(training), self.step)
+        face_url = await exits.enter_async_context(serving(face))
+        exits.push_async_callback(face.drain, DRAIN_S)
+        driver = Driver.start(
+            self.settings,
+            DriverConfig.of(
+                Path(self.spec.env_file), cfg.env_args(), f"{face_url}/v1", cfg.model_name, cfg.seed
+            ),
+            self.work,
+            face.key,
+        )
+        exits.push_async_callback(asyncio.to_thread, driver.stop)
+        ready = await self._until_stopped(
+            driver.wait_ready(self.settings.verifiers_start_timeout_s)
+        )
+        log.info(
+            "environment %s loaded (%s): %s examples to train on, %s to evaluate",
+            self.spec.environment,
+            ready.env_type,
+            ready.examples,
+            ready.eval_examples,
+        )
+        return Data(face, driver, context, ready.examples)
+
+    async def train_step(self, run: Run, step: int) -> None:
+        data, cfg = run.data, self.config
+        times: dict[str, float] = {}
+        with timed(times, "step"):
+            with timed(times, "sample"):
+                groups = await self._until_stopped(self._groups(data, step))
+            with timed(times, "train"):
+                batch = read_groups(
+                    groups,
+                    cfg.advantage,
+                    cfg.scale_advantage_by_std,
+                    data.context,
+                    keep_flat=self.keep_flat_groups(run),
+                )
+                local = run.backend == "local"
+                with data.face.paused() if local else contextlib.nullcontext():
+                    train_metrics = (
+                        await self.train(run, batch.sequences) if batch.sequences else {}
+                    )
+                    data.face.set_sampler(await self.snapshot(run.training), step)
+        self.step = step
+        metrics = {**batch.metrics(), **train_metrics, **data.face.stats.take(), **times}
+        run.reporter.rollouts(step, lambda: self._records(batch), metrics)
+        run.reporter.step(step, self.total_steps, metrics, batch.reward_mean())
+        if self.checkpoint_due(step):
+            await self.checkpoint(run)
+
+    async def _groups(self, data: Data, step: int) -> list[Group]:
+        """This step's groups, played at once: examples (step-1)*groups_per_step onwards."""
+        cfg = self.config
+        first = (step - 1) * cfg.groups_per_step
+        sampling = sampling_args(cfg.max_tokens, cfg.temperature, cfg.top_p, cfg.top_k)
+        return list(
+            await asyncio.gather(
+                *(
+                    data.driver.roll(first + i, cfg.group_size, sampling)
+                    for i in range(cfg.groups_per_step)
+                )
+            )
+        )
+
+    def _records(self, batch: Batch) -> list[RolloutRecord]:
+        return rollout_records(batch)
+
+    async def tear_down(self, run: Run, status: RunStatus) -> None:
+        """The driver stops first (nothing more is needed of it), then the last checkpoint and
+        W&B as for any run."""
+        await asyncio.to_thread(run.data.driver.stop)
+        await super().tear_down(run, status)
