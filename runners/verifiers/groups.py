@@ -20,6 +20,14 @@ class Batch:
     sequences: list[Sequence] = field(default_factory=list)  # trained, advantages set
     dropped: Counter[str] = field(default_factory=Counter)
 
+    def errors(self) -> list[str]:
+        """What the rollouts that failed said (verifiers keeps a rollout's error in it)."""
+        return [r.error for g in self.groups for r in g.rollouts if r.error]
+
+    def all_failed(self) -> bool:
+        rollouts = sum(len(g.rollouts) for g in self.groups)
+        return rollouts > 0 and len(self.errors()) == rollouts
+
     def rewards(self) -> list[float]:
         return [r.reward for g in self.groups for r in g.rollouts]
 

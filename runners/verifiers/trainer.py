@@ -30,7 +30,7 @@ from runners.atropos.face import InferenceFace, serving
 from runners.atropos.requests import SamplingDefaults
 from runners.train.report import timed
 from runners.train.run_base import RunContext, RunnerBase
-from runners.verifiers.driver import Driver, DriverConfig, sampling_args
+from runners.verifiers.driver import Driver, DriverConfig, EnvironmentFailed, sampling_args
 from runners.verifiers.groups import Batch, read_groups
 from runners.verifiers.records import rollout_records
 
@@ -124,6 +124,11 @@ class VerifiersTrainer(RunnerBase[Data]):
                     data.context,
                     keep_flat=self.keep_flat_groups(run),
                 )
+                if batch.all_failed():
+                    raise EnvironmentFailed(
+                        f"every rollout of step {step} failed in the environment; the first "
+                        f"said: {batch.errors()[0]}"
+                    )
                 local = run.backend == "local"
                 with data.face.paused() if local else contextlib.nullcontext():
                     train_metrics = (
