@@ -1,8 +1,10 @@
 """The inference face an Atropos environment samples from: the run's current policy served on a
 loopback port with a key made for the run (`Authorization: Bearer`), in the runner's own event
 loop. SGLang's `POST /generate` (what managed_server uses), lenient OpenAI `/v1/chat/completions`
-and `/v1/completions`, `GET /health`. The runner swaps the policy after each training step;
-requests already running finish on the one they started with.
+(with vLLM's `return_token_ids`, as verifiers' v0 trainers ask) and `/v1/completions`, vLLM's
+`POST /inference/v1/generate` (token ids in and out, as verifiers' v1 trainers ask),
+`GET /v1/models` (with `max_model_len`), `GET /health`. The runner swaps the policy after each
+training step; requests already running finish on the one they started with.
 """
 
 from __future__ import annotations
@@ -194,6 +196,17 @@ class InferenceFace:
         answer = shapes.generate_answer(sequences, len(prompt), self.decode)
         return answer[0] if sampling.n == 1 else answer
 
+    async def vllm_generate(self, body: dict[str, Any]) -> dict[str, Any]:
+        """vLLM's /inference/v1/generate: `token_ids` as given, `sampling_params`; token ids,
+        a `token_id:<id>` logprob for each, and the finish reason out."""
+        prompt = shapes.token_ids(body.get("token_ids"), "token_ids")
+        params = body.get("sampling_params") or {}
+        if not isinstance(params, dict):
+            raise BadRequest("sampling_params: expected an object")
+        sampling = self._openai_sampling(params, len(prompt))
+        sequences = await self.sample(prompt, sampling)
+        return shapes.vllm_generate_answer(sequences, prompt)
+
     async def chat(self, body: dict[str, Any]) -> dict[str, Any]:
         messages = shapes.chat_messages(body)
         text = self.tokenizer.apply_chat_template(
@@ -249,6 +262,7 @@ class InferenceFace:
             Route("/generate", self._endpoint(self.generate, openai=False), methods=["POST"]),
             Route("/v1/chat/completions", self._endpoint(self.chat), methods=["POST"]),
             Route("/v1/completions", self._endpoint(self.complete), methods=["POST"]),
+            Route("/inference/v1/generate", self._endpoint(self.vllm_generate), methods=["POST"]),
             Route("/v1/models", self._models, methods=["GET"]),
         ]
         return Starlette(routes=routes)
@@ -259,9 +273,10 @@ class InferenceFace:
     async def _models(self, request: Request) -> JSONResponse:
         if not self._authorized(request):
             return _refusal("a key is needed (Authorization: Bearer)", 401, openai=True)
-        return JSONResponse(
-            {"object": "list", "data": [{"id": self.model_name, "object": "model"}]}
-        )
+        model: dict[str, Any] = {"id": self.model_name, "object": "model"}
+        if self.context is not None:
+            model["max_model_len"] = self.context  # vLLM's: verifiers checks prompts by it
+        return JSONResponse({"object": "list", "data": [model]})
 
     def _endpoint(
         self, handler: Callable[[dict[str, Any]], Awaitable[Any]], openai: bool = True

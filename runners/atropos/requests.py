@@ -169,6 +169,33 @@ def generate_answer(
     return out
 
 
+def vllm_generate_answer(
+    sequences: list[types.SampledSequence], prompt: list[int]
+) -> dict[str, Any]:
+    """vLLM's /inference/v1/generate answer: per choice its token ids, a logprob for each
+    named `token_id:<id>` (as renderers reads them), and the finish reason."""
+    choices = []
+    for index, sequence in enumerate(sequences):
+        tokens = [int(t) for t in sequence.tokens]
+        content = [
+            {"token": f"token_id:{t}", "logprob": lp}
+            for t, lp in zip(tokens, logprobs_of(sequence), strict=True)
+        ]
+        choices.append(
+            {
+                "index": index,
+                "token_ids": tokens,
+                "logprobs": {"content": content},
+                "finish_reason": openai_finish(sequence),
+            }
+        )
+    return {
+        "request_id": f"generate-{uuid.uuid4().hex[:24]}",
+        "choices": choices,
+        "prompt_token_ids": list(prompt),
+    }
+
+
 def openai_finish(sequence: types.SampledSequence) -> str:
     return "stop" if sequence.stop_reason == "stop" else "length"
 

@@ -197,3 +197,58 @@ def test_the_face_remembers_which_policy_served_each_completion(sampler: Any) ->
     assert {face.policy_of(list(s.tokens)) for s in first} <= {3, 4}  # 4: served again since
     assert all(face.policy_of(list(s.tokens)) == 4 for s in second)
     assert face.policy_of([1, 2, 3, 999]) is None  # never served
+
+
+def test_the_face_speaks_vllms_token_ids_as_verifiers_trainers_read_them(sampler: Any) -> None:
+    """v0: chat completions with return_token_ids; v1: /inference/v1/generate; /v1/models
+    with max_model_len."""
+    face = make_face(sampler, context=2048)
+
+    async def scenario() -> tuple[Any, dict[str, Any], dict[str, Any], int]:
+        async with serving(face) as url, httpx.AsyncClient(base_url=url, timeout=60) as client:
+            openai_client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key=face.key)
+            chat = await openai_client.chat.completions.create(
+                model="tiny-random",
+                messages=[{"role": "user", "content": "Name a colour."}],
+                max_completion_tokens=5,
+                logprobs=True,
+                extra_body={"return_token_ids": True},
+            )
+            await openai_client.close()
+            auth = {"Authorization": f"Bearer {face.key}"}
+            generated = await client.post(
+                "/inference/v1/generate",
+                headers=auth,
+                json={
+                    "model": "tiny-random",
+                    "token_ids": [5, 6, 7],
+                    "sampling_params": {
+                        "max_tokens": 4,
+                        "temperature": 1.0,
+                        "stop_token_ids": [9],
+                        "logprobs": 1,
+                        "skip_special_tokens": False,
+                    },
+                },
+            )
+            models = await client.get("/v1/models", headers=auth)
+            refused = await client.post("/inference/v1/generate", json={"token_ids": [1]})
+            return chat, generated.json(), models.json(), refused.status_code
+
+    chat, generated, models, refused = asyncio.run(scenario())
+    extra = chat.model_extra or {}
+    prompt_ids = extra["prompt_token_ids"]
+    assert len(prompt_ids) == chat.usage.prompt_tokens
+    (choice,) = chat.choices
+    ids = (choice.model_extra or {})["token_ids"]
+    assert 1 <= len(ids) <= 5 and len(choice.logprobs.content) == len(ids)
+    (made,) = generated["choices"]
+    assert generated["prompt_token_ids"] == [5, 6, 7]
+    assert 1 <= len(made["token_ids"]) <= 4
+    assert [e["token"] for e in made["logprobs"]["content"]] == [
+        f"token_id:{t}" for t in made["token_ids"]
+    ]
+    assert all(e["logprob"] <= 0 for e in made["logprobs"]["content"])
+    assert made["finish_reason"] in ("stop", "length")
+    assert models["data"][0]["max_model_len"] == 2048
+    assert refused == 401
