@@ -1,8 +1,10 @@
 """Find verifiers environments as they are published (the verifiers repository's
-`environments/`, the Environments Hub): a folder holding a `pyproject.toml` that depends on
-verifiers and names the environment, and its module beside it (`name` with `-` as `_`, a file
-or a package). Read as TOML and AST: nothing is imported. v0 modules define
-`load_environment(**args)`; v1 modules import `verifiers.v1` and define a `Taskset` subclass.
+`environments/`, the Environments Hub): a folder holding a `pyproject.toml` that names the
+environment, and its module beside it (`name` with `-` as `_`, a file or a package), one of the
+two naming verifiers (v1 environments' pyprojects often leave it out: the trainer brings it).
+Read as TOML and AST: nothing is imported. v0 modules define `load_environment(**args)`; v1
+modules import `verifiers.v1` and define a `Taskset` subclass (a package: in any of its files,
+as its `__init__` re-exports it).
 """
 
 from __future__ import annotations
@@ -49,38 +51,47 @@ def read_folder(folder: Path) -> Published | None:
 def _read(folder: Path, pyproject: Path) -> Published | None:
     try:
         text = pyproject.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError):
-        return None
-    if "verifiers" not in text:
-        return None  # some other project (an Atropos environment's, say)
-    try:
         project = tomllib.loads(text).get("project") or {}
-    except tomllib.TOMLDecodeError as exc:
-        return Published(folder.name, None, pyproject, "", f"pyproject.toml: {exc}")
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        return None  # not a project we can read: nothing to list
     name = str(project.get("name") or folder.name)
     description = str(project.get("description") or "").strip()
     module = name.replace("-", "_")
     path = next((p for p in _module_files(folder, module) if p.is_file()), None)
     if path is None:
+        if "verifiers" not in text:
+            return None  # a project of another kind (an Atropos environment's, a tool's)
         why = f"no module {module}.py (or {module}/__init__.py) beside its pyproject.toml"
         return Published(name, None, pyproject, description, why)
-    try:
-        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
-    except SyntaxError as exc:
-        return Published(
-            name, None, path, description, f"SyntaxError: {exc.msg} (line {exc.lineno})"
-        )
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        return Published(name, None, path, description, f"cannot read file: {exc}")
-    description = description or (ast.get_docstring(tree) or "").strip().split("\n")[0]
+    sources = [path] if path.name != "__init__.py" else sorted(path.parent.glob("*.py"))
+    texts: dict[Path, str] = {}
+    for source in sources:
+        try:
+            texts[source] = source.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            return Published(name, None, source, description, f"cannot read file: {exc}")
+    if "verifiers" not in text and not any("verifiers" in t for t in texts.values()):
+        return None
+    trees: dict[Path, ast.Module] = {}
+    for source, text in texts.items():
+        try:
+            trees[source] = ast.parse(text, filename=str(source))
+        except SyntaxError as exc:
+            why = f"SyntaxError: {exc.msg} ({source.name}, line {exc.lineno})"
+            return Published(name, None, source, description, why)
+        except ValueError as exc:
+            return Published(name, None, source, description, f"cannot read file: {exc}")
+    entry = trees[path]
+    description = description or (ast.get_docstring(entry) or "").strip().split("\n")[0]
     if any(
         isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name == V0_ENTRY
-        for node in tree.body
+        for node in entry.body
     ):
         return Published(name, V0_ENTRY, path, description, generation="v0")
-    taskset = _v1_taskset(tree)
-    if taskset is not None:
-        return Published(name, taskset, path, description, generation="v1")
+    for tree in trees.values():
+        taskset = _v1_taskset(tree)
+        if taskset is not None:
+            return Published(name, taskset, path, description, generation="v1")
     why = f"{path.name} defines neither {V0_ENTRY} (v0) nor a {V1_MODULE} Taskset (v1)"
     return Published(name, None, path, description, why)
 
@@ -100,7 +111,7 @@ def _v1_taskset(tree: ast.Module) -> str | None:
     for node in tree.body:
         if not isinstance(node, ast.ClassDef):
             continue
-        for base in node.bases:
+        for base in (b.value if isinstance(b, ast.Subscript) else b for b in node.bases):
             if isinstance(base, ast.Name) and base.id in direct:
                 return node.name
             if (
@@ -115,7 +126,7 @@ def _v1_taskset(tree: ast.Module) -> str | None:
 
 def _module_files(folder: Path, module: str | None = None) -> list[Path]:
     if module is None:
-        return sorted(folder.glob("*.py")) + sorted(folder.glob("*/__init__.py"))
+        return sorted(folder.glob("*.py")) + sorted(folder.glob("*/*.py"))
     return [folder / f"{module}.py", folder / module / "__init__.py"]
 
 

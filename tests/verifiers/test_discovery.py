@@ -46,6 +46,32 @@ def test_each_generation_is_told_apart(tmp_path: Path) -> None:
     assert (found["vowels-from"].generation, found["vowels-from"].class_name) == ("v1", "Vowels")
 
 
+def test_a_v1_package_is_found_as_published_today(tmp_path: Path) -> None:
+    """The repository's v1 layout: a package whose __init__ re-exports the taskset from a
+    module of its own, a generic Taskset base, and a pyproject without verifiers."""
+    folder = tmp_path / "reverse_chars"
+    (folder / "reverse_chars").mkdir(parents=True)
+    (folder / "pyproject.toml").write_text(
+        '[project]\nname = "reverse-chars"\ndescription = "Reverse characters."\n'
+        'dependencies = ["datasets"]\n'
+    )
+    (folder / "reverse_chars" / "__init__.py").write_text(
+        'from reverse_chars.taskset import CharsTaskset\n\n__all__ = ["CharsTaskset"]\n'
+    )
+    (folder / "reverse_chars" / "taskset.py").write_text(
+        "import verifiers.v1 as vf\n\n\n"
+        "class CharsTaskset(vf.Taskset[vf.Task, vf.TasksetConfig]):\n    pass\n"
+    )
+    (found,) = discovery.scan([tmp_path])
+    assert (found.name, found.generation, found.class_name) == (
+        "reverse-chars",
+        "v1",
+        "CharsTaskset",
+    )
+    assert found.path == folder / "reverse_chars" / "__init__.py"
+    assert found.description == "Reverse characters."
+
+
 def test_a_folder_that_cannot_be_used_is_listed_with_why(tmp_path: Path) -> None:
     publish(tmp_path, "no-entry", "def helper():\n    return 1\n")
     publish(tmp_path, "broken", "def load_environment(:\n")
