@@ -35,7 +35,9 @@ class Child(Generic[In]):
     stdout read by a thread, each line validated as `reads` and either handed to `on_message`
     on that thread or queued for `receive`; its stderr appended to `log_path` (None throws it
     away: a child whose code is not ours may flood it). Once its output ends, `on_end` gets its
-    exit code (on the reading thread), or `receive` answers None."""
+    exit code (on the reading thread), or `receive` answers None. A line that is not its
+    protocol's is logged, and handed to `on_invalid` (with why) where the owner must not wait
+    on for an answer that will never come."""
 
     def __init__(
         self,
@@ -48,12 +50,14 @@ class Child(Generic[In]):
         log_path: Path | None = None,
         on_message: Callable[[In], None] | None = None,
         on_end: Callable[[int], None] | None = None,
+        on_invalid: Callable[[str], None] | None = None,
     ) -> None:
         self.name = name  # in words, for errors: "the inference worker"
         self.log_path = log_path
         self._reads = reads
         self._on_message = on_message
         self._on_end = on_end
+        self._on_invalid = on_invalid
         self._lines: queue.Queue[In | None] = queue.Queue()
         self._write_lock = threading.Lock()
         with contextlib.ExitStack() as files:
@@ -150,12 +154,12 @@ class Child(Generic[In]):
                 try:
                     message = self._reads.validate_json(line)
                 except ValidationError as exc:
-                    log.warning(
-                        "%s wrote a line that is not its protocol's (%s): %.200s",
-                        self.name,
-                        _first_error(exc),
-                        line,
+                    why = (
+                        f"{self.name} wrote a line that is not its protocol's ({_first_error(exc)})"
                     )
+                    log.warning("%s: %.200s", why, line)
+                    if self._on_invalid is not None:
+                        self._on_invalid(why)
                     continue
                 if self._on_message is None:
                     self._lines.put(message)

@@ -119,3 +119,29 @@ def test_a_kill_takes_what_the_child_started(child: Child[Line]) -> None:
     child.kill()
     assert not child.alive
     wait_for(lambda: not pid_alive(spawned.pid), 5)
+
+
+def test_a_line_that_is_not_the_protocols_is_handed_to_its_owner(tmp_path: Path) -> None:
+    """Where the owner waits on an answer by id, a lost answer must not leave it waiting."""
+    script = tmp_path / "child.py"
+    script.write_text(
+        'import sys\nprint(\'{"kind": "said", "text": 1}\')\n'
+        'print(\'{"kind": "echo", "text": "fine"}\')\nsys.stdout.flush()\n'
+    )
+    lost: list[str] = []
+    started: Child[Line] = Child(
+        "the test child",
+        [sys.executable, str(script)],
+        LINES,
+        cwd=PROJECT_ROOT,
+        env={"PATH": "/usr/bin:/bin"},
+        on_invalid=lost.append,
+    )
+    try:
+        assert isinstance(started.receive(timeout=30), Echo)  # the valid one still comes
+        assert lost == [
+            "the test child wrote a line that is not its protocol's (said.text: "
+            "Input should be a valid string)"
+        ]
+    finally:
+        started.kill()

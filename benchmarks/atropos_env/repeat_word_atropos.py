@@ -1,6 +1,6 @@
 """Repeat a word, written for Atropos: the same task as environments/repeat_word.py (its words,
 its prompt, its character-overlap score) as an Atropos environment sampling through
-managed_server, so that benchmarks/atropos.py can time both ways of training it side by side.
+managed_server, so that benchmarks/doors.py can time both ways of training it side by side.
 """
 
 import random

@@ -14,6 +14,7 @@ from itertools import count
 from pathlib import Path
 from typing import Any, Literal
 
+from core import procs
 from core.atropos import offline_environment
 from core.child import Child
 from core.failures import RunFailure
@@ -94,6 +95,9 @@ class Driver:
         def on_end(code: int) -> None:
             loop.call_soon_threadsafe(lambda: driver_of().ended(code))
 
+        def on_invalid(why: str) -> None:  # an answer is lost: nothing would ever settle it
+            loop.call_soon_threadsafe(lambda: driver_of().fail_all(why))
+
         def driver_of() -> Driver:
             assert driver is not None
             return driver
@@ -107,6 +111,7 @@ class Driver:
             log_path=work / "driver.log",
             on_message=on_message,
             on_end=on_end,
+            on_invalid=on_invalid,
         )
         driver = cls(child, loop, ready)
         return driver
@@ -149,16 +154,19 @@ class Driver:
                 if future is not None and not future.done():
                     future.set_result(line)
             case Failed(id=None, error=error):
-                self._fail_all(f"the environment failed to load: {error}")
+                self.fail_all(f"the environment failed to load: {error}")
             case Failed(id=int() as request_id, error=error):
                 future = self.pending.pop(request_id, None)
                 if future is not None and not future.done():
                     future.set_exception(EnvironmentFailed(f"the environment failed: {error}"))
 
     def ended(self, code: int) -> None:
-        self._fail_all(f"the environment's driver ended ({code}). {self._tail()}")
+        self.fail_all(
+            f"the environment's driver ended ({procs.describe_exit(code)}). {self._tail()}"
+        )
 
-    def _fail_all(self, why: str) -> None:
+    def fail_all(self, why: str) -> None:
+        """What is asked of the driver fails with `why` (it will not be answered)."""
         if not self.ready.done():
             self.ready.set_exception(EnvironmentFailed(why))
         for future in self.pending.values():

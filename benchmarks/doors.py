@@ -1,8 +1,10 @@
-"""What training through Atropos costs: steps per minute of a run on an Atropos environment
-(runner + inference face + atroposlib's trajectory API + the environment's process) against
-the same task written as one of ours (repeat_word), on the real server, SmolLM2-135M on the
-CPU, the same batch (groups x group size, tokens), one after the other, alternating.
-Run from the repo root: .venv/bin/python -m benchmarks.atropos [--steps 8] [--rounds 2]"""
+"""What training through another framework's door costs: steps per minute of a run on the
+same task written for Atropos (runner + inference face + atroposlib's trajectory API + the
+environment's process) or for verifiers (runner + inference face + the environment's driver)
+against it written as one of ours (repeat_word), on the real server, SmolLM2-135M on the CPU,
+the same batch (groups x group size, tokens), one after the other, alternating.
+Run from the repo root: .venv/bin/python -m benchmarks.doors --door atropos|verifiers
+[--steps 8] [--rounds 2]"""
 
 from __future__ import annotations
 
@@ -24,7 +26,11 @@ from core.model_names import SMOLLM2
 from core.settings import PROJECT_ROOT
 
 TERMINAL = {"succeeded", "failed", "stopped"}
-ENV_DIR = PROJECT_ROOT / "benchmarks" / "atropos_env"
+# Each door's environment folder and its environment's name there.
+DOORS = {
+    "atropos": (PROJECT_ROOT / "benchmarks" / "atropos_env", "repeat_word_atropos"),
+    "verifiers": (PROJECT_ROOT / "benchmarks" / "verifiers_env", "repeat-word-vf"),
+}
 
 
 @dataclass
@@ -42,21 +48,39 @@ class Timed:
 def run_once(
     url: str, kind: str, steps: int, groups: int, size: int, tokens: int, lr: float
 ) -> Timed:
+    """One run of `kind`: "native", or a door's name."""
     common: dict[str, Any] = {
         "model_name": SMOLLM2,
         "lora_rank": 8,
         "learning_rate": lr,
         "total_steps": steps,
         "save_every": 0,
-        "steps_per_eval": 0,
         "use_wandb": False,
         "group_size": size,
-        "max_token_length": tokens,
     }
     if kind == "native":
-        body = {"environment": "repeat_word", "batch_size": groups, **common}
+        body = {
+            "environment": "repeat_word",
+            "batch_size": groups,
+            "steps_per_eval": 0,
+            "max_token_length": tokens,
+            **common,
+        }
+    elif kind == "atropos":
+        body = {
+            "environment": DOORS[kind][1],
+            "groups_per_step": groups,
+            "steps_per_eval": 0,
+            "max_token_length": tokens,
+            **common,
+        }
     else:
-        body = {"environment": "repeat_word_atropos", "groups_per_step": groups, **common}
+        body = {
+            "environment": DOORS[kind][1],
+            "groups_per_step": groups,
+            "max_tokens": tokens,
+            **common,
+        }
     with httpx.Client(base_url=url, timeout=60) as client:
         posted = time.monotonic()
         answer = client.post("/runs", json=body)
@@ -86,6 +110,7 @@ def run_once(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--door", choices=sorted(DOORS), default="atropos")
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--groups", type=int, default=4, help="groups per step")
@@ -95,17 +120,18 @@ def main() -> None:
     # time is mostly its tokens; a policy that learns to stop early makes its steps cheaper).
     parser.add_argument("--learning-rate", type=float, default=1e-6)
     args = parser.parse_args()
-    timed: dict[str, list[Timed]] = {"native": [], "atropos": []}
-    with tempfile.TemporaryDirectory(prefix="bench-atropos-") as tmp:
+    door = args.door
+    timed: dict[str, list[Timed]] = {"native": [], door: []}
+    with tempfile.TemporaryDirectory(prefix=f"bench-{door}-") as tmp:
         models = os.environ.get("RLCS_MODELS_DIR", str(PROJECT_ROOT / "var" / "models"))
         env = {
-            "RLCS_ENV_DIRS": json.dumps([str(ENV_DIR)]),
+            "RLCS_ENV_DIRS": json.dumps([str(DOORS[door][0])]),
             "RLCS_MODELS_DIR": models,  # SmolLM2 converted once, shared with `make serve`
             "RLCS_DEVICE": "cpu",
         }
         with Server(Path(tmp) / "var", **env) as server:
             for round_ in range(args.rounds):
-                order = ("native", "atropos") if round_ % 2 == 0 else ("atropos", "native")
+                order = ("native", door) if round_ % 2 == 0 else (door, "native")
                 for kind in order:
                     one = run_once(
                         server.url,
@@ -124,11 +150,9 @@ def main() -> None:
                         f"{statistics.mean(one.tokens):.0f} tokens trained per step)",
                         flush=True,
                     )
-    native, atropos = (
-        statistics.median(t.steps_per_min for t in timed[k]) for k in ("native", "atropos")
-    )
-    first_native, first_atropos = (
-        statistics.median(t.first_step_s for t in timed[k]) for k in ("native", "atropos")
+    native, other = (statistics.median(t.steps_per_min for t in timed[k]) for k in ("native", door))
+    first_native, first_other = (
+        statistics.median(t.first_step_s for t in timed[k]) for k in ("native", door)
     )
     print()
     print(
@@ -140,13 +164,10 @@ def main() -> None:
     print("| run | steps/min (after step 1) | tokens trained per step | POST /runs -> step 1 |")
     print("|---|---:|---:|---:|")
     print(f"| ours (repeat_word) | {native:.2f} | {tokens['native']:.0f} | {first_native:.1f} s |")
+    print(f"| {door} (the same task) | {other:.2f} | {tokens[door]:.0f} | {first_other:.1f} s |")
     print(
-        f"| Atropos (the same task) | {atropos:.2f} | {tokens['atropos']:.0f} | "
-        f"{first_atropos:.1f} s |"
-    )
-    print(
-        f"| cost of Atropos (native / Atropos) | {native / atropos:.2f}x | | "
-        f"{first_atropos / first_native:.2f}x |"
+        f"| cost of {door} (native / {door}) | {native / other:.2f}x | | "
+        f"{first_other / first_native:.2f}x |"
     )
 
 
