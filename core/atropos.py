@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
-from pydantic import ConfigDict, Field, field_validator
+from pydantic import ConfigDict, Field
 
 from core.settings import PROJECT_ROOT
 from core.training_config import TrainingConfig
@@ -72,6 +72,7 @@ class AtroposTrainingConfig(TrainingConfig):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
     LOCKED: ClassVar[frozenset[str]] = TrainingConfig.LOCKED
+    SEQUENCE_IDS: ClassVar[bool] = False  # its groups carry none
 
     groups_per_step: int = Field(
         2,
@@ -87,17 +88,6 @@ class AtroposTrainingConfig(TrainingConfig):
         description="Longest sequence (prompt and response) a step trains on, as tinker-atropos "
         "named it; the environment drops groups that reach it (default: the model's context)",
     )
-
-    @field_validator("loss_fn")
-    @classmethod
-    def _recorded_sequences(cls, value: str) -> str:
-        if value == "stable_reinforce":
-            raise ValueError(
-                "stable_reinforce reads the sampler's logprobs from the sequences it recorded, "
-                "by their ids, and an Atropos environment's groups carry no sequence ids; "
-                "choose gspo or ppo (clipped, also stable off-policy)"
-            )
-        return value
 
 
 class AtroposRunConfig(AtroposTrainingConfig):

@@ -68,6 +68,10 @@ LOSS_CONFIG: dict[str, dict[str, ConfigKey]] = {
 
 # What a training run may choose (cross_entropy is supervised, not an RL loss).
 RL_LOSSES = ("importance_sampling", "ppo", "cispo", "dro", "gspo", "stable_reinforce")
+# Losses that read the sampler's logprobs from what it recorded, by the sampled sequences' ids:
+# a run's driver must carry those ids on its sequences (ours do; a door's environments, which
+# sample through the inference face as text or tokens, do not).
+NEEDS_SEQUENCE_IDS = frozenset({"stable_reinforce"})
 
 
 def defaults(loss_fn: str) -> dict[str, float]:

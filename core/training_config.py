@@ -19,6 +19,10 @@ class TrainingConfig(BaseModel):
 
     # Fields decided by the server: shown to the user, never edited (see `locked_fields`).
     LOCKED: ClassVar[frozenset[str]] = frozenset({"tokenizer_name"})
+    # Whether the run's driver knows the sampler's id of each sequence it trains (a loss in
+    # loss_config.NEEDS_SEQUENCE_IDS needs them); False where another framework's environment
+    # samples through the inference face.
+    SEQUENCE_IDS: ClassVar[bool] = True
 
     # Checkpoints.
     save_every: int = Field(
@@ -132,6 +136,21 @@ class TrainingConfig(BaseModel):
     top_k: int = Field(-1, ge=-1, le=1_000_000)
     seed: int = Field(0, ge=0, le=2**31 - 1)
     resume_from: str | None = Field(None, description="A state checkpoint path to start from")
+
+    @field_validator("loss_fn")
+    @classmethod
+    def _driver_can_feed(cls, value: str) -> str:
+        if value in loss_config.NEEDS_SEQUENCE_IDS and not cls.SEQUENCE_IDS:
+            usable = [
+                loss for loss in loss_config.RL_LOSSES if loss not in loss_config.NEEDS_SEQUENCE_IDS
+            ]
+            raise ValueError(
+                f"{value} reads the sampler's logprobs from the sequences it recorded, by their "
+                "ids, and this environment's rollouts carry no sequence ids (it samples through "
+                f"the inference face); choose one of {', '.join(usable)} (gspo and ppo are "
+                "clipped, stable off-policy)"
+            )
+        return value
 
     @field_validator("loss_fn_config")
     @classmethod

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Literal
 
-from pydantic import ConfigDict, Field, field_validator
+from pydantic import ConfigDict, Field
 
 from core.settings import PROJECT_ROOT
 from core.training_config import TrainingConfig
@@ -31,6 +31,7 @@ class VerifiersTrainingConfig(TrainingConfig):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
     LOCKED: ClassVar[frozenset[str]] = TrainingConfig.LOCKED
+    SEQUENCE_IDS: ClassVar[bool] = False  # its rollouts carry none
 
     total_steps: int = Field(20, ge=1, le=1_000_000, description="Training steps")
     group_size: int = Field(
@@ -42,17 +43,6 @@ class VerifiersTrainingConfig(TrainingConfig):
     max_tokens: int = Field(
         256, ge=1, le=1_048_576, description="Most tokens the model writes per turn"
     )
-
-    @field_validator("loss_fn")
-    @classmethod
-    def _recorded_sequences(cls, value: str) -> str:
-        if value == "stable_reinforce":
-            raise ValueError(
-                "stable_reinforce reads the sampler's logprobs from the sequences it recorded, "
-                "by their ids, and a verifiers rollout carries no sequence ids; choose gspo or "
-                "ppo (clipped, also stable off-policy)"
-            )
-        return value
 
 
 TRAINING_FIELDS = frozenset(VerifiersTrainingConfig.model_fields)

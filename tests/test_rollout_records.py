@@ -11,6 +11,7 @@ from runners.episodes.rollouts import Episode, Transition
 from runners.train.learner import assign_advantages
 from runners.train.loop import sequences_of
 from runners.train.rollout_records import episode_records
+from tests.support.prepare import prepare
 
 STOP = 99
 
@@ -64,7 +65,9 @@ def group(scores: list[float], **extra: object) -> dict[str, object]:
 def test_atropos_groups_become_records_split_by_their_mask() -> None:
     chat = [[{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]] * 2
     groups = [group([1.0, 0.0], messages=chat), group([0.5, 0.5])]  # the second: equal scores
-    batch = read_batch(groups, "grpo", False, None)
+    batch = read_batch(groups, "grpo", None)
+    prepared = prepare(batch.sequences)
+    batch.settle(prepared.sequences, prepared.dropped_groups)
     records = sequence_records(groups, batch.sequences, decode, [STOP])
     assert [(r.group, r.index, r.reward, r.advantage) for r in records] == [
         (0, 0, 1.0, 0.5),

@@ -29,6 +29,7 @@ from tinker import types
 
 from runners.atropos import requests as shapes
 from runners.atropos.requests import BadRequest, SamplingDefaults
+from runners.doors.tool_calls import knows_tools, template_messages
 
 log = logging.getLogger(__name__)
 MAX_N = 1024  # samples per request (managed_server asks for a whole group at once)
@@ -48,6 +49,7 @@ class FaceStats:
     sequences: int = 0
     tokens: int = 0
     refused: int = 0
+    tools_unsupported: int = 0  # requests with tools the model's template cannot show it
     last_refusal: str | None = None
     first_request_at: float | None = None  # time.monotonic() of the first request served
 
@@ -57,8 +59,10 @@ class FaceStats:
             f"{self.door}/face_sequences": float(self.sequences),
             f"{self.door}/face_tokens": float(self.tokens),
             f"{self.door}/face_refused": float(self.refused),
+            f"{self.door}/face_tools_unsupported": float(self.tools_unsupported),
         }
         self.requests = self.sequences = self.tokens = self.refused = 0
+        self.tools_unsupported = 0
         return out
 
 
@@ -84,6 +88,7 @@ class InferenceFace:
         self.model_name = model_name
         self.key = secrets.token_urlsafe(24)
         self.stats = FaceStats(door)
+        self._said_no_tools = False
         self._sampler: Any = None
         self.version = 0
         self.policy_step: int | None = None  # optimizer steps behind the policy served now
@@ -208,9 +213,27 @@ class InferenceFace:
         return shapes.vllm_generate_answer(sequences, prompt)
 
     async def chat(self, body: dict[str, Any]) -> dict[str, Any]:
-        messages = shapes.chat_messages(body)
+        """OpenAI's chat completions; `tools` shown to a model whose template has a tool
+        format (its calls parsed back), else left out: it answers text, and the face counts
+        and logs it once."""
+        tools = shapes.tool_list(body)
+        with_tools = tools is not None and knows_tools(self.tokenizer)
+        if tools is not None and not with_tools:
+            if not self._said_no_tools:
+                log.warning(
+                    "a request sent tools, and %s's chat template has no tool format: it "
+                    "answers text, and no tool call is parsed",
+                    self.model_name,
+                )
+                self._said_no_tools = True
+            self.stats.tools_unsupported += 1
+        messages = shapes.chat_messages(body, tools=with_tools)
+        extra = {"tools": tools} if with_tools else {}
         text = self.tokenizer.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=True
+            template_messages(messages) if with_tools else messages,
+            tokenize=False,
+            add_generation_prompt=True,
+            **extra,
         )
         prompt = list(self.tokenizer.encode(text, add_special_tokens=False))
         sequences = await self.sample(prompt, self._openai_sampling(body, len(prompt)))
@@ -222,6 +245,7 @@ class InferenceFace:
             self.token_text,
             bool(body.get("logprobs")),
             prompt if body.get("return_token_ids") else None,
+            tools=with_tools,
         )
 
     def _openai_sampling(self, body: dict[str, Any], prompt_length: int) -> shapes.Sampling:

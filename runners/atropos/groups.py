@@ -1,8 +1,10 @@
 """A batch from the trajectory API (ScoredDataGroups: tokens, masks, scores, and what else the
 environment filled) as the learner's sequences (runners/train/learner.py): the environment's
 masks decide what trains, its scores are the rewards (with grpo its own per-token advantages
-pass through; its overrides apply), the sampler's logprobs are its `inference_logprobs`; groups
-that are malformed or too long are dropped and counted, made-up data refused.
+pass through), the sampler's logprobs are its `inference_logprobs`; groups that are malformed
+or too long are dropped and counted, made-up data refused. The run's advantages are taken
+after the staleness bound (RunnerBase.prepare); `Batch.settle` then applies the environment's
+overrides to them.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from core.failures import RunFailure
-from runners.train.learner import AdvantageMode, Sequence, assign_advantages
+from runners.train.learner import AdvantageMode, Sequence
 
 MASKED = -100  # atroposlib's mask value for tokens that are not trained on
 DUMMY_LOGPROB = -0.5  # what atroposlib's DummyManagedServer makes up
@@ -26,9 +28,24 @@ class UnusableData(RunFailure):
 
 @dataclass
 class Batch:
+    # Read: every usable group's; settled: those trained, advantages set.
     sequences: list[Sequence] = field(default_factory=list)
     group_scores: list[list[float]] = field(default_factory=list)  # every received group's
     dropped: Counter[str] = field(default_factory=Counter)
+    zeroed: set[int] = field(default_factory=set)  # samples the overrides train at advantage 0
+
+    def settle(self, advantaged: list[Sequence], dropped_groups: int) -> list[Sequence]:
+        """The sequences to train, from those given their advantages: the environment's
+        overrides applied (`set_advantage_to_zero`), groups without signal counted, and those
+        that train on nothing of the model's own output left out (their scores still counted
+        in their groups')."""
+        if dropped_groups:
+            self.dropped["equal_scores"] += dropped_groups
+        for sequence in advantaged:
+            if sequence.sample in self.zeroed:
+                sequence.advantages = [0.0] * len(sequence.tokens)
+        self.sequences = [s for s in advantaged if any(s.trained[1:])]
+        return self.sequences
 
     def reward_mean(self) -> float | None:
         """The mean of every received group's mean score (None when none had scores)."""
@@ -55,18 +72,13 @@ class Batch:
 
 
 def read_batch(
-    groups: list[dict[str, Any]],
-    advantage: AdvantageMode,
-    scale_by_std: bool,
-    context: int | None,
-    keep_flat: bool = False,
+    groups: list[dict[str, Any]], advantage: AdvantageMode, context: int | None
 ) -> Batch:
-    """The batch's usable sequences with their advantages; groups that teach nothing or do
-    not fit the model are dropped and counted by reason (`keep_flat`: groups of equal scores
-    stay, at advantage 0, for a teacher's signal)."""
+    """The batch's usable sequences, before the run's advantages (with grpo an environment's
+    own per-token advantages pass through); groups that do not fit the model or are malformed
+    are dropped and counted by reason."""
     batch = Batch()
     sequences: list[Sequence] = []
-    zeroed: set[int] = set()  # the samples the environment's overrides train with advantage 0
     for group in groups:
         scores = [float(s) for s in group.get("scores") or []]
         batch.group_scores.append(scores)
@@ -82,18 +94,8 @@ def read_batch(
         overrides = group.get("overrides") or []
         for i, override in enumerate(overrides[: len(scores)]):
             if isinstance(override, dict) and override.get("set_advantage_to_zero"):
-                zeroed.add(first + i)
-    advantaged = assign_advantages(
-        sequences, advantage, scale_by_std=scale_by_std, keep_flat=keep_flat
-    )
-    if advantaged.dropped_groups:
-        batch.dropped["equal_scores"] += advantaged.dropped_groups
-    for sequence in advantaged.sequences:
-        if sequence.sample in zeroed:
-            sequence.advantages = [0.0] * len(sequence.tokens)
-    # Trained on nothing of the model's own output: nothing to learn from (after the
-    # advantages: its score still counts in its group's).
-    batch.sequences = [s for s in advantaged.sequences if any(s.trained[1:])]
+                batch.zeroed.add(first + i)
+    batch.sequences = sequences
     return batch
 
 

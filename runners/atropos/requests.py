@@ -15,6 +15,8 @@ from typing import Any
 
 from tinker import types
 
+from runners.doors.tool_calls import Reply, parse_reply
+
 
 class BadRequest(ValueError):
     """The request cannot be served; the message says why (answered with a 400)."""
@@ -208,15 +210,22 @@ def chat_answer(
     token_text: Any,
     with_logprobs: bool,
     prompt: list[int] | None = None,
+    tools: bool = False,
 ) -> dict[str, Any]:
     """OpenAI's chat answer; with the `prompt` given (vLLM's `return_token_ids`), the prompt's
-    and each choice's token ids too, as verifiers' trainers read them."""
+    and each choice's token ids too, as verifiers' trainers read them; with `tools`, the
+    model's tool calls parsed out of its text (Hermes's format)."""
     choices = []
     for index, sequence in enumerate(sequences):
+        text = decode(list(sequence.tokens))
+        reply = parse_reply(text) if tools else Reply(text, [])
+        message: dict[str, Any] = {"role": "assistant", "content": reply.content}
+        if reply.tool_calls:
+            message["tool_calls"] = reply.tool_calls
         choice: dict[str, Any] = {
             "index": index,
-            "message": {"role": "assistant", "content": decode(list(sequence.tokens))},
-            "finish_reason": openai_finish(sequence),
+            "message": message,
+            "finish_reason": "tool_calls" if reply.tool_calls else openai_finish(sequence),
             "logprobs": None,
         }
         if with_logprobs:
@@ -295,13 +304,33 @@ def message_text(content: object) -> str:
     raise BadRequest("messages: a message's content must be a string or a list of parts")
 
 
-def chat_messages(body: dict[str, Any]) -> list[dict[str, str]]:
+def chat_messages(body: dict[str, Any], tools: bool = False) -> list[dict[str, Any]]:
+    """The request's messages as {role, content}; with `tools`, an assistant's `tool_calls`
+    and a tool answer's `tool_call_id` and `name` kept too."""
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise BadRequest("messages: expected a non-empty list of {role, content}")
-    out = []
+    out: list[dict[str, Any]] = []
     for message in messages:
         if not isinstance(message, dict) or not isinstance(message.get("role"), str):
             raise BadRequest("messages: every message needs a role and a content")
-        out.append({"role": message["role"], "content": message_text(message.get("content"))})
+        kept: dict[str, Any] = {
+            "role": message["role"],
+            "content": message_text(message.get("content")),
+        }
+        if tools:
+            if isinstance(message.get("tool_calls"), list):
+                kept["tool_calls"] = message["tool_calls"]
+            kept.update({k: message[k] for k in ("tool_call_id", "name") if k in message})
+        out.append(kept)
     return out
+
+
+def tool_list(body: dict[str, Any]) -> list[dict[str, Any]] | None:
+    """The request's `tools` (OpenAI's function definitions), None when it sends none."""
+    tools = body.get("tools")
+    if tools is None or tools == []:
+        return None
+    if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
+        raise BadRequest("tools: expected a list of {type: function, function: {...}}")
+    return tools

@@ -250,25 +250,23 @@ class AtroposTrainer(RunnerBase[Feed]):
             with timed(times, "sample"):
                 groups = await self._until_stopped(feed.next_batch(step))
             with timed(times, "train"):
-                cfg = self.config
-                batch = read_batch(
-                    groups,
-                    cfg.advantage,
-                    cfg.scale_advantage_by_std,
-                    feed.context,
-                    keep_flat=self.keep_flat_groups(run),
-                )
-                fresh = self.fresh(feed.face, batch.sequences, step)
-                recomputed = await self.fill_logprobs(feed.face, fresh.sequences)
+                batch = read_batch(groups, self.config.advantage, feed.context)
+                self.tag_policies(feed.face, batch.sequences)
+                # The environment samples the next batch while a step trains: the bound is at
+                # least 1 here.
+                bound = max(1, self.config.max_steps_off_policy or 0)
+                prepared = self.prepare(batch.sequences, step, bound, self.keep_flat_groups(run))
+                trained = batch.settle(prepared.sequences, prepared.dropped_groups)
+                recomputed = await self.fill_logprobs(feed.face, trained)
                 local = run.backend == "local"
                 # The local backend trains on what also samples: one at a time.
                 with feed.face.paused() if local else contextlib.nullcontext():
-                    train_metrics = await self.train(run, fresh.sequences)
+                    train_metrics = await self.train(run, trained)
                     feed.face.set_sampler(await self.snapshot(run.training), step)
         self.step = step
         metrics = {
             **batch.metrics(),
-            **fresh.metrics,
+            **prepared.off_policy,
             **train_metrics,
             **feed.face.stats.take(),
             **feed.log_watch.take(),
@@ -280,7 +278,7 @@ class AtroposTrainer(RunnerBase[Feed]):
         face = feed.face
         run.reporter.rollouts(
             step,
-            lambda: sequence_records(groups, fresh.sequences, face.decode, face.end_ids),
+            lambda: sequence_records(groups, trained, face.decode, face.end_ids),
             metrics,
         )
         run.reporter.step(step, self.total_steps, metrics, batch.reward_mean())
@@ -293,18 +291,14 @@ class AtroposTrainer(RunnerBase[Feed]):
         if self.checkpoint_due(step):
             await self.checkpoint(run)
 
-    def fresh(self, face: InferenceFace, sequences: list[Sequence], step: int) -> staleness.Fresh:
-        """The sequences of groups the staleness bound keeps, each tagged with the policy that
-        served its trained tokens (the oldest, over its turns), where the face served them as
-        they are (an environment that tokenized text itself may not match: untagged, kept).
-        The environment samples the next batch while a step trains, so the bound is at
-        least 1 here."""
+    def tag_policies(self, face: InferenceFace, sequences: list[Sequence]) -> None:
+        """Each sequence tagged with the policy that served its trained tokens (the oldest,
+        over its turns), where the face served them as they are (an environment that
+        tokenized text itself may not match: untagged, kept by the staleness bound)."""
         for sequence in sequences:
             served = [face.policy_of(run) for run in _trained_runs(sequence)]
             known = [s for s in served if s is not None]
             sequence.meta[staleness.POLICY_STEP] = min(known) if known else None
-        limit = max(1, self.config.max_steps_off_policy or 0)
-        return staleness.bound(sequences, step, limit)
 
     async def fill_logprobs(self, face: InferenceFace, sequences: list[Sequence]) -> int:
         """The sampler's logprobs for sequences the environment sent without them (it sampled

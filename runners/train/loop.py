@@ -40,7 +40,7 @@ from runners.episodes.rollouts import Collected, Episode, mean_return
 from runners.episodes.sources import env_context, load_sources
 from runners.train import staleness
 from runners.train.engine_loss import lost_engine, resume_on_a_new_host
-from runners.train.learner import SEQUENCE_ID, TURN, Advantaged, Sequence, assign_advantages
+from runners.train.learner import SEQUENCE_ID, TURN, Sequence
 from runners.train.pipeline import Pipeline
 from runners.train.report import timed
 from runners.train.rollout_records import episode_records
@@ -116,18 +116,24 @@ class Trainer(RunnerBase[Collector]):
             times["time/sample_s"] = produced.sample_s
             with timed(times, "train"):
                 sequences = sequences_of(run.data.usable(collected), produced.policy_step)
-                fresh = staleness.bound(sequences, step, self.bound)
-                advantaged = self.advantages(fresh.sequences, step, self.keep_flat_groups(run))
-                train_metrics = await self.train(run, advantaged.sequences)
+                prepared = self.prepare(
+                    sequences,
+                    step,
+                    self.bound,
+                    self.keep_flat_groups(run),
+                    rebn_limit=self.config.batch_size,  # rebn: transitions per step
+                    seed=self.seeds.subset(step),
+                )
+                train_metrics = await self.train(run, prepared.sequences)
         self.step = step
         if not self.bound:  # a synchronous run: its wait is its sampling, its groups on policy
             times.pop("time/wait_s")
-        off_policy = fresh.metrics if self.bound else {}
+        off_policy = prepared.off_policy if self.bound else {}
         r = run.data.renderer
         run.reporter.rollouts(
             step,
             lambda: episode_records(
-                collected.episodes, advantaged.sequences, r.decode, r.stop_token_ids()
+                collected.episodes, prepared.sequences, r.decode, r.stop_token_ids()
             ),
         )
         self.record(
@@ -136,7 +142,7 @@ class Trainer(RunnerBase[Collector]):
             collected,
             {
                 **train_metrics,
-                "sampler/dropped_groups": advantaged.dropped_groups,
+                "sampler/dropped_groups": prepared.dropped_groups,
                 **off_policy,
                 **times,
             },
@@ -164,21 +170,6 @@ class Trainer(RunnerBase[Collector]):
                 collected.errors[0],
             )
         return collected
-
-    def advantages(
-        self, sequences: list[Sequence], step: int, keep_flat: bool = False
-    ) -> Advantaged:
-        """The turns with their advantages, and the groups dropped (no signal)."""
-        cfg = self.config
-        return assign_advantages(
-            sequences,
-            cfg.advantage,
-            scale_by_std=cfg.scale_advantage_by_std,
-            gamma=cfg.gamma,
-            limit=cfg.batch_size,  # rebn: transitions per step
-            seed=self.seeds.subset(step),
-            keep_flat=keep_flat,
-        )
 
     def record(self, run: Run, step: int, collected: Collected, metrics: dict[str, float]) -> None:
         all_metrics = {

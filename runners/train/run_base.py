@@ -1,8 +1,10 @@
 """What every run's runner does around its loop, whatever it trains on (our environments, or an
-Atropos environment in processes of its own): one `open_run` (the backend, a training client
-fresh or resumed from a state checkpoint, reporting, the scorers of a KL penalty or a teacher,
-the driver's data), the step loop and its SIGTERM stop, checkpoints, one learner step
-(runners/train/learner.py).
+Atropos or verifiers environment in processes of its own): one `open_run` (the backend, a
+training client fresh or resumed from a state checkpoint, reporting, the scorers of a KL
+penalty or a teacher, the driver's data), the step loop and its SIGTERM stop, checkpoints, and
+the RL step every driver shares once it has its batch as sequences: the staleness bound, then
+the advantages over what it kept (`prepare`), then one learner step (`train`,
+runners/train/learner.py).
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ from core.run_folder import RunFolder
 from core.settings import Settings
 from core.training_config import TrainingConfig
 from runners.episodes.policy import bounded
-from runners.train.learner import Sequence, train_on
+from runners.train import staleness
+from runners.train.learner import Sequence, assign_advantages, train_on
 from runners.train.resume import loadable_state
 from runners.train.scorers import Scorers, open_scorers
 
@@ -48,6 +51,16 @@ class RunContext(Generic[D]):
     data: D  # the driver's own (`RunnerBase.open_data`)
     # What is folded into the advantages besides the reward (None: nothing).
     scorers: Scorers | None = None
+
+
+@dataclass
+class Prepared:
+    """A step's sequences ready for the learner: the groups the staleness bound kept, with
+    their advantages (in training order), what was dropped, and the groups' staleness."""
+
+    sequences: list[Sequence]
+    dropped_groups: int  # groups left out for want of signal (their rewards all equal)
+    off_policy: dict[str, float]  # sampler/ metrics of the staleness bound
 
 
 class Stopped(Exception):
@@ -172,7 +185,33 @@ class RunnerBase(Generic[D]):
         reporter.start_wandb(resume_step=self.step if own_resume else None)
         return training
 
-    # The learner ---------------------------------------------------------------------------
+    # The RL step ---------------------------------------------------------------------------
+
+    def prepare(
+        self,
+        sequences: list[Sequence],
+        step: int,
+        bound: int,
+        keep_flat: bool,
+        *,
+        rebn_limit: int | None = None,
+        seed: int = 0,
+    ) -> Prepared:
+        """The groups at most `bound` steps off policy (dropped whole, before the advantages:
+        ReBN normalises over the batch it trains), then the run's advantages over them
+        (`rebn_limit`: the transitions a step keeps, a `seed`ed subset)."""
+        cfg = self.training_config
+        fresh = staleness.bound(sequences, step, bound)
+        advantaged = assign_advantages(
+            fresh.sequences,
+            cfg.advantage,
+            scale_by_std=cfg.scale_advantage_by_std,
+            gamma=cfg.gamma,
+            limit=rebn_limit,
+            seed=seed,
+            keep_flat=keep_flat,
+        )
+        return Prepared(advantaged.sequences, advantaged.dropped_groups, fresh.metrics)
 
     async def train(self, run: RunContext[D], sequences: list[Sequence]) -> dict[str, float]:
         """One optimizer step on `sequences` (advantages assigned) with the run's loss, after

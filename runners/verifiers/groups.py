@@ -2,7 +2,8 @@
 model calls merged into one sequence as prime-rl merges them (a call whose prompt extends the
 previous call's prompt and completion continues it; another starts a new sequence of the same
 sample), the completion tokens trained, the sampler's logprobs kept, the rollout's reward on its
-last sequence; then advantages over each group (runners/train/learner.py).
+last sequence, each tagged with the policy that sampled it. The run's advantages over each
+group come after (RunnerBase.prepare); `Batch.settle` keeps what then trains.
 """
 
 from __future__ import annotations
@@ -11,14 +12,24 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
 from core.verifiers_wire import Group, Rollout
-from runners.train.learner import AdvantageMode, Sequence, assign_advantages
+from runners.train import staleness
+from runners.train.learner import Sequence
 
 
 @dataclass
 class Batch:
     groups: list[Group]
-    sequences: list[Sequence] = field(default_factory=list)  # trained, advantages set
+    # Read: every usable rollout's; settled: those trained, advantages set.
+    sequences: list[Sequence] = field(default_factory=list)
     dropped: Counter[str] = field(default_factory=Counter)
+
+    def settle(self, advantaged: list[Sequence], dropped_groups: int) -> list[Sequence]:
+        """The sequences to train, from those given their advantages (groups without signal
+        counted)."""
+        if dropped_groups:
+            self.dropped["equal_rewards"] += dropped_groups
+        self.sequences = [s for s in advantaged if any(s.trained)]
+        return self.sequences
 
     def errors(self) -> list[str]:
         """What the rollouts that failed said (verifiers keeps a rollout's error in it)."""
@@ -61,15 +72,9 @@ class Batch:
         return out
 
 
-def read_groups(
-    groups: list[Group],
-    advantage: AdvantageMode,
-    scale_by_std: bool,
-    context: int | None,
-    keep_flat: bool = False,
-) -> Batch:
-    """The groups' sequences with their advantages; rollouts that failed or do not fit the
-    model are left out, and groups that teach nothing dropped, each counted by reason."""
+def read_groups(groups: list[Group], policy_step: int, context: int | None) -> Batch:
+    """The groups' sequences, sampled by `policy_step`; rollouts that failed or do not fit
+    the model are left out, counted by reason."""
     batch = Batch(groups)
     sequences: list[Sequence] = []
     sample = 0
@@ -87,12 +92,9 @@ def read_groups(
                 batch.dropped[why] += 1
                 continue
             sequences += made
-    advantaged = assign_advantages(
-        sequences, advantage, scale_by_std=scale_by_std, keep_flat=keep_flat
-    )
-    if advantaged.dropped_groups:
-        batch.dropped["equal_rewards"] += advantaged.dropped_groups
-    batch.sequences = [s for s in advantaged.sequences if any(s.trained)]
+    for sequence in sequences:
+        sequence.meta[staleness.POLICY_STEP] = policy_step
+    batch.sequences = sequences
     return batch
 
 

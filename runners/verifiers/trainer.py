@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from core.models import RunStatus
-from core.rollouts import RolloutRecord
 from core.run_folder import RunFolder
 from core.settings import Settings
 from core.spec import RunSpec
@@ -31,7 +30,7 @@ from runners.atropos.requests import SamplingDefaults
 from runners.train.report import timed
 from runners.train.run_base import RunContext, RunnerBase
 from runners.verifiers.driver import Driver, DriverConfig, EnvironmentFailed, sampling_args
-from runners.verifiers.groups import Batch, read_groups
+from runners.verifiers.groups import read_groups
 from runners.verifiers.records import rollout_records
 
 if TYPE_CHECKING:
@@ -111,33 +110,28 @@ class VerifiersTrainer(RunnerBase[Data]):
         return Data(face, driver, context, ready.examples)
 
     async def train_step(self, run: Run, step: int) -> None:
-        data, cfg = run.data, self.config
+        data = run.data
         times: dict[str, float] = {}
         with timed(times, "step"):
             with timed(times, "sample"):
                 groups = await self._until_stopped(self._groups(data, step))
             with timed(times, "train"):
-                batch = read_groups(
-                    groups,
-                    cfg.advantage,
-                    cfg.scale_advantage_by_std,
-                    data.context,
-                    keep_flat=self.keep_flat_groups(run),
-                )
+                # Sampled on policy: by the weights the step before left.
+                batch = read_groups(groups, step - 1, data.context)
                 if batch.all_failed():
                     raise EnvironmentFailed(
                         f"every rollout of step {step} failed in the environment; the first "
                         f"said: {batch.errors()[0]}"
                     )
+                prepared = self.prepare(batch.sequences, step, 0, self.keep_flat_groups(run))
+                trained = batch.settle(prepared.sequences, prepared.dropped_groups)
                 local = run.backend == "local"
                 with data.face.paused() if local else contextlib.nullcontext():
-                    train_metrics = (
-                        await self.train(run, batch.sequences) if batch.sequences else {}
-                    )
+                    train_metrics = await self.train(run, trained) if trained else {}
                     data.face.set_sampler(await self.snapshot(run.training), step)
         self.step = step
         metrics = {**batch.metrics(), **train_metrics, **data.face.stats.take(), **times}
-        run.reporter.rollouts(step, lambda: self._records(batch), metrics)
+        run.reporter.rollouts(step, lambda: rollout_records(batch), metrics)
         run.reporter.step(step, self.total_steps, metrics, batch.reward_mean())
         if self.checkpoint_due(step):
             await self.checkpoint(run)
@@ -155,9 +149,6 @@ class VerifiersTrainer(RunnerBase[Data]):
                 )
             )
         )
-
-    def _records(self, batch: Batch) -> list[RolloutRecord]:
-        return rollout_records(batch)
 
     async def tear_down(self, run: Run, status: RunStatus) -> None:
         """The driver stops first (nothing more is needed of it), then the last checkpoint and

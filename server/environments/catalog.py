@@ -132,7 +132,7 @@ class Catalog:
                 self._imports[key] = hit = (mtime, result)
         if isinstance(hit[1], str):
             raise Conflict(
-                f"Environment '{name}' cannot be imported: {hit[1]}. Fix {entry.file_path}.",
+                f"Environment '{name}' cannot be imported: {hit[1]}. {_fix(hit[1], entry)}",
                 importable=False,
                 error=hit[1],
             )
@@ -173,6 +173,19 @@ class Catalog:
             return str(path.relative_to(self._root))
         except ValueError:
             return str(path)
+
+
+def _fix(error: str, entry: EnvEntry) -> str:
+    """What to do about an import failure: a missing package is installed, not fixed; what
+    this server does not do yet is nothing to fix."""
+    if error.startswith("NotYet:"):
+        return "It is not a mistake in the file."
+    if error.startswith(("ModuleNotFoundError", "ImportError")) and entry.framework != "rlcs":
+        return (
+            f"Install what it imports into the {entry.framework} interpreter "
+            f"(docs/{entry.framework}.md), or fix {entry.file_path}."
+        )
+    return f"Fix {entry.file_path}."
 
 
 def check_name(name: str) -> None:

@@ -76,7 +76,7 @@ class InferenceSummaryOut(BaseModel):
     count: int
     scored: int = Field(description="Results the verifier could score")
     mean_score: float | None
-    percent_correct: float | None
+    percent_correct: float | None = Field(description="Of the results scored")
     tokens: int = Field(description="Tokens sampled, all results together")
     truncated: int = Field(description="Results cut short")
     latency_s: float

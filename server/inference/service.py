@@ -93,6 +93,8 @@ class InferenceService:
             model = body.model or config.model_name
             field = "model" if body.model is not None else "model_name (from the config)"
             self._models.check(model, config.backend, field, "sample", error=NotFound)
+        if body.num_items:  # it plays its own items: it must load (verifiers: tried first)
+            self._configs.check_starts(entry.name, config)
         job = InferenceJob(
             source=entry.source(config.model_dump(mode="json")),
             model=model,
@@ -164,8 +166,9 @@ def summarize(results: list[InferenceResult], latency_s: float) -> InferenceSumm
         count=len(results),
         scored=len(scored),
         mean_score=sum(scored) / len(scored) if scored else None,
+        # Of the results scored: an unscored one (a free prompt, a failure) is not wrong.
         percent_correct=(
-            100.0 * sum(1 for r in results if r.correct) / len(results) if results else None
+            100.0 * sum(1 for r in results if r.correct) / len(scored) if scored else None
         ),
         tokens=sum(r.tokens for r in results),
         truncated=sum(1 for r in results if r.truncated),

@@ -12,9 +12,20 @@ from typing import Any
 
 import pytest
 
-from runners.atropos.groups import MASKED, UnusableData, read_batch
+from runners.atropos.groups import MASKED, Batch, UnusableData, read_batch
 from runners.atropos.watch import EvalWatch, LogWatch, MetricsTap
 from runners.train.learner import datum
+from tests.support.prepare import prepare
+
+
+def settled(
+    groups: list[dict[str, Any]], advantage: Any, scale_by_std: bool, context: int | None
+) -> Batch:
+    """The batch as a run trains it: read, the run's advantages, the environment's overrides."""
+    batch = read_batch(groups, advantage, context)
+    prepared = prepare(batch.sequences, advantage, scale_by_std)
+    batch.settle(prepared.sequences, prepared.dropped_groups)
+    return batch
 
 
 def group(scores: list[float], prompt: int = 3, out: int = 2, **extra: Any) -> dict[str, Any]:
@@ -33,7 +44,7 @@ def group(scores: list[float], prompt: int = 3, out: int = 2, **extra: Any) -> d
 
 
 def test_grpo_advantages_from_scores_on_the_trained_tokens_only() -> None:
-    batch = read_batch([group([1.0, 0.0, 0.5])], "grpo", False, None)
+    batch = settled([group([1.0, 0.0, 0.5])], "grpo", False, None)
     assert [s.advantages[-1] for s in batch.sequences] == pytest.approx([0.5, -0.5, 0.0])
     for sequence in batch.sequences:
         assert sequence.advantages[:3] == [0.0, 0.0, 0.0]  # the prompt
@@ -54,7 +65,7 @@ def test_groups_that_teach_nothing_or_do_not_fit_are_dropped_and_counted() -> No
         {"tokens": [[1, 2]], "masks": [[1, 2]], "scores": [1.0, 0.0]},  # malformed
         group([0.0, 1.0]),
     ]
-    batch = read_batch(groups, "grpo", True, context=16)
+    batch = settled(groups, "grpo", True, 16)
     assert dict(batch.dropped) == {"equal_scores": 1, "too_long": 1, "malformed": 1}
     assert len(batch.sequences) == 2
     metrics = batch.metrics()
@@ -67,7 +78,7 @@ def test_groups_that_teach_nothing_or_do_not_fit_are_dropped_and_counted() -> No
 
 
 def test_rebn_normalises_across_the_batch() -> None:
-    batch = read_batch([group([1.0, 1.0]), group([0.0, 0.0])], "rebn", False, None)
+    batch = settled([group([1.0, 1.0]), group([0.0, 0.0])], "rebn", False, None)
     values = [s.advantages[-1] for s in batch.sequences]
     assert sum(values) == pytest.approx(0.0) and values[0] > 0 > values[-1]
     assert not batch.dropped  # equal within a group, not across the batch
@@ -76,7 +87,7 @@ def test_rebn_normalises_across_the_batch() -> None:
 def test_the_environments_own_advantages_and_overrides() -> None:
     own = group([0.3, 0.3], advantages=[[0.0, 0.0, 0.0, 2.0, 3.0], [9.0] * 5])
     own["overrides"] = [{}, {"set_advantage_to_zero": True}]
-    batch = read_batch([own], "grpo", False, None)
+    batch = settled([own], "grpo", False, None)
     assert batch.sequences[0].advantages == [0.0, 0.0, 0.0, 2.0, 3.0]
     assert batch.sequences[1].advantages == [0.0] * 5
 
@@ -84,7 +95,7 @@ def test_the_environments_own_advantages_and_overrides() -> None:
 def test_sequences_without_sampler_logprobs_are_left_to_recompute() -> None:
     plain = group([1.0, 0.0])
     del plain["inference_logprobs"]  # a chat_completion environment tokenizes itself
-    batch = read_batch([plain], "grpo", False, None)
+    batch = settled([plain], "grpo", False, None)
     assert [s.logprobs for s in batch.sequences] == [None, None]
 
 
@@ -97,7 +108,7 @@ def test_made_up_tokens_of_the_dummy_server_fail_loudly() -> None:
         "inference_logprobs": [[1.0, 1.0] + [-0.5] * n] * 2,
     }
     with pytest.raises(UnusableData, match="DummyManagedServer"):
-        read_batch([dummy], "grpo", False, None)
+        settled([dummy], "grpo", False, None)
 
 
 def test_the_log_says_which_groups_the_environment_dropped(tmp_path: Path) -> None:

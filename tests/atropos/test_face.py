@@ -252,3 +252,85 @@ def test_the_face_speaks_vllms_token_ids_as_verifiers_trainers_read_them(sampler
     assert made["finish_reason"] in ("stop", "length")
     assert models["data"][0]["max_model_len"] == 2048
     assert refused == 401
+
+
+HERMES_TEMPLATE = (
+    "{%- if tools %}<|im_start|>system\n<tools>{% for t in tools %}{{ t | tojson }}"
+    '{% endfor %}</tools>\nCall a tool as <tool_call>{"name": ..., "arguments": ...}'
+    "</tool_call><|im_end|>\n{%- endif %}"
+    "{%- for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}"
+    '{%- if m.tool_calls %}{% for c in m.tool_calls %}<tool_call>{"name": '
+    '"{{ c.function.name }}", "arguments": {{ c.function.arguments | tojson }}}</tool_call>'
+    "{% endfor %}{% endif %}<|im_end|>\n{%- endfor %}"
+    "{%- if add_generation_prompt %}<|im_start|>assistant\n{%- endif %}"
+)
+
+
+class Scripted:
+    """A sampler that writes what a test says, and remembers what it was shown."""
+
+    def __init__(self, tokenizer: Any, text: str) -> None:
+        self.tokenizer, self.text, self.prompts = tokenizer, text, []
+
+    async def sample(self, prompt: Any, num_samples: int, sampling_params: Any) -> Any:
+        import numpy as np
+        from tinker import types
+
+        self.prompts.append(self.tokenizer.decode(prompt.to_ints()))
+        tokens = list(self.tokenizer.encode(self.text, add_special_tokens=False)) + [END]
+        sequence = types.SampledSequence(
+            stop_reason="stop",
+            sequence_id="scripted",
+            tokens_np=np.asarray(tokens, dtype=np.int32),
+            logprobs_np=np.full(len(tokens), -0.5, dtype=np.float32),
+        )
+        return types.SampleResponse(sequences=[sequence] * num_samples)
+
+
+def test_tools_are_shown_and_calls_parsed_where_the_template_has_a_tool_format() -> None:
+    tokenizer = build_tiny_tokenizer()
+    tokenizer.chat_template = HERMES_TEMPLATE
+    said = 'Let me look. <tool_call>{"name": "lookup", "arguments": {"word": "cat"}}</tool_call>'
+    sampler = Scripted(tokenizer, said)
+    face = InferenceFace(tokenizer, SamplingDefaults(max_tokens=64), None, [END], "hermes-like")
+    face.set_sampler(sampler)
+    tool = {
+        "type": "function",
+        "function": {"name": "lookup", "parameters": {"type": "object", "properties": {}}},
+    }
+    earlier_call = {
+        "id": "call_1",
+        "type": "function",
+        "function": {"name": "lookup", "arguments": '{"word": "dog"}'},
+    }
+    body = {
+        "messages": [
+            {"role": "user", "content": "Look up cat."},
+            {"role": "assistant", "content": "", "tool_calls": [earlier_call]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "a dog barks"},
+        ],
+        "tools": [tool],
+    }
+    answer = asyncio.run(face.chat(body))
+    shown = sampler.prompts[-1]
+    assert '"name": "lookup"' in shown and "<tools>" in shown  # the tools, in its template
+    assert '"arguments": {"word": "dog"}' in shown  # the earlier call's arguments as an object
+    (choice,) = answer["choices"]
+    assert choice["finish_reason"] == "tool_calls"
+    assert choice["message"]["content"] == "Let me look."
+    (call,) = choice["message"]["tool_calls"]
+    assert call["function"] == {"name": "lookup", "arguments": '{"word": "cat"}'}
+    assert call["id"].startswith("call_") and call["type"] == "function"
+    assert face.stats.take()["atropos/face_tools_unsupported"] == 0
+
+
+def test_a_model_without_a_tool_format_answers_text_and_is_counted() -> None:
+    tokenizer = build_tiny_tokenizer()  # its template knows no tools
+    said = '<tool_call>{"name": "lookup", "arguments": {}}</tool_call>'
+    face = InferenceFace(tokenizer, SamplingDefaults(max_tokens=64), None, [END], "tiny-random")
+    face.set_sampler(Scripted(tokenizer, said))
+    body = {"messages": [{"role": "user", "content": "Hi"}], "tools": [{"type": "function"}]}
+    (choice,) = asyncio.run(face.chat(body))["choices"]
+    assert choice["finish_reason"] == "stop" and "tool_calls" not in choice["message"]
+    assert choice["message"]["content"] == said  # its text, as written
+    assert face.stats.take()["atropos/face_tools_unsupported"] == 1

@@ -147,3 +147,24 @@ def test_close_cancels_the_sampling_in_flight() -> None:
         assert cancelled.is_set()
 
     asyncio.run(go())
+
+
+def test_the_run_normalises_over_the_groups_it_keeps() -> None:
+    """The RL step every driver shares (RunnerBase.prepare): the bound first, then the
+    advantages, so that ReBN's batch statistics are those of what trains (an Atropos run once
+    took them over groups it then dropped)."""
+    from tests.support.prepare import prepare
+
+    def scored(group: int, policy_step: int, reward: float) -> Sequence:
+        sequence = tagged(group, policy_step)
+        sequence.reward, sequence.sample = reward, group * 10 + int(reward * 10)
+        return sequence
+
+    kept = [scored(0, 9, 1.0), scored(0, 9, 0.0)]
+    stale = [scored(1, 5, 9.0), scored(1, 5, 8.0)]  # 4 steps off: dropped by a bound of 1
+    prepared = prepare([*kept, *stale], "rebn", step=10, bound=1)
+    assert [s.group for s in prepared.sequences] == [0, 0]
+    values = [s.advantages[-1] for s in prepared.sequences if s.advantages]
+    # z-scores of 1.0 and 0.0 alone (over all four they would be -0.75 and -0.97)
+    assert values == pytest.approx([2**-0.5, -(2**-0.5)], abs=1e-4)
+    assert prepared.off_policy["sampler/stale_groups_dropped"] == 1.0

@@ -121,6 +121,11 @@ def test_a_run_its_environment_cannot_start_with_is_refused(client: TestClient) 
     assert key.status_code == 422
     assert "API key" in key.json()["detail"] and "OPENAI_API_KEY" in key.json()["detail"]
     assert client.get("/runs").json() == []
+    # Test inference on its own examples is refused the same way.
+    tried = client.post(
+        "/test/inference", json={"environment": "needs-hub", "num_items": 1, "model": "tiny-random"}
+    )
+    assert tried.status_code == 422 and "someone/word-problems" in tried.json()["detail"]
 
 
 def test_a_verifiers_environment_cannot_join_a_mix(client: TestClient) -> None:
@@ -133,7 +138,7 @@ def test_a_verifiers_environment_cannot_join_a_mix(client: TestClient) -> None:
 def test_a_v1_taskset_is_listed_and_says_what_is_missing(client: TestClient) -> None:
     refused = client.post("/environments/vowels/select")
     assert refused.status_code == 409
-    assert "only v0 environments" in refused.json()["detail"]
+    assert "v1 environments are listed here, not yet configured" in refused.json()["detail"]
     listed = {e["name"]: e for e in client.get("/environments").json()}
     assert listed["vowels"]["generation"] == "v1" and listed["vowels"]["importable"] is False
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from core.verifiers_wire import Group, Rollout, Step
 from runners.verifiers.groups import read_groups, rollout_sequences
+from tests.support.prepare import prepare
 
 
 def call(prompt: list[int], completion: list[int], mask: list[int] | None = None) -> Step:
@@ -75,7 +76,10 @@ def test_groups_get_advantages_and_what_cannot_train_is_counted() -> None:
             ),
         ],
     )
-    batch = read_groups([good, flat, bad], "grpo", False, context=8)
+    batch = read_groups([good, flat, bad], 4, context=8)
+    assert {s.meta["policy_step"] for s in batch.sequences} == {4}
+    prepared = prepare(batch.sequences, step=5)
+    batch.settle(prepared.sequences, prepared.dropped_groups)
     assert [s.advantages for s in batch.sequences] == [[0.0, 0.5], [0.0, -0.5]]
     assert batch.dropped == {
         "equal_rewards": 1,

@@ -82,7 +82,7 @@ def finished(server: LiveServer) -> dict[str, dict[str, Any]]:
     }
     ids.update(
         (name, start_run(server.api, environment=name, **shape, **TINY))
-        for name in (*GOOD, "grumpy", "raises", "vanishing")
+        for name in (*GOOD, "letter-count", "grumpy", "raises", "vanishing")
     )
     wait_for(lambda: all(run_of(server.api, i)["status"] in FINISHED for i in ids.values()), 300)
     return {name: run_of(server.api, run_id) for name, run_id in ids.items()}
@@ -127,6 +127,21 @@ def test_a_two_step_run_records_rewards_metrics_and_rollouts(
         assert any("Now a word that starts with" in m["content"] for m in first["messages"])
     else:
         assert first["prompt"].startswith("Write the word '")
+
+
+def test_a_tool_environment_on_a_model_without_a_tool_format_says_so(
+    server: LiveServer, finished: dict[str, dict[str, Any]]
+) -> None:
+    """tiny-random's chat template has no tool format: the tools are not shown, the model
+    answers text (each episode ends there), and every such request is counted and logged."""
+    run = finished["letter-count"]
+    assert run["status"] == "succeeded", log_of(server, run)
+    rows = server.api.get(f"/runs/{run['run_id']}/history").json()["rows"]
+    steps = [r for r in rows if "reward/mean" in r]
+    for row in steps:
+        assert row["verifiers/face_tools_unsupported"] == row["verifiers/face_requests"] == 6
+        assert row["env/total_tool_calls"] == 0  # verifiers' own count: none parsed
+    assert "has no tool format" in log_of(server, run)
 
 
 def test_smollm2_trains_a_multi_turn_environment_its_turns_merged(

@@ -85,6 +85,10 @@ def _json(value: Any) -> bool:
 REMOTE = ("SandboxEnv", "CliAgentEnv", "HarborEnv", "BrowserEnv")
 
 
+class NotYet(Exception):
+    """What this server does not do yet (said as it is)."""
+
+
 class CannotUse(Exception):
     """Why a run could not use the environment, in words (no traceback place)."""
 
@@ -161,10 +165,12 @@ def main(argv: list[str]) -> int:
     module_file, entry = Path(argv[0]).resolve(), argv[1]
 
     def describe_file() -> tuple[dict[str, Any], Any]:
-        found = load_entry(module_file, entry)
         if entry != V0_ENTRY:
-            raise ImportError(f"{entry}: only v0 environments (load_environment) are read yet")
-        return describe_v0(found, module_name(module_file))
+            raise NotYet(
+                f"{entry} is a v1 taskset: v1 environments are listed here, not yet configured, "
+                "tried or trained (docs/verifiers.md)"
+            )
+        return describe_v0(load_entry(module_file, entry), module_name(module_file))
 
     return int(protocol.serve(describe_file))
 

@@ -1,0 +1,79 @@
+"""verifiers runs on the Tinker backend: the unmodified SDK against the loopback stand-in. The
+face serves the hosted sampler to the environment's driver, and the datums carry the sampler's
+logprobs on the model's tokens."""
+
+from __future__ import annotations
+
+import itertools
+import random
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from runners.models.tiny import build_tiny_tokenizer
+from server.app import create_app
+from tests.support.helpers import finish_run, start_run
+from tests.support.settings import make_settings
+from tests.support.standins.tinker_standin import TinkerStandin, token_logprob
+from tests.verifiers.conftest import ENVS
+
+KEY = "tml-standin-test-key-0123456789"
+TOKENIZER = build_tiny_tokenizer()
+# Near what reverse-word asks (planet, garden, ... backwards): rewards that differ.
+ANSWERS = ["tenalp", "tenlap", "nedrag", "planet", "revlis", "x"]
+CALLS = itertools.count()
+
+
+def answer(prompt: list[int], index: int, params: dict[str, Any]) -> list[int]:
+    word = random.Random(next(CALLS)).choice(ANSWERS)
+    return TOKENIZER.encode(word, add_special_tokens=False) + [TOKENIZER.eos_token_id]
+
+
+@pytest.fixture
+def standin(monkeypatch: pytest.MonkeyPatch) -> Iterator[TinkerStandin]:
+    monkeypatch.setenv("TINKER_TELEMETRY", "0")
+    with TinkerStandin(
+        expected_api_key=KEY, sample_fn=answer, extra_models=("tiny-random",)
+    ) as server:
+        yield server
+
+
+def test_a_verifiers_run_trains_on_tinker(
+    tmp_path: Path, standin: TinkerStandin, verifiers_python: str
+) -> None:
+    settings = make_settings(
+        tmp_path, tinker_api_key=KEY, tinker_base_url=standin.url, env_dirs=[ENVS]
+    )
+    with TestClient(create_app(settings)) as client:
+        run_id = start_run(
+            client,
+            environment="reverse-word",
+            model_name="tiny-random",
+            total_steps=2,
+            group_size=3,
+            groups_per_step=2,
+            use_wandb=False,
+            save_every=0,
+        )
+        run = finish_run(client, run_id, 300)
+        logs = client.get(f"/runs/{run_id}/logs", params={"tail": 40}).json()["lines"]
+        assert run["status"] == "succeeded", "\n".join(logs)
+        assert run["weights_path"].startswith("tinker://")
+        assert KEY not in "\n".join(logs)
+
+    samples = standin.bodies("asample")
+    assert len(samples) == 2 * 2 * 3  # one request per rollout (verifiers asks one at a time)
+    data = [d for request in standin.bodies("forward_backward") for d in request["data"]]
+    assert data
+    for datum in data:
+        inputs = datum["loss_fn_inputs"]
+        targets = inputs["target_tokens"]["values"]
+        logprobs = inputs["logprobs"]["values"]
+        trained = [i for i, lp in enumerate(logprobs) if lp != 0.0]
+        assert trained  # the answer's tokens, with the sampler's logprobs
+        assert [logprobs[i] for i in trained] == pytest.approx(
+            [token_logprob(targets[i]) for i in trained], abs=1e-6
+        )
