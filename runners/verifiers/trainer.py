@@ -6,8 +6,8 @@ with vLLM's token ids), starts the environment's driver in the verifiers interpr
 (driver.py), and then for each step: asks the driver for `groups_per_step` groups of
 `group_size` rollouts (examples taken in order from the dataset, shuffled by the run's seed;
 sampled from the newest policy), reads their model calls as the learner's sequences with the
-sampler's logprobs and group advantages (groups.py), trains (runners/train/learner.py), and
-swaps the policy the face serves.
+sampler's logprobs (groups.py), takes the RL step every run takes (RunnerBase: group
+advantages, the learner), and swaps the policy the face serves.
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ class VerifiersTrainer(RunnerBase[Data]):
         """The face serving the current policy and the environment's driver; the driver ends
         first, then the face (after what still samples)."""
         from core.model_names import context_length
-        from runners.atropos.trainer import _end_ids
+        from runners.episodes.render import Renderer
         from runners.models.loading import load_tokenizer
 
         cfg = self.config
@@ -81,7 +81,7 @@ class VerifiersTrainer(RunnerBase[Data]):
             tokenizer,
             SamplingDefaults(cfg.max_tokens, cfg.temperature, cfg.top_p, cfg.top_k),
             context,
-            _end_ids(tokenizer),
+            Renderer(tokenizer, "plain").stop_token_ids(),
             cfg.model_name,
             door="verifiers",
         )

@@ -13,16 +13,14 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic import ValidationError
-
 from core.atropos import (
     LOCKED_ENV_FIELDS,
     SHADOWED_FIELDS,
     AtroposTrainingConfig,
     locked_env_values,
 )
-from core.inspect_wire import Described, Failed, Invalid, Validated, plain_error
-from server.environments.inspector import Ask, ConfigInvalid, ConfigSchema, InspectFailed
+from core.inspect_wire import Described
+from server.environments.inspector import Ask, ConfigSchema, InspectFailed, validate_by_owners
 
 TRAINING_FIELDS = frozenset(AtroposTrainingConfig.model_fields)
 # Training fields whose default the environment's config_init() gives, when it sets one.
@@ -55,24 +53,7 @@ class AtroposConfigSchema(ConfigSchema):
         seeded = {k: self.env_defaults[k] for k in SEEDED_FROM_ENV if k in self.env_defaults}
         training = {**seeded, **{k: v for k, v in wanted.items() if k in TRAINING_FIELDS}}
         env = {k: v for k, v in wanted.items() if k not in TRAINING_FIELDS}
-        errors: list[dict[str, Any]] = []
-        trained: AtroposTrainingConfig | None = None
-        try:
-            trained = AtroposTrainingConfig.model_validate(training, strict=True)
-        except ValidationError as exc:
-            errors += [plain_error(e) for e in exc.errors(include_url=False)]
-        theirs: dict[str, Any] = {}
-        match self._ask(env):
-            case Validated(values=values):
-                theirs = values
-            case Invalid(errors=invalid):
-                errors += invalid
-            case Failed(error=error):
-                raise InspectFailed(f"its config's validation failed: {error}")
-            case other:
-                raise InspectFailed(f"its inspector answered a validation with {other.kind}")
-        if errors or trained is None:
-            raise ConfigInvalid(errors)
+        trained, theirs = validate_by_owners(AtroposTrainingConfig, training, self._ask, env)
         # Training fields first, as for ours; the environment's own after them.
         out = trained.model_dump(mode="json")
         out.update({k: v for k, v in theirs.items() if k not in out})

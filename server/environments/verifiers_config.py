@@ -10,9 +10,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic import ValidationError
-
-from core.inspect_wire import Described, Failed, Invalid, Validated, plain_error
+from core.inspect_wire import Described, Failed, Invalid, Validated
 from core.verifiers import TRAINING_FIELDS, VerifiersTrainingConfig, arg_name, config_name
 from server.environments.inspector import (
     Ask,
@@ -20,6 +18,7 @@ from server.environments.inspector import (
     ConfigInvalid,
     ConfigSchema,
     InspectFailed,
+    validate_by_owners,
 )
 
 
@@ -33,24 +32,9 @@ class VerifiersConfigSchema(ConfigSchema):
         wanted = {k: v for k, v in values.items() if k not in self.locked}
         training = {k: v for k, v in wanted.items() if k in TRAINING_FIELDS}
         args = {arg_name(k): v for k, v in wanted.items() if k not in TRAINING_FIELDS}
-        errors: list[dict[str, Any]] = []
-        trained: VerifiersTrainingConfig | None = None
-        try:
-            trained = VerifiersTrainingConfig.model_validate(training, strict=True)
-        except ValidationError as exc:
-            errors += [plain_error(e) for e in exc.errors(include_url=False)]
-        theirs: dict[str, Any] = {}
-        match self._ask(args):
-            case Validated(values=valid):
-                theirs = valid
-            case Invalid(errors=invalid):
-                errors += [_renamed(e) for e in invalid]
-            case Failed(error=error):
-                raise InspectFailed(f"its arguments' validation failed: {error}")
-            case other:
-                raise InspectFailed(f"its inspector answered a validation with {other.kind}")
-        if errors or trained is None:
-            raise ConfigInvalid(errors)
+        trained, theirs = validate_by_owners(
+            VerifiersTrainingConfig, training, self._ask, args, _renamed
+        )
         out = trained.model_dump(mode="json")
         out.update({config_name(k): v for k, v in theirs.items()})
         return out

@@ -4,11 +4,8 @@ logprobs on the model's tokens."""
 
 from __future__ import annotations
 
-import itertools
-import random
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
@@ -17,26 +14,26 @@ from runners.models.tiny import build_tiny_tokenizer
 from server.app import create_app
 from tests.support.helpers import finish_run, start_run
 from tests.support.settings import make_settings
-from tests.support.standins.tinker_standin import TinkerStandin, token_logprob
+from tests.support.standins.tinker_standin import (
+    TinkerStandin,
+    answering_with,
+    token_logprob,
+)
 from tests.verifiers.conftest import ENVS
 
 KEY = "tml-standin-test-key-0123456789"
 TOKENIZER = build_tiny_tokenizer()
 # Near what reverse-word asks (planet, garden, ... backwards): rewards that differ.
 ANSWERS = ["tenalp", "tenlap", "nedrag", "planet", "revlis", "x"]
-CALLS = itertools.count()
-
-
-def answer(prompt: list[int], index: int, params: dict[str, Any]) -> list[int]:
-    word = random.Random(next(CALLS)).choice(ANSWERS)
-    return TOKENIZER.encode(word, add_special_tokens=False) + [TOKENIZER.eos_token_id]
 
 
 @pytest.fixture
 def standin(monkeypatch: pytest.MonkeyPatch) -> Iterator[TinkerStandin]:
     monkeypatch.setenv("TINKER_TELEMETRY", "0")
     with TinkerStandin(
-        expected_api_key=KEY, sample_fn=answer, extra_models=("tiny-random",)
+        expected_api_key=KEY,
+        sample_fn=answering_with(ANSWERS, TOKENIZER),
+        extra_models=("tiny-random",),
     ) as server:
         yield server
 

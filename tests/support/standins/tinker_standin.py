@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import random
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -98,6 +99,18 @@ def default_sample_tokens(prompt: list[int], index: int, params: Mapping[str, An
 
 
 @dataclass
+def answering_with(words: list[str], tokenizer: Any) -> SampleFn:
+    """A `sample_fn` whose every completion is one of `words` (drawn anew each time, so a
+    group's scores differ) and the end-of-text token."""
+    calls = itertools.count()
+
+    def answer(prompt: list[int], index: int, params: Mapping[str, Any]) -> list[int]:
+        word = random.Random(next(calls)).choice(words)
+        return list(tokenizer.encode(word, add_special_tokens=False)) + [tokenizer.eos_token_id]
+
+    return answer
+
+
 class RecordedRequest:
     """One request as the stand-in received it, decoded, with the status it answered."""
 
