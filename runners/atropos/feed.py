@@ -19,8 +19,8 @@ import httpx
 from core.failures import RunFailure
 from core.settings import Settings
 from runners.atropos.children import Child
-from runners.atropos.face import InferenceFace
 from runners.atropos.watch import EvalWatch, LogWatch, MetricsTap
+from runners.doors.face import InferenceFace
 
 log = logging.getLogger("runner")
 BATCH_POLL_S = 0.2  # how often an empty trajectory API is asked again

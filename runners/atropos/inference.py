@@ -29,10 +29,10 @@ from core.settings import Settings
 from core.spec import InferenceJob
 from runners.atropos.children import Child, atropos_environment, start_child
 from runners.atropos.env_yaml import server_entries
-from runners.atropos.face import InferenceFace, serving
-from runners.atropos.requests import SamplingDefaults
 from runners.atropos.watch import LogWatch
+from runners.doors.face import InferenceFace, serving
 from runners.doors.free_prompts import answer_unscored
+from runners.doors.requests import SamplingDefaults
 from runners.episodes.render import Renderer
 
 UNSCORED = (

@@ -31,12 +31,12 @@ from core.settings import Settings
 from core.spec import RunSpec
 from runners.atropos.children import REDACTED, Child, atropos_environment, start_child
 from runners.atropos.env_yaml import write_env_yaml
-from runners.atropos.face import InferenceFace, serving
 from runners.atropos.feed import EnvironmentFailed, Feed
 from runners.atropos.groups import Batch, read_batch
-from runners.atropos.requests import SamplingDefaults
 from runners.atropos.rollout_records import sequence_records
 from runners.atropos.watch import EvalWatch, LogWatch, MetricsTap
+from runners.doors.face import InferenceFace, serving
+from runners.doors.requests import SamplingDefaults
 from runners.train import staleness
 from runners.train.learner import Sequence
 from runners.train.report import timed

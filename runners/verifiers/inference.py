@@ -19,9 +19,9 @@ from core.settings import Settings
 from core.spec import InferenceJob
 from core.verifiers import VerifiersRunConfig
 from core.verifiers_wire import Rollout
-from runners.atropos.face import InferenceFace, serving
-from runners.atropos.requests import SamplingDefaults
+from runners.doors.face import InferenceFace, serving
 from runners.doors.free_prompts import answer_unscored
+from runners.doors.requests import SamplingDefaults
 from runners.episodes.render import Renderer
 from runners.verifiers.driver import (
     Driver,

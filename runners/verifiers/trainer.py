@@ -25,8 +25,8 @@ from core.settings import Settings
 from core.spec import RunSpec
 from core.verifiers import VerifiersRunConfig
 from core.verifiers_wire import Group
-from runners.atropos.face import InferenceFace, serving
-from runners.atropos.requests import SamplingDefaults
+from runners.doors.face import InferenceFace, serving
+from runners.doors.requests import SamplingDefaults
 from runners.train.report import timed
 from runners.train.run_base import RunContext, RunnerBase
 from runners.verifiers.driver import Driver, DriverConfig, EnvironmentFailed, sampling_args

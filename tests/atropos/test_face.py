@@ -1,4 +1,4 @@
-"""The inference face an Atropos environment samples from (runners.atropos.face), serving the
+"""The inference face an Atropos environment samples from (runners.doors.face), serving the
 real tiny-random model on the local backend: SGLang's /generate as atroposlib's SGLangServer
 sends it, and /v1 through the real openai client."""
 
@@ -13,8 +13,8 @@ import httpx
 import openai
 import pytest
 
-from runners.atropos.face import InferenceFace, serving
-from runners.atropos.requests import BadRequest, SamplingDefaults, sampling_from, stop_param
+from runners.doors.face import InferenceFace, serving
+from runners.doors.requests import BadRequest, SamplingDefaults, sampling_from, stop_param
 from runners.engine.local import LocalServiceClient
 from runners.models.tiny import build_tiny_tokenizer
 

@@ -1,10 +1,11 @@
-"""The inference face an Atropos environment samples from: the run's current policy served on a
-loopback port with a key made for the run (`Authorization: Bearer`), in the runner's own event
-loop. SGLang's `POST /generate` (what managed_server uses), lenient OpenAI `/v1/chat/completions`
-(with vLLM's `return_token_ids`, as verifiers' v0 trainers ask) and `/v1/completions`, vLLM's
-`POST /inference/v1/generate` (token ids in and out, as verifiers' v1 trainers ask),
-`GET /v1/models` (with `max_model_len`), `GET /health`. The runner swaps the policy after each
-training step; requests already running finish on the one they started with.
+"""The inference face an Atropos or verifiers environment samples from: the run's current policy
+served on a loopback port with a key made for the run (`Authorization: Bearer`), in the
+runner's own event loop. SGLang's `POST /generate` (what managed_server uses), lenient OpenAI
+`/v1/chat/completions` (with vLLM's `return_token_ids`, as verifiers' v0 trainers ask; tools
+for templates with a tool format) and `/v1/completions`, vLLM's `POST /inference/v1/generate`
+(token ids in and out, as verifiers' v1 trainers ask), `GET /v1/models` (with
+`max_model_len`), `GET /health`. The runner swaps the policy after each training step;
+requests already running finish on the one they started with.
 """
 
 from __future__ import annotations
@@ -27,8 +28,8 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 from tinker import types
 
-from runners.atropos import requests as shapes
-from runners.atropos.requests import BadRequest, SamplingDefaults
+from runners.doors import requests as shapes
+from runners.doors.requests import BadRequest, SamplingDefaults
 from runners.doors.tool_calls import knows_tools, template_messages
 
 log = logging.getLogger(__name__)

@@ -1,9 +1,12 @@
-"""What an Atropos environment asks the inference face for, read leniently as SGLang and
-OpenAI's servers read it (unknown keys ignored), and the answers in their shapes.
+"""What an environment of another framework asks the inference face for, read leniently as
+SGLang's, OpenAI's and vLLM's servers read it (unknown keys ignored), and the answers in their
+shapes.
 
 `/generate` is SGLang's native endpoint (atroposlib's SGLangServer, behind managed_server):
 token ids in, used as given; per-token logprobs and the real finish reason out. `/v1/...` is
-OpenAI's chat and completions shape (`self.server.chat_completion` and `completion`).
+OpenAI's chat and completions shape (Atropos's `self.server.chat_completion` and `completion`;
+verifiers' client, with vLLM's `return_token_ids`). `/inference/v1/generate` is vLLM's
+token-in, token-out endpoint (verifiers' v1 trainers).
 """
 
 from __future__ import annotations
