@@ -79,8 +79,11 @@ class InferenceJob(_Frozen):
 
 
 class ChatMessage(_Frozen):
-    role: Literal["system", "user", "assistant"]
+    role: Literal["system", "user", "assistant", "tool"]
     content: str
+    # An assistant's earlier tool calls (OpenAI's shape), and the call a tool's answer answers.
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
 
 
 class ChatJob(_Frozen):
@@ -101,6 +104,9 @@ class ChatJob(_Frozen):
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     top_k: int = Field(-1, ge=-1)
     stop_token_ids: list[int] = Field(default_factory=list)  # beside the end-of-turn markers
+    # OpenAI's function definitions: shown to a model whose chat template has a tool format,
+    # its calls parsed out of its text (runners/doors/tool_calls.py).
+    tools: list[dict[str, Any]] | None = None
     # The answer carries the prompt's and each choice's token ids, and then a logprob for
     # every token id (the text's view leaves out special tokens and those past a stop string).
     token_ids: bool = False

@@ -12,6 +12,7 @@ from typing import Any
 from tinker import types
 
 from core.spec import ChatJob, ChatMessage
+from runners.doors.tool_calls import knows_tools, parse_reply, template_messages
 from runners.episodes.policy import bounded
 from runners.episodes.render import Renderer
 
@@ -19,10 +20,24 @@ Emit = Callable[[int, str], None]  # a choice's index, its new text
 TINKER_MARGIN_S = 5.0  # a hosted call may take this long past the budget before it is an error
 
 
-def prompt_tokens(tokenizer: Any, messages: list[ChatMessage]) -> list[int]:
-    """The conversation as the model was trained to read it, ending where its turn starts."""
-    turns = [{"role": m.role, "content": m.content} for m in messages]
-    if getattr(tokenizer, "chat_template", None):
+def prompt_tokens(
+    tokenizer: Any, messages: list[ChatMessage], tools: list[dict[str, Any]] | None = None
+) -> list[int]:
+    """The conversation as the model was trained to read it, ending where its turn starts;
+    `tools` shown as its chat template shows them (ValueError naming `tools` where the template
+    has no tool format)."""
+    turns = [m.model_dump(exclude_none=True) for m in messages]
+    if tools:
+        if not knows_tools(tokenizer):
+            raise ValueError(
+                "tools: this model's chat template has no tool format this server can parse "
+                "calls from (Hermes's <tool_call>, as Qwen's and Hermes's templates write "
+                "them); leave tools out"
+            )
+        text = tokenizer.apply_chat_template(
+            template_messages(turns), tools=tools, tokenize=False, add_generation_prompt=True
+        )
+    elif getattr(tokenizer, "chat_template", None):
         text = tokenizer.apply_chat_template(turns, tokenize=False, add_generation_prompt=True)
     else:  # a base model without a template: one line per turn, then the assistant's cue
         text = "".join(f"{t['role']}: {t['content']}\n" for t in turns) + "assistant:"
@@ -105,7 +120,7 @@ class ChatCompletion:
         prompt = (
             job.prompt_ids
             if job.prompt_ids is not None
-            else prompt_tokens(self._tokenizer, job.messages)
+            else prompt_tokens(self._tokenizer, job.messages, job.tools)
         )
         deadline = None
         if job.deadline is not None:  # the server stamps wall-clock time; engines use monotonic
@@ -187,6 +202,12 @@ class ChatCompletion:
             "tokens": len(tokens),
             "logprobs": None,
         }
+        if self.job.tools:
+            reply = parse_reply(text)
+            if reply.tool_calls:
+                choice.update(
+                    text=reply.content, tool_calls=reply.tool_calls, finish_reason="tool_calls"
+                )
         if self.job.token_ids:
             choice["token_ids"] = tokens
         if self.job.logprobs:

@@ -55,9 +55,15 @@ class ChatService:
         target = self.models.resolve(body.model)
         check_decoding_options(body, target)
         messages = [
-            ChatMessage(role="system" if m.role == "developer" else m.role, content=m.text())
+            ChatMessage(
+                role="system" if m.role == "developer" else m.role,
+                content=m.text(),
+                tool_calls=[c.model_dump() for c in m.tool_calls] if m.tool_calls else None,
+                tool_call_id=m.tool_call_id,
+            )
             for m in body.messages
         ]
+        tools = body.tools if body.tools and body.tool_choice != "none" else None
         job = ChatJob(
             model=target.model,
             adapter=target.adapter,
@@ -75,6 +81,7 @@ class ChatService:
             min_tokens=body.min_tokens or 0,
             ignore_eos=bool(body.ignore_eos),
             token_ids=bool(body.return_token_ids),
+            tools=[t.model_dump(exclude_none=True) for t in tools] if tools else None,
         )
         usage = bool(body.stream_options and body.stream_options.include_usage)
         return Prepared(target, job, arrived, f"chatcmpl-{uuid.uuid4().hex[:24]}", usage)
@@ -176,7 +183,7 @@ def completion_body(prepared: Prepared, answer: dict[str, Any]) -> ChatCompletio
     choices = [
         ChoiceOut(
             index=c["index"],
-            message=AssistantMessage(content=c["text"]),
+            message=AssistantMessage(content=c["text"], tool_calls=c.get("tool_calls")),
             finish_reason=c["finish_reason"],
             logprobs=ChoiceLogprobs(content=c["logprobs"]) if c["logprobs"] is not None else None,
             token_ids=c.get("token_ids"),
@@ -209,5 +216,7 @@ def worker_error(answer: dict[str, Any], target: Target, prompt_param: str) -> E
         return Unavailable(f"the {target.backend} backend is not usable for sampling: {error}")
     if error.startswith("ValueError:"):  # the sampler refused the input (say, too long)
         reason = error.removeprefix("ValueError: ")
+        if reason.startswith("tools: "):  # the model's template cannot show them
+            return InvalidValue(reason, param="tools")
         return InvalidValue(f"{prompt_param}: {reason}", param=prompt_param)
     return Unavailable(f"sampling {target.model_id} failed: {error}")

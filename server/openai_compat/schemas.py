@@ -35,14 +35,64 @@ class TextPart(StrictIn):
     text: Text
 
 
+ToolName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_\-]{1,64}$")]
+
+
+class ToolFunctionIn(StrictIn):
+    name: ToolName
+    description: str | None = Field(None, max_length=4096)
+    parameters: dict[str, Any] | None = Field(None, description="A JSON schema")
+    strict: bool | None = Field(None, description="Accepted and ignored")
+
+
+class ToolIn(StrictIn):
+    """OpenAI's function tool definition."""
+
+    type: Literal["function"]
+    function: ToolFunctionIn
+
+
+class CalledFunction(StrictIn):
+    name: ToolName
+    arguments: str = Field(max_length=64_000, description="JSON text")
+
+
+class ToolCallIn(StrictIn):
+    """An earlier assistant turn's tool call, as OpenAI answered it."""
+
+    id: str = Field(min_length=1, max_length=128)
+    type: Literal["function"]
+    function: CalledFunction
+
+
 class ChatMessageIn(StrictIn):
-    role: Literal["system", "developer", "user", "assistant"]
-    content: Text | list[TextPart] = Field(
-        description="The text, or a list of text parts (joined); images are not supported"
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: Text | list[TextPart] | None = Field(
+        None,
+        description="The text, or a list of text parts (joined); images are not supported; "
+        "null for an assistant turn of tool calls",
     )
     name: str | None = Field(None, max_length=64, description="Accepted and ignored")
+    tool_calls: list[ToolCallIn] | None = Field(
+        None, max_length=64, description="An assistant turn's tool calls"
+    )
+    tool_call_id: str | None = Field(
+        None, max_length=128, description="A tool turn: the call it answers"
+    )
+
+    @model_validator(mode="after")
+    def _complete(self) -> ChatMessageIn:
+        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+            raise ValueError("content: give the message's text (null only with tool_calls)")
+        if self.tool_calls and self.role != "assistant":
+            raise ValueError("tool_calls: only an assistant message carries them")
+        if self.role == "tool" and not self.tool_call_id:
+            raise ValueError("tool_call_id: a tool message names the call it answers")
+        return self
 
     def text(self) -> str:
+        if self.content is None:
+            return ""
         if isinstance(self.content, str):
             return self.content
         return "".join(part.text for part in self.content)
@@ -84,6 +134,17 @@ class ChatCompletionIn(StrictIn):
         description="vLLM's: the end of turn does not end a choice (stop strings still do), "
         "so each choice decodes its whole token limit unless a stop string ends it",
     )
+    tools: list[ToolIn] | None = Field(
+        None,
+        max_length=128,
+        description="Functions the model may call: for models whose chat template has "
+        "Hermes's tool format (<tool_call>, as Qwen's and Hermes's); their calls come back as "
+        "tool_calls. Others: a 400 naming tools",
+    )
+    tool_choice: Literal["auto", "none"] | None = Field(
+        None, description="auto (the default with tools) or none; a forced call is not supported"
+    )
+    parallel_tool_calls: bool | None = Field(None, description="Accepted (calls are parsed all)")
     return_token_ids: bool | None = Field(
         None,
         description="vLLM's: the answer carries the prompt's token ids (prompt_token_ids) and "
@@ -100,6 +161,8 @@ class ChatCompletionIn(StrictIn):
             raise ValueError(
                 "return_token_ids is answered on whole completions here; leave out stream"
             )
+        if self.tools and self.stream and self.tool_choice != "none":
+            raise ValueError("tools are answered on whole completions here; leave out stream")
         if (
             self.max_tokens is not None
             and self.max_completion_tokens is not None
@@ -153,16 +216,28 @@ class ChoiceLogprobs(BaseModel):
     content: list[TokenLogprob] | None
 
 
+class CalledFunctionOut(BaseModel):
+    name: str
+    arguments: str = Field(description="JSON text")
+
+
+class ToolCallOut(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: CalledFunctionOut
+
+
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None
     refusal: None = None
+    tool_calls: list[ToolCallOut] | None = Field(None, description="With tools")
 
 
 class ChoiceOut(BaseModel):
     index: int
     message: AssistantMessage
-    finish_reason: Literal["stop", "length"]
+    finish_reason: Literal["stop", "length", "tool_calls"]
     logprobs: ChoiceLogprobs | None
     token_ids: list[int] | None = Field(None, description="With return_token_ids")
 

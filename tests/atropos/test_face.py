@@ -17,6 +17,7 @@ from runners.doors.face import InferenceFace, serving
 from runners.doors.requests import BadRequest, SamplingDefaults, sampling_from, stop_param
 from runners.engine.local import LocalServiceClient
 from runners.models.tiny import build_tiny_tokenizer
+from tests.support.scripted_sampler import HERMES_TEMPLATE, Scripted
 
 END = 256  # tiny-random's <|im_end|>
 
@@ -252,39 +253,6 @@ def test_the_face_speaks_vllms_token_ids_as_verifiers_trainers_read_them(sampler
     assert made["finish_reason"] in ("stop", "length")
     assert models["data"][0]["max_model_len"] == 2048
     assert refused == 401
-
-
-HERMES_TEMPLATE = (
-    "{%- if tools %}<|im_start|>system\n<tools>{% for t in tools %}{{ t | tojson }}"
-    '{% endfor %}</tools>\nCall a tool as <tool_call>{"name": ..., "arguments": ...}'
-    "</tool_call><|im_end|>\n{%- endif %}"
-    "{%- for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}"
-    '{%- if m.tool_calls %}{% for c in m.tool_calls %}<tool_call>{"name": '
-    '"{{ c.function.name }}", "arguments": {{ c.function.arguments | tojson }}}</tool_call>'
-    "{% endfor %}{% endif %}<|im_end|>\n{%- endfor %}"
-    "{%- if add_generation_prompt %}<|im_start|>assistant\n{%- endif %}"
-)
-
-
-class Scripted:
-    """A sampler that writes what a test says, and remembers what it was shown."""
-
-    def __init__(self, tokenizer: Any, text: str) -> None:
-        self.tokenizer, self.text, self.prompts = tokenizer, text, []
-
-    async def sample(self, prompt: Any, num_samples: int, sampling_params: Any) -> Any:
-        import numpy as np
-        from tinker import types
-
-        self.prompts.append(self.tokenizer.decode(prompt.to_ints()))
-        tokens = list(self.tokenizer.encode(self.text, add_special_tokens=False)) + [END]
-        sequence = types.SampledSequence(
-            stop_reason="stop",
-            sequence_id="scripted",
-            tokens_np=np.asarray(tokens, dtype=np.int32),
-            logprobs_np=np.full(len(tokens), -0.5, dtype=np.float32),
-        )
-        return types.SampleResponse(sequences=[sequence] * num_samples)
 
 
 def test_tools_are_shown_and_calls_parsed_where_the_template_has_a_tool_format() -> None:
