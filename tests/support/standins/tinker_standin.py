@@ -98,7 +98,6 @@ def default_sample_tokens(prompt: list[int], index: int, params: Mapping[str, An
     return [(seed + 3 * j + 1) % VOCAB_SIZE for j in range(max_tokens)]
 
 
-@dataclass
 def answering_with(words: list[str], tokenizer: Any) -> SampleFn:
     """A `sample_fn` whose every completion is one of `words` (drawn anew each time, so a
     group's scores differ) and the end-of-text token."""
@@ -111,6 +110,7 @@ def answering_with(words: list[str], tokenizer: Any) -> SampleFn:
     return answer
 
 
+@dataclass
 class RecordedRequest:
     """One request as the stand-in received it, decoded, with the status it answered."""
 
