@@ -46,6 +46,13 @@ class VerifiersTrainingConfig(TrainingConfig):
 
 
 TRAINING_FIELDS = frozenset(VerifiersTrainingConfig.model_fields)
+# What the server fixes on every role of a v1 environment (shown locked), and why.
+V1_LOCKED = {
+    "runtime": "subprocess: every role runs on this machine (Prime's remote sandboxes, verifiers' "
+    "default, are out of this server's reach)",
+    "harness": "null, a plain chat loop: verifiers' default (bash) runs code and calls tools, "
+    "which need a sandbox and a tool format",
+}
 # An argument of the environment's that has the name of one of our training fields (a `seed`,
 # a `max_tokens`) is shown and edited under this prefix; the environment gets its own name.
 ENV_PREFIX = "env."
@@ -74,4 +81,5 @@ class VerifiersRunConfig(VerifiersTrainingConfig):
 
     def env_args(self) -> dict[str, Any]:
         """The environment's own arguments (`load_environment(**args)`)."""
-        return {arg_name(k): v for k, v in (self.model_extra or {}).items()}
+        extra = self.model_extra or {}
+        return {arg_name(k): v for k, v in extra.items() if k not in V1_LOCKED}

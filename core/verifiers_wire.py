@@ -58,6 +58,19 @@ class Rollout(_Line):
     truncated: bool = False
     error: str | None = None
 
+    def sampled_tokens(self) -> int:
+        """The tokens the model sampled, over its model calls."""
+        return sum(sum(1 for m in step.completion_mask if m) for step in self.steps)
+
+    def prompt_tokens(self) -> int:
+        """The first model call's prompt: its prompt ids, and the tokens before the first
+        sampled one (a v1 call comes as one token list, its prompt unmasked)."""
+        if not self.steps:
+            return 0
+        first = self.steps[0]
+        mask = first.completion_mask
+        return len(first.prompt_ids) + (mask.index(1) if 1 in mask else len(mask))
+
 
 class Group(_Line):
     kind: Literal["group"] = "group"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from dataclasses import dataclass, field
 from itertools import count
 from pathlib import Path
@@ -20,7 +21,8 @@ from core.child import Child
 from core.failures import RunFailure
 from core.run_folder import tail_lines
 from core.settings import Settings
-from core.verifiers import DRIVE_SCRIPT, KEY_VARIABLE
+from core.spec import EnvSource
+from core.verifiers import DRIVE_SCRIPT, KEY_VARIABLE, V0_ENTRY, Generation
 from core.verifiers_wire import DRIVER_LINE, DriverLine, Failed, Group, Ready, Roll
 
 
@@ -36,24 +38,37 @@ class DriverConfig:
 
     folder: Path  # the environment's folder (its pyproject.toml's)
     env_id: str
+    generation: Generation
     env_args: dict[str, Any]
     base_url: str  # the face's, with /v1
     model: str
+    tokenizer_dir: str  # v1: what verifiers' renderer tokenizes with
     seed: int
 
     @classmethod
     def of(
-        cls, module_file: Path, env_args: dict[str, Any], base_url: str, model: str, seed: int
+        cls,
+        source: EnvSource,
+        env_args: dict[str, Any],
+        base_url: str,
+        model: str,
+        seed: int,
+        models_dir: Path,
     ) -> DriverConfig:
-        """The environment in `module_file`, by the id verifiers would import it by (its
+        """The environment `source` names, by the id verifiers would import it by (its
         module's name: `load_environment("reverse-word")` imports `reverse_word` too)."""
+        from runners.models.loading import tokenizer_folder
+
+        module_file = Path(source.env_file)
         package = module_file.name == "__init__.py"
         return cls(
             folder=module_file.parent.parent if package else module_file.parent,
             env_id=module_file.parent.name if package else module_file.stem,
+            generation="v0" if source.env_class == V0_ENTRY else "v1",
             env_args=env_args,
             base_url=base_url,
             model=model,
+            tokenizer_dir=str(tokenizer_folder(model, models_dir)),
             seed=seed,
         )
 
@@ -83,7 +98,7 @@ class Driver:
             )
         loop = asyncio.get_running_loop()
         path = config.write(work / "driver.json")
-        env = offline_environment(settings.inspector_environment())
+        env = {**offline_environment(settings.inspector_environment()), **harness_home(settings)}
         env[KEY_VARIABLE] = key
         ready: asyncio.Future[Ready] = loop.create_future()
         driver: Driver | None = None
@@ -181,6 +196,20 @@ class Driver:
 
     def stop(self) -> None:
         self.child.stop()
+
+
+def harness_home(settings: Settings) -> dict[str, str]:
+    """Where verifiers' v1 runtime prepares its harness (`pip install --user uv`, then `uv sync
+    --script`, into $HOME): a folder of the server's, not the user's home; the package caches
+    stay the user's, so that what was fetched once is not fetched again."""
+    home = settings.var_dir / "verifiers" / "home"
+    home.mkdir(parents=True, exist_ok=True)
+    user = Path(os.environ.get("HOME") or Path.home())
+    return {
+        "HOME": str(home),
+        "UV_CACHE_DIR": os.environ.get("UV_CACHE_DIR") or str(user / ".cache" / "uv"),
+        "PIP_CACHE_DIR": os.environ.get("PIP_CACHE_DIR") or str(user / ".cache" / "pip"),
+    }
 
 
 def sampling_args(max_tokens: int, temperature: float, top_p: float, top_k: int) -> dict[str, Any]:

@@ -12,7 +12,6 @@ import asyncio
 import shutil
 import time
 import uuid
-from pathlib import Path
 from typing import Any
 
 from core.settings import Settings
@@ -87,7 +86,12 @@ class VerifiersInference:
                 driver = Driver.start(
                     self.settings,
                     DriverConfig.of(
-                        Path(job.source.env_file), cfg.env_args(), f"{url}/v1", job.model, cfg.seed
+                        job.source,
+                        cfg.env_args(),
+                        f"{url}/v1",
+                        job.model,
+                        cfg.seed,
+                        self.settings.models_dir,
                     ),
                     work,
                     face.key,
@@ -138,7 +142,7 @@ def _result(rollout: Rollout) -> dict[str, Any]:
         "correct": rollout.reward >= 1.0 - 1e-9,
         "reason": rollout.error,
         "truncated": rollout.truncated,
-        "tokens": sum(len(s.completion_ids) for s in rollout.steps),
+        "tokens": rollout.sampled_tokens(),
         "turns": turns,
         "metrics": dict(rollout.metrics),
     }

@@ -38,8 +38,8 @@ def rollout_records(batch: Batch) -> list[RolloutRecord]:
                         for m in prompt + completion
                     ],
                     finish_reason="length" if rollout.truncated else None,
-                    prompt_tokens=len(rollout.steps[0].prompt_ids) if rollout.steps else 0,
-                    completion_tokens=sum(len(s.completion_ids) for s in rollout.steps),
+                    prompt_tokens=rollout.prompt_tokens(),
+                    completion_tokens=rollout.sampled_tokens(),
                     metrics=dict(rollout.metrics),
                     turns=max(1, len(model_turns)),
                     trained=advantages is not None,

@@ -16,7 +16,6 @@ import asyncio
 import contextlib
 import logging
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from core.models import RunStatus
@@ -91,7 +90,12 @@ class VerifiersTrainer(RunnerBase[Data]):
         driver = Driver.start(
             self.settings,
             DriverConfig.of(
-                Path(self.spec.env_file), cfg.env_args(), f"{face_url}/v1", cfg.model_name, cfg.seed
+                self.spec.sources()[self.spec.environment],
+                cfg.env_args(),
+                f"{face_url}/v1",
+                cfg.model_name,
+                cfg.seed,
+                models,
             ),
             self.work,
             face.key,

@@ -176,10 +176,7 @@ class Catalog:
 
 
 def _fix(error: str, entry: EnvEntry) -> str:
-    """What to do about an import failure: a missing package is installed, not fixed; what
-    this server does not do yet is nothing to fix."""
-    if error.startswith("NotYet:"):
-        return "It is not a mistake in the file."
+    """What to do about an import failure: a missing package is installed, not fixed."""
     if error.startswith(("ModuleNotFoundError", "ImportError")) and entry.framework != "rlcs":
         return (
             f"Install what it imports into the {entry.framework} interpreter "

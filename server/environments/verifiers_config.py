@@ -11,7 +11,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from core.inspect_wire import Described, Failed, Invalid, Validated
-from core.verifiers import TRAINING_FIELDS, VerifiersTrainingConfig, arg_name, config_name
+from core.verifiers import (
+    TRAINING_FIELDS,
+    V1_LOCKED,
+    VerifiersTrainingConfig,
+    arg_name,
+    config_name,
+)
 from server.environments.inspector import (
     Ask,
     CannotStart,
@@ -39,6 +45,9 @@ class VerifiersConfigSchema(ConfigSchema):
         out.update({config_name(k): v for k, v in theirs.items()})
         return out
 
+    def locked_reason(self, name: str) -> str:
+        return V1_LOCKED.get(name) or super().locked_reason(name)
+
     def check_starts(self, values: dict[str, Any]) -> None:
         """The environment loaded with the run's arguments in its inspector, as the run's
         driver will load it: what fails there (a dataset it would download, an API key it
@@ -65,9 +74,10 @@ def _renamed(error: dict[str, Any]) -> dict[str, Any]:
 def describe_verifiers(first: Described, ask: Ask) -> ConfigSchema:
     """The verifiers inspector's first answer as the config the user sees."""
     env_fields = frozenset(config_name(f) for f in first.fields)
+    fixed = frozenset(first.locked)  # v1: the runtime and harness of every role
     return VerifiersConfigSchema(
-        fields=env_fields | TRAINING_FIELDS,
-        locked=VerifiersTrainingConfig.locked_fields(),
+        fields=env_fields | TRAINING_FIELDS | fixed,
+        locked=VerifiersTrainingConfig.locked_fields() | fixed,
         schema=merged_schema(first.config_schema),
         defaults={
             "model_name": VerifiersTrainingConfig.model_fields["model_name"].default,

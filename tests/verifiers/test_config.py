@@ -41,12 +41,6 @@ def load_environment(judge: str = "gpt-4.1-mini"):
     rows = [{"question": "Hi", "answer": "hi"}]
     return vf.SingleTurnEnv(dataset=Dataset.from_list(rows), rubric=vf.Rubric(funcs=[]))
 """
-V1 = """import verifiers.v1 as vf
-
-
-class VowelTaskset(vf.Taskset):
-    pass
-"""
 
 
 @pytest.fixture
@@ -55,7 +49,6 @@ def client(tmp_path: Path, verifiers_python: str) -> Iterator[TestClient]:
     publish(extra, "seeded", SEEDED)
     publish(extra, "needs-hub", NEEDS_HUB)
     publish(extra, "needs-key", NEEDS_KEY)
-    publish(extra, "vowels", V1)
     settings = make_settings(tmp_path, env_dirs=[ENVS, extra], inspect_timeout_s=30.0)
     with TestClient(create_app(settings)) as test_client:
         yield test_client
@@ -135,12 +128,27 @@ def test_a_verifiers_environment_cannot_join_a_mix(client: TestClient) -> None:
     assert "is a verifiers environment" in mixed.json()["detail"]
 
 
-def test_a_v1_taskset_is_listed_and_says_what_is_missing(client: TestClient) -> None:
-    refused = client.post("/environments/vowels/select")
-    assert refused.status_code == 409
-    assert "v1 environments are listed here, not yet configured" in refused.json()["detail"]
-    listed = {e["name"]: e for e in client.get("/environments").json()}
-    assert listed["vowels"]["generation"] == "v1" and listed["vowels"]["importable"] is False
+def test_a_v1_environment_is_its_taskset_and_env_fields_with_the_roles_locked(
+    client: TestClient,
+) -> None:
+    selected = client.post("/environments/vowel-count/select")
+    assert selected.status_code == 200, selected.text
+    view = client.get("/config").json()
+    assert view["configurable_fields"]["words"] == 4  # its taskset config's own field
+    assert view["locked_fields"] == {
+        "tokenizer_name": view["locked_fields"]["tokenizer_name"],
+        "runtime": "subprocess",
+        "harness": "null",
+    }
+    assert view["schema"]["properties"]["words"]["type"] == "integer"
+    locked = client.post("/config", json={"field": "runtime", "value": "prime"})
+    assert locked.status_code == 400 and "Prime's remote sandboxes" in locked.json()["detail"]
+    bad = client.post("/config", json={"field": "words", "value": "2"})
+    assert bad.status_code == 422 and "field 'words'" in bad.json()["detail"]
+    empty = client.post("/runs", json={"environment": "vowel-count", "words": 0})
+    assert empty.status_code == 422 and "its taskset has no tasks" in empty.json()["detail"]
+    duo = client.get("/environments/vowel-duo/config").json()
+    assert duo["configurable_fields"]["rounds"] == 1  # its Env config's own field
 
 
 def test_without_the_verifiers_interpreter_it_says_how_to_make_it(tmp_path: Path) -> None:

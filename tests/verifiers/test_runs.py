@@ -20,6 +20,7 @@ from tests.verifiers.conftest import publish, verifiers_server
 
 TINY = {"model_name": "tiny-random", "lora_rank": 8, "use_wandb": False, "max_tokens": 10}
 GOOD = ("reverse-word", "word-chain")
+V1 = ("vowel-count", "vowel-duo")  # a taskset; a two-seat Env
 
 FAILING = """import verifiers as vf
 from datasets import Dataset
@@ -82,7 +83,7 @@ def finished(server: LiveServer) -> dict[str, dict[str, Any]]:
     }
     ids.update(
         (name, start_run(server.api, environment=name, **shape, **TINY))
-        for name in (*GOOD, "letter-count", "grumpy", "raises", "vanishing")
+        for name in (*GOOD, *V1, "letter-count", "grumpy", "raises", "vanishing")
     )
     wait_for(lambda: all(run_of(server.api, i)["status"] in FINISHED for i in ids.values()), 300)
     return {name: run_of(server.api, run_id) for name, run_id in ids.items()}
@@ -127,6 +128,29 @@ def test_a_two_step_run_records_rewards_metrics_and_rollouts(
         assert any("Now a word that starts with" in m["content"] for m in first["messages"])
     else:
         assert first["prompt"].startswith("Write the word '")
+
+
+@pytest.mark.parametrize("name", V1)
+def test_a_v1_environment_trains_each_seat_a_sample(
+    server: LiveServer, finished: dict[str, dict[str, Any]], name: str
+) -> None:
+    """Its tasks played by verifiers' own Env (the null harness in a subprocess, its model
+    calls through verifiers' train client to the face's /inference/v1/generate), each seat's
+    trace a sample with the sampler's logprobs."""
+    run = finished[name]
+    assert run["status"] == "succeeded", log_of(server, run)
+    rows = server.api.get(f"/runs/{run['run_id']}/history").json()["rows"]
+    steps = [r for r in rows if "reward/mean" in r]
+    seats = 2 if name == "vowel-duo" else 1
+    for row in steps:
+        assert row["env/num_episodes"] == 6 * seats and "env/right" in row
+        assert row["verifiers/face_requests"] == 6 * seats and row["verifiers/errors"] == 0
+    trained = [r for r in steps if "train/loss" in r]
+    assert trained
+    assert all(abs(r["train/kl_sample_train_v1"]) < 0.05 for r in trained)
+    items = server.api.get(f"/runs/{run['run_id']}/rollouts", params={"step": 1}).json()["items"]
+    assert len(items) == 6 * seats
+    assert "How many vowels are in" in items[0]["prompt"]
 
 
 def test_a_tool_environment_on_a_model_without_a_tool_format_says_so(
@@ -220,6 +244,23 @@ def test_test_inference_scores_the_environments_own_examples(
         for result in results:
             assert isinstance(result["score"], float) and 0.0 <= result["score"] <= 1.0
             assert 1 <= result["tokens"] <= 8 and result["turns"][-1]["role"] == "assistant"
+    tried = server.api.post(
+        "/test/inference",
+        json={
+            "environment": "vowel-count",
+            "model": "tiny-random",
+            "num_items": 2,
+            "max_tokens": 6,
+        },
+        timeout=120,
+    )
+    assert tried.status_code == 200, tried.text
+    results = tried.json()["results"]
+    assert [r["prompt"] for r in results] == [
+        "How many vowels are in 'banana'?",
+        "How many vowels are in 'kiwi'?",
+    ]
+    assert all(isinstance(r["score"], float) for r in results)
     free = server.api.post(
         "/test/inference",
         json={

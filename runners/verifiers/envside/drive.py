@@ -1,8 +1,9 @@
 """A verifiers environment's driver: `<verifiers python> drive.py CONFIG_JSON`, run by path in
 the verifiers interpreter, in the environment's folder (stdlib and verifiers only: nothing of
-the project imports here). It loads the environment as verifiers' own trainers do
-(`vf.load_environment(id, **args)`), then plays the groups its runner asks for against the run's
-inference face (OpenAI chat completions with token ids, as prime-rl asks) and answers each with
+the project imports here). It loads the environment as verifiers' own trainers do (v0:
+`vf.load_environment(id, **args)`; v1: its Env from its config), then plays the groups its
+runner asks for against the run's inference face (v0: OpenAI chat completions with token ids,
+as prime-rl asks; v1: vLLM's generate through verifiers' train client) and answers each with
 the rollouts' tokens, rewards and metrics (core/verifiers_wire.py). End of input ends it.
 """
 
@@ -118,14 +119,17 @@ def rollout_answer(output: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-class Driver:
-    def __init__(self, env: Any, config: dict[str, Any], lines: Lines) -> None:
+class V0Player:
+    """A v0 environment: `vf.load_environment(id, **args)`, its dataset's rows played with
+    `run_group` through verifiers' OpenAI client (prime-rl's sampling arguments)."""
+
+    def __init__(self, config: dict[str, Any]) -> None:
         import verifiers as vf
 
-        self.env = env
-        self.lines = lines
+        self.env = load(config)
+        self.env_type = type(self.env).__name__
         self.model = config["model"]
-        self.train, self.evaluation = splits(env, int(config.get("seed", 0)))
+        self.train, self.evaluation = splits(self.env, int(config.get("seed", 0)))
         self.client = vf.ClientConfig(
             client_type="openai_chat_completions",
             api_base_url=config["base_url"],
@@ -134,26 +138,104 @@ class Driver:
             timeout=float(config.get("timeout_s", 3600)),
         )
 
+    async def start(self) -> None:
+        pass
+
+    async def play(self, example: int, size: int, split: str, sampling: dict[str, Any]) -> list:
+        rows = self.train if split == "train" else self.evaluation
+        if not rows:
+            raise ValueError("the environment's dataset is empty")
+        inputs = [rollout_input(rows[example % len(rows)]) for _ in range(size)]
+        outputs = await self.env.run_group(
+            inputs, self.client, self.model, dict(sampling), state_columns=["trajectory"]
+        )
+        return [rollout_answer(dict(o)) for o in outputs]
+
+
+class V1Player:
+    """A v1 environment: its Env built from its config (every role on the subprocess runtime
+    with the null harness, rlcs_v1.py), its taskset's tasks played with `run_episode` through
+    verifiers' train client (the face's /inference/v1/generate, rendered with the run's own
+    tokenizer folder); each seat's trace is a rollout."""
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        import random
+
+        import verifiers.v1 as vf
+
+        self.v1 = load_v1_helper()
+        sys.path.insert(0, str(config["folder"]))
+        self.env = vf.load_environment(self.v1.run_config(config["env_id"], config["env_args"]))
+        self.env_type = type(self.env).__name__
+        self.evaluation = list(self.env.taskset.load())
+        self.train = list(self.evaluation)
+        random.Random(int(config.get("seed", 0))).shuffle(self.train)
+        self.model = config["model"]
+        self.client = vf.TrainClientConfig(
+            base_url=config["base_url"],
+            api_key_var=KEY_VARIABLE,
+            renderer_model_name=config["tokenizer_dir"],
+        )
+        self._serving: Any = None
+
+    async def start(self) -> None:
+        """The env's serving resources (its interception endpoint), for the driver's life."""
+        self._serving = self.env.serving()
+        await self._serving.__aenter__()
+
+    async def play(self, example: int, size: int, split: str, sampling: dict[str, Any]) -> list:
+        import verifiers.v1 as vf
+
+        tasks = self.train if split == "train" else self.evaluation
+        if not tasks:
+            raise ValueError("the environment's taskset has no tasks")
+        task = tasks[example % len(tasks)]
+        wanted = {k: sampling[k] for k in ("temperature", "top_p", "max_tokens") if k in sampling}
+        ctx = vf.ModelContext(
+            model=self.model, client=self.client, sampling=vf.SamplingConfig(**wanted)
+        )
+        episodes = await asyncio.gather(*(self.env.run_episode(task, ctx) for _ in range(size)))
+        rollouts = []
+        for episode in episodes:
+            traces = list(episode.traces)
+            if not traces:
+                rollouts.append(self.v1.failed_rollout(episode.errors))
+            rollouts += [self.v1.trace_rollout(t, list(episode.errors)) for t in traces]
+        return rollouts
+
+
+def load_v1_helper() -> Any:
+    """rlcs_v1.py beside this file, by path (what the driver and the inspector share)."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parent / "rlcs_v1.py"
+    spec = importlib.util.spec_from_file_location("rlcs_v1", path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot import {path}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+class Driver:
+    def __init__(self, player: Any, lines: Lines) -> None:
+        self.player = player
+        self.lines = lines
+
     async def roll(self, request: dict[str, Any]) -> None:
-        rows = self.train if request.get("split", "train") == "train" else self.evaluation
         example = int(request["example"])
         try:
-            if not rows:
-                raise ValueError("the environment's dataset is empty")
-            row = rows[example % len(rows)]
-            inputs = [rollout_input(row) for _ in range(int(request["size"]))]
-            outputs = await self.env.run_group(
-                inputs,
-                self.client,
-                self.model,
-                dict(request["sampling"]),
-                state_columns=["trajectory"],
+            rollouts = await self.player.play(
+                example,
+                int(request["size"]),
+                request.get("split", "train"),
+                request["sampling"],
             )
             answer = {
                 "kind": "group",
                 "id": request["id"],
                 "example": example,
-                "rollouts": [rollout_answer(dict(o)) for o in outputs],
+                "rollouts": rollouts,
             }
         except Exception as exc:
             traceback.print_exc()
@@ -169,22 +251,23 @@ def main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     lines = Lines()
     config = json.loads(Path(argv[0]).read_text())
+    loop = asyncio.new_event_loop()
     try:
-        env = load(config)
-        driver = Driver(env, config, lines)
+        player = V0Player(config) if config.get("generation", "v0") == "v0" else V1Player(config)
+        loop.run_until_complete(player.start())
     except BaseException as exc:  # an environment's SystemExit too: say why, then go
         traceback.print_exc()
         lines.send({"kind": "failed", "id": None, "error": _why(exc)})
         return 1
+    driver = Driver(player, lines)
     lines.send(
         {
             "kind": "ready",
-            "env_type": type(env).__name__,
-            "examples": len(driver.train),
-            "eval_examples": len(driver.evaluation),
+            "env_type": player.env_type,
+            "examples": len(player.train),
+            "eval_examples": len(player.evaluation),
         }
     )
-    loop = asyncio.new_event_loop()
     running: set[asyncio.Task[None]] = set()
 
     def start(request: dict[str, Any]) -> None:

@@ -2,9 +2,10 @@
 the verifiers interpreter, in the environment's folder (nothing of the project imports here).
 It imports the environment's module and describes its own config as the server's inspector
 protocol asks (core.inspect_wire): v0, `load_environment`'s parameters (typed by their
-annotations, else by their defaults); then validates values as those types take them, strictly,
-and on a request to `load`, loads the environment with them as a run's driver would (what a
-run could not start with is a `failed` answer saying why).
+annotations, else by their defaults); v1, its taskset config's and Env config's own fields
+(rlcs_v1.py); then validates values as those types take them, strictly, and on a request to
+`load`, loads the environment with them as a run's driver would (what a run could not start
+with is a `failed` answer saying why).
 """
 
 from __future__ import annotations
@@ -33,6 +34,17 @@ def load_protocol() -> Any:
 
 
 protocol = load_protocol()
+
+
+def load_v1_helper() -> Any:
+    """rlcs_v1.py beside this file (what the inspector and the driver share), by path."""
+    path = Path(__file__).resolve().parent / "rlcs_v1.py"
+    spec = importlib.util.spec_from_file_location("rlcs_v1", path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot import {path}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def module_name(module_file: Path) -> str:
@@ -85,10 +97,6 @@ def _json(value: Any) -> bool:
 REMOTE = ("SandboxEnv", "CliAgentEnv", "HarborEnv", "BrowserEnv")
 
 
-class NotYet(Exception):
-    """What this server does not do yet (said as it is)."""
-
-
 class CannotUse(Exception):
     """Why a run could not use the environment, in words (no traceback place)."""
 
@@ -114,30 +122,79 @@ def load_checked(env_id: str, args: dict[str, Any]) -> None:
 
 
 def describe_v0(function: Any, env_id: str) -> tuple[dict[str, Any], Any]:
+    """v0: `load_environment`'s parameters; a load is `load_environment(**args)`."""
+    doc = (inspect.getdoc(function) or "").split("\n\n")[0] or None
+    return describe(parameter_fields(function), doc, lambda args: load_checked(env_id, args))
+
+
+def describe_v1(module_file: Path) -> tuple[dict[str, Any], Any]:
+    """v1: its taskset config's own fields and its Env config's, by name, with the defaults
+    its config gives; a load builds its Env (every role on the subprocess runtime with the
+    null harness) and its tasks."""
+    v1 = load_v1_helper()
+    module = module_name(module_file)
+    package = module_file.name == "__init__.py"
+    sys.path.insert(0, str(module_file.parent.parent if package else module_file.parent))
+    config = v1.base_config(module)
+    taskset_fields, env_fields = v1.own_fields(config)
+    defaults = {
+        **config.model_dump(mode="json", include=set(env_fields)),
+        **config.taskset.model_dump(mode="json", include=set(taskset_fields)),
+    }
+    fields = {
+        name: (info.annotation, defaults[name])
+        for name, info in {**env_fields, **taskset_fields}.items()
+        if name in defaults and _json(defaults[name])
+    }
+    doc = (type(config.taskset).__doc__ or "").strip().split("\n\n")[0] or None
+
+    def load(args: dict[str, Any]) -> None:
+        import verifiers.v1 as vf
+
+        env = vf.load_environment(v1.run_config(module, args))
+        if not list(env.taskset.load()):
+            raise CannotUse("its taskset has no tasks")
+
+    return describe(fields, doc, load, locked={"runtime": "subprocess", "harness": "null"})
+
+
+def describe(
+    fields: dict[str, tuple[Any, Any]],
+    doc: str | None,
+    load: Any,
+    locked: dict[str, Any] | None = None,
+) -> tuple[dict[str, Any], Any]:
+    """The first answer for `fields` (type, default each), and the answerer of requests:
+    values validated strictly; with `load`, the environment loaded with them (once per
+    arguments); `locked`: what the server fixes, shown with every answer."""
     from pydantic import ConfigDict, create_model
 
-    fields = parameter_fields(function)
     model = create_model(  # type: ignore[call-overload]
         "EnvArgs", __config__=ConfigDict(extra="forbid"), **fields
     )
-    model.__doc__ = (inspect.getdoc(function) or "").split("\n\n")[0] or None
+    model.__doc__ = doc
     defaults = {k: v for k, (_, v) in fields.items() if v is not ...}
+    fixed = dict(locked or {})
     first = {
         "kind": "described",
         "fields": sorted(fields),
         "schema": model.model_json_schema(),
         "defaults": defaults,
+        "locked": sorted(fixed),
     }
     loaded: dict[str, dict[str, Any]] = {}  # arguments (as JSON) -> the answer to a load
 
     def answer(request: dict[str, Any]) -> dict[str, Any]:
         reply = validate(model, defaults, dict(request.get("values") or {}))
+        if reply["kind"] == "validated":
+            reply["values"].update(fixed)
         if reply["kind"] != "validated" or not request.get("load"):
             return reply
         key = json.dumps(reply["values"], sort_keys=True)
         if key not in loaded:
+            args = {k: v for k, v in reply["values"].items() if k not in fixed}
             try:
-                load_checked(env_id, reply["values"])
+                load(args)
                 loaded[key] = reply
             except CannotUse as exc:
                 loaded[key] = {"kind": "failed", "error": str(exc)}
@@ -166,10 +223,7 @@ def main(argv: list[str]) -> int:
 
     def describe_file() -> tuple[dict[str, Any], Any]:
         if entry != V0_ENTRY:
-            raise NotYet(
-                f"{entry} is a v1 taskset: v1 environments are listed here, not yet configured, "
-                "tried or trained (docs/verifiers.md)"
-            )
+            return describe_v1(module_file)
         return describe_v0(load_entry(module_file, entry), module_name(module_file))
 
     return int(protocol.serve(describe_file))

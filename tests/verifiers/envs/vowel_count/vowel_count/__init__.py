@@ -1,0 +1,3 @@
+from vowel_count.taskset import VowelTaskset
+
+__all__ = ["VowelTaskset"]
