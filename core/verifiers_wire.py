@@ -28,7 +28,8 @@ class Roll(_Line):
 
 
 class Ready(_Line):
-    """The environment loaded: its class and how many examples each split holds."""
+    """The environment loaded: its class and how many examples each split holds (0: a v1
+    taskset without end)."""
 
     kind: Literal["ready"] = "ready"
     env_type: str

@@ -106,7 +106,10 @@ def test_a_two_step_run_records_rewards_metrics_and_rollouts(
     rubric = ("env/similarity", "env/brevity") if name == "reverse-word" else ("env/chained",)
     for row in steps:
         assert row["env/num_groups"] == 2 and row["env/num_episodes"] == 6
-        assert row["verifiers/errors"] == 0 and "verifiers/dropped/no_tokens" not in row
+        # A rollout verifiers itself failed (tiny-random answering nothing at all: its
+        # EmptyModelResponseError) is left out of training; every other one trains.
+        assert row.get("verifiers/dropped/error", 0.0) == row["verifiers/errors"] < 6
+        assert "verifiers/dropped/no_tokens" not in row
         assert all(key in row for key in rubric)  # the rubric's own metrics
         # Every model call came back with its token ids and logprobs: what was sampled is
         # what trains (the face served each completion, its tokens counted).
@@ -144,7 +147,8 @@ def test_a_v1_environment_trains_each_seat_a_sample(
     seats = 2 if name == "vowel-duo" else 1
     for row in steps:
         assert row["env/num_episodes"] == 6 * seats and "env/right" in row
-        assert row["verifiers/face_requests"] == 6 * seats and row["verifiers/errors"] == 0
+        assert row["verifiers/face_requests"] == 6 * seats
+        assert row.get("verifiers/dropped/error", 0.0) == row["verifiers/errors"] < 6 * seats
     trained = [r for r in steps if "train/loss" in r]
     assert trained
     assert all(abs(r["train/kl_sample_train_v1"]) < 0.05 for r in trained)

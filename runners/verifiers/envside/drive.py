@@ -130,6 +130,7 @@ class V0Player:
         self.env_type = type(self.env).__name__
         self.model = config["model"]
         self.train, self.evaluation = splits(self.env, int(config.get("seed", 0)))
+        self.examples, self.eval_examples = len(self.train), len(self.evaluation)
         self.client = vf.ClientConfig(
             client_type="openai_chat_completions",
             api_base_url=config["base_url"],
@@ -159,17 +160,14 @@ class V1Player:
     tokenizer folder); each seat's trace is a rollout."""
 
     def __init__(self, config: dict[str, Any]) -> None:
-        import random
-
         import verifiers.v1 as vf
 
         self.v1 = load_v1_helper()
         sys.path.insert(0, str(config["folder"]))
         self.env = vf.load_environment(self.v1.run_config(config["env_id"], config["env_args"]))
         self.env_type = type(self.env).__name__
-        self.evaluation = list(self.env.taskset.load())
-        self.train = list(self.evaluation)
-        random.Random(int(config.get("seed", 0))).shuffle(self.train)
+        self.tasks = self.v1.Tasks(self.env.taskset, int(config.get("seed", 0)))
+        self.examples = self.eval_examples = self.tasks.count()
         self.model = config["model"]
         self.client = vf.TrainClientConfig(
             base_url=config["base_url"],
@@ -186,10 +184,7 @@ class V1Player:
     async def play(self, example: int, size: int, split: str, sampling: dict[str, Any]) -> list:
         import verifiers.v1 as vf
 
-        tasks = self.train if split == "train" else self.evaluation
-        if not tasks:
-            raise ValueError("the environment's taskset has no tasks")
-        task = tasks[example % len(tasks)]
+        task = self.tasks.pick(example, split)
         wanted = {k: sampling[k] for k in ("temperature", "top_p", "max_tokens") if k in sampling}
         ctx = vf.ModelContext(
             model=self.model, client=self.client, sampling=vf.SamplingConfig(**wanted)
@@ -264,8 +259,8 @@ def main(argv: list[str]) -> int:
         {
             "kind": "ready",
             "env_type": player.env_type,
-            "examples": len(player.train),
-            "eval_examples": len(player.evaluation),
+            "examples": player.examples,
+            "eval_examples": player.eval_examples,
         }
     )
     running: set[asyncio.Task[None]] = set()

@@ -152,7 +152,7 @@ def describe_v1(module_file: Path) -> tuple[dict[str, Any], Any]:
         import verifiers.v1 as vf
 
         env = vf.load_environment(v1.run_config(module, args))
-        if not list(env.taskset.load()):
+        if v1.first_task(env.taskset) is None:
             raise CannotUse("its taskset has no tasks")
 
     return describe(fields, doc, load, locked={"runtime": "subprocess", "harness": "null"})

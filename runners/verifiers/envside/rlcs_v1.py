@@ -66,6 +66,43 @@ def run_config(module: str, args: dict[str, Any]) -> Any:
     return vf.resolve_env_config(raw)
 
 
+class Tasks:
+    """A taskset's tasks in the order a run takes them: a finite taskset's shuffled by the
+    run's seed (its eval order as loaded); an infinite one's (`Taskset.INFINITE`: a generator
+    that never ends, Kuhn poker's hands) drawn as far as asked, in order, both splits alike."""
+
+    def __init__(self, taskset: Any, seed: int) -> None:
+        import random
+
+        self.infinite = bool(getattr(type(taskset), "INFINITE", False))
+        self._stream = iter(taskset.load())
+        self._drawn: list[Any] = []
+        self.train: list[Any] = []
+        if not self.infinite:
+            self._drawn = list(self._stream)
+            self.train = list(self._drawn)
+            random.Random(seed).shuffle(self.train)
+
+    def count(self) -> int:
+        """How many there are (0: no end)."""
+        return 0 if self.infinite else len(self._drawn)
+
+    def pick(self, index: int, split: str) -> Any:
+        if self.infinite:
+            while len(self._drawn) <= index:
+                self._drawn.append(next(self._stream))
+            return self._drawn[index]
+        tasks = self.train if split == "train" else self._drawn
+        if not tasks:
+            raise ValueError("the environment's taskset has no tasks")
+        return tasks[index % len(tasks)]
+
+
+def first_task(taskset: Any) -> Any:
+    """Its first task, or None (an infinite taskset is not drawn further)."""
+    return next(iter(taskset.load()), None)
+
+
 def _plain(value: Any) -> Any:
     if hasattr(value, "model_dump"):
         return _plain(value.model_dump(mode="json", exclude_none=True))

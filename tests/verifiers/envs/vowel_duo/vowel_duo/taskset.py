@@ -1,4 +1,7 @@
-"""Count the vowels of a word: the task both seats of DuoEnv play."""
+"""Count the vowels of a word: the task both seats of DuoEnv play, from a taskset without end."""
+
+from collections.abc import Iterator
+from itertools import count
 
 import verifiers.v1 as vf
 
@@ -24,15 +27,15 @@ class DuoTask(vf.Task[DuoData]):
 
 
 class DuoTaskset(vf.Taskset[DuoTask, vf.TasksetConfig]):
-    def load(self) -> list[DuoTask]:
-        return [
-            DuoTask(
-                DuoData(
-                    idx=i,
-                    prompt=f"How many vowels are in '{w}'?",
-                    answer=sum(c in "aeiou" for c in w),
-                ),
+    """Without end, as seeded game tasksets are: word after word, round and round."""
+
+    INFINITE = True
+
+    def load(self) -> Iterator[DuoTask]:
+        for i in count():
+            word = WORDS[i % len(WORDS)]
+            answer = sum(c in "aeiou" for c in word)
+            yield DuoTask(
+                DuoData(idx=i, prompt=f"How many vowels are in '{word}'?", answer=answer),
                 self.config.task,
             )
-            for i, w in enumerate(WORDS)
-        ]
