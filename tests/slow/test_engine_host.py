@@ -134,7 +134,9 @@ def test_engine_lists_the_host(server: LiveServer) -> None:
 def test_a_run_whose_base_the_budget_cannot_take_waits_saying_why_then_fails(
     tmp_path: Path,
 ) -> None:
-    no_room = {"RLCS_ENGINE_MEMORY_BUDGET_GB": "0.00001", "RLCS_ENGINE_ADMISSION_WAIT_S": "3"}
+    # Long enough a wait that the test sees it however loaded the machine (a 3-s wait was
+    # over before a slow poll looked once).
+    no_room = {"RLCS_ENGINE_MEMORY_BUDGET_GB": "0.00001", "RLCS_ENGINE_ADMISSION_WAIT_S": "15"}
     with LiveServer(tmp_path / "var", **no_room) as server:
         run_id = start_run(server.api, **RUN, total_steps=2)
         wait_for(lambda: "waiting for room" in (run_of(server.api, run_id)["details"] or ""), 120)

@@ -74,7 +74,7 @@ def finished(server: LiveServer) -> dict[str, dict[str, Any]]:
             server.api,
             environment="word-chain",
             total_steps=2,
-            group_size=2,
+            group_size=3,
             groups_per_step=1,
             max_tokens=12,
             lora_rank=8,
@@ -181,7 +181,7 @@ def test_smollm2_trains_a_multi_turn_environment_its_turns_merged(
     rows = server.api.get(f"/runs/{run['run_id']}/history").json()["rows"]
     trained = [r for r in rows if "train/num_datums" in r]
     assert trained
-    # Two episodes of two turns each: a turn's prompt extends the turn before (the chat
+    # Three episodes of two turns each: a turn's prompt extends the turn before (the chat
     # template renders the model's answer as it sampled it), so most episodes train as one
     # sequence, not one per turn.
     assert all(r["train/num_datums"] < 2 * r["env/num_episodes"] for r in trained)

@@ -173,6 +173,7 @@ class V1Player:
             base_url=config["base_url"],
             api_key_var=KEY_VARIABLE,
             renderer_model_name=config["tokenizer_dir"],
+            renderer=renderer_for(self.model),
         )
         self._serving: Any = None
 
@@ -197,6 +198,16 @@ class V1Player:
                 rollouts.append(self.v1.failed_rollout(episode.errors))
             rollouts += [self.v1.trace_rollout(t, list(episode.errors)) for t in traces]
         return rollouts
+
+
+def renderer_for(model: str) -> dict[str, str] | None:
+    """The renderer of the model's family, by its hub id (renderers' own map), where one is
+    known: the tokenizer comes from a local folder, whose path renderers cannot map (it would
+    fall back to the default renderer, which has no tool format). None: renderers decides."""
+    from renderers.base import MODEL_RENDERER_MAP
+
+    name = MODEL_RENDERER_MAP.get(model)
+    return {"name": name} if name else None
 
 
 def load_v1_helper() -> Any:

@@ -34,7 +34,7 @@ def load_environment(max_turns: int = 2, num_examples: int = 6):
 
     def letters(completion, **_) -> float:
         said = " ".join(m["content"] for m in completion if m["role"] == "assistant")
-        return min(1.0, len(said) / 40.0)
+        return min(1.0, len(said) / 400.0)  # short answers: rewards that differ
 
     rubric = vf.Rubric(funcs=[chained, letters], weights=[1.0, 0.5])
     return WordChainEnv(dataset=Dataset.from_list(rows), rubric=rubric, max_turns=max_turns)
