@@ -9,7 +9,6 @@ use_wandb, wandb_name) are ours to edit; the environment gets values derived fro
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,7 +19,8 @@ from core.atropos import (
     locked_env_values,
 )
 from core.inspect_wire import Described
-from server.environments.inspector import Ask, ConfigSchema, InspectFailed, validate_by_owners
+from server.environments import two_owners
+from server.environments.inspector import Ask, ConfigSchema, InspectFailed
 
 TRAINING_FIELDS = frozenset(AtroposTrainingConfig.model_fields)
 # Training fields whose default the environment's config_init() gives, when it sets one.
@@ -53,7 +53,9 @@ class AtroposConfigSchema(ConfigSchema):
         seeded = {k: self.env_defaults[k] for k in SEEDED_FROM_ENV if k in self.env_defaults}
         training = {**seeded, **{k: v for k, v in wanted.items() if k in TRAINING_FIELDS}}
         env = {k: v for k, v in wanted.items() if k not in TRAINING_FIELDS}
-        trained, theirs = validate_by_owners(AtroposTrainingConfig, training, self._ask, env)
+        trained, theirs = two_owners.validate_by_owners(
+            AtroposTrainingConfig, training, self._ask, env
+        )
         # Training fields first, as for ours; the environment's own after them.
         out = trained.model_dump(mode="json")
         out.update({k: v for k, v in theirs.items() if k not in out})
@@ -92,20 +94,10 @@ def describe_atropos(first: Described, ask: Ask) -> ConfigSchema:
 def merged_schema(env_schema: dict[str, Any]) -> dict[str, Any]:
     """One JSON schema: our training fields first, then the environment's own (its fields the
     training config also has are described by ours)."""
-    ours = AtroposTrainingConfig.model_json_schema()
-    theirs = json.loads(json.dumps(env_schema))
-    properties = dict(ours.get("properties", {}))
-    for name, spec in theirs.get("properties", {}).items():
-        if name not in SHADOWED_FIELDS:
-            properties[name] = spec
-    merged: dict[str, Any] = {
-        "title": theirs.get("title", "AtroposEnvConfig"),
-        "description": theirs.get("description")
-        or "An Atropos environment's config, with the training fields of the run",
-        "type": "object",
-        "properties": properties,
-    }
-    defs = {**theirs.get("$defs", {}), **ours.get("$defs", {})}
-    if defs:
-        merged["$defs"] = defs
-    return merged
+    return two_owners.merged_schema(
+        AtroposTrainingConfig,
+        env_schema,
+        env_schema.get("title", "AtroposEnvConfig"),
+        "An Atropos environment's config, with the training fields of the run",
+        lambda name: None if name in SHADOWED_FIELDS else name,
+    )

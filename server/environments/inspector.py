@@ -14,9 +14,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
-
-from pydantic import BaseModel, ValidationError
+from typing import Any, Protocol
 
 from core import procs, verifiers
 from core.atropos import INSPECT_SCRIPT, offline_environment
@@ -29,7 +27,6 @@ from core.inspect_wire import (
     Invalid,
     Validate,
     Validated,
-    plain_error,
 )
 from core.settings import PROJECT_ROOT, Settings
 from core.spec import Framework
@@ -92,40 +89,6 @@ class ConfigSchema:
     def check_starts(self, values: dict[str, Any]) -> None:
         """CannotStart when a run with these (validated) values could not start. Ours and
         Atropos's are loaded by the run itself; a verifiers environment is tried here."""
-
-
-Trained = TypeVar("Trained", bound=BaseModel)
-
-
-def validate_by_owners(
-    ours: type[Trained],
-    training: dict[str, Any],
-    ask: Ask,
-    theirs: dict[str, Any],
-    renamed: Callable[[dict[str, Any]], dict[str, Any]] = lambda error: error,
-) -> tuple[Trained, dict[str, Any]]:
-    """Another framework's config, each half by its owner: our training fields by `ours`
-    (strictly), the environment's by its inspector; the errors of both together (the
-    environment's `renamed` to the fields the user edits), ConfigInvalid then."""
-    errors: list[dict[str, Any]] = []
-    trained: Trained | None = None
-    try:
-        trained = ours.model_validate(training, strict=True)
-    except ValidationError as exc:
-        errors += [plain_error(e) for e in exc.errors(include_url=False)]
-    valid: dict[str, Any] = {}
-    match ask(theirs):
-        case Validated(values=values):
-            valid = values
-        case Invalid(errors=invalid):
-            errors += [renamed(e) for e in invalid]
-        case Failed(error=error):
-            raise InspectFailed(f"its config's validation failed: {error}")
-        case other:
-            raise InspectFailed(f"its inspector answered a validation with {other.kind}")
-    if errors or trained is None:
-        raise ConfigInvalid(errors)
-    return trained, valid
 
 
 @dataclass

@@ -6,7 +6,6 @@ like one of our fields is edited as `env.<name>`.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,13 +17,13 @@ from core.verifiers import (
     arg_name,
     config_name,
 )
+from server.environments import two_owners
 from server.environments.inspector import (
     Ask,
     CannotStart,
     ConfigInvalid,
     ConfigSchema,
     InspectFailed,
-    validate_by_owners,
 )
 
 
@@ -38,7 +37,7 @@ class VerifiersConfigSchema(ConfigSchema):
         wanted = {k: v for k, v in values.items() if k not in self.locked}
         training = {k: v for k, v in wanted.items() if k in TRAINING_FIELDS}
         args = {arg_name(k): v for k, v in wanted.items() if k not in TRAINING_FIELDS}
-        trained, theirs = validate_by_owners(
+        trained, theirs = two_owners.validate_by_owners(
             VerifiersTrainingConfig, training, self._ask, args, _renamed
         )
         out = trained.model_dump(mode="json")
@@ -91,19 +90,10 @@ def describe_verifiers(first: Described, ask: Ask) -> ConfigSchema:
 
 def merged_schema(env_schema: dict[str, Any]) -> dict[str, Any]:
     """One JSON schema: our training fields first, then the environment's arguments."""
-    ours = VerifiersTrainingConfig.model_json_schema()
-    theirs = json.loads(json.dumps(env_schema))
-    properties = dict(ours.get("properties", {}))
-    for name, spec in theirs.get("properties", {}).items():
-        properties[config_name(name)] = spec
-    merged: dict[str, Any] = {
-        "title": "VerifiersEnvConfig",
-        "description": theirs.get("description")
-        or "A verifiers environment's arguments, with the training fields of the run",
-        "type": "object",
-        "properties": properties,
-    }
-    defs = {**theirs.get("$defs", {}), **ours.get("$defs", {})}
-    if defs:
-        merged["$defs"] = defs
-    return merged
+    return two_owners.merged_schema(
+        VerifiersTrainingConfig,
+        env_schema,
+        "VerifiersEnvConfig",
+        "A verifiers environment's arguments, with the training fields of the run",
+        config_name,
+    )

@@ -20,6 +20,22 @@ from pathlib import Path
 from typing import Any
 
 KEY_VARIABLE = "RLCS_FACE_KEY"  # the face's key, read by verifiers' client (api_key_var)
+
+
+def _load_helper() -> Any:
+    """rlcs_v1.py beside this file (what the driver and the inspector share), by path."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parent / "rlcs_v1.py"
+    spec = importlib.util.spec_from_file_location("rlcs_v1", path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot import {path}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+helper = _load_helper()
 log = logging.getLogger("rlcs.driver")
 
 
@@ -80,23 +96,10 @@ def step_tokens(step: dict[str, Any]) -> dict[str, Any] | None:
     }
 
 
-def plain(value: Any) -> Any:
-    """Messages as JSON: verifiers 0.3 keeps them as pydantic models."""
-    if hasattr(value, "model_dump"):
-        return plain(value.model_dump(mode="json", exclude_none=True))
-    if isinstance(value, dict):
-        return {str(k): plain(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [plain(v) for v in value]
-    if value is None or isinstance(value, str | int | float | bool):
-        return value
-    return str(value)
-
-
 def messages(value: Any) -> list[dict[str, Any]] | str:
     if isinstance(value, str):
         return value
-    return [m for m in plain(list(value or [])) if isinstance(m, dict)]
+    return [m for m in helper.plain(list(value or [])) if isinstance(m, dict)]
 
 
 def rollout_answer(output: dict[str, Any]) -> dict[str, Any]:
@@ -162,11 +165,10 @@ class V1Player:
     def __init__(self, config: dict[str, Any]) -> None:
         import verifiers.v1 as vf
 
-        self.v1 = load_v1_helper()
         sys.path.insert(0, str(config["folder"]))
-        self.env = vf.load_environment(self.v1.run_config(config["env_id"], config["env_args"]))
+        self.env = vf.load_environment(helper.run_config(config["env_id"], config["env_args"]))
         self.env_type = type(self.env).__name__
-        self.tasks = self.v1.Tasks(self.env.taskset, int(config.get("seed", 0)))
+        self.tasks = helper.Tasks(self.env.taskset, int(config.get("seed", 0)))
         self.examples = self.eval_examples = self.tasks.count()
         self.model = config["model"]
         self.client = vf.TrainClientConfig(
@@ -195,8 +197,8 @@ class V1Player:
         for episode in episodes:
             traces = list(episode.traces)
             if not traces:
-                rollouts.append(self.v1.failed_rollout(episode.errors))
-            rollouts += [self.v1.trace_rollout(t, list(episode.errors)) for t in traces]
+                rollouts.append(helper.failed_rollout(episode.errors))
+            rollouts += [helper.trace_rollout(t, list(episode.errors)) for t in traces]
         return rollouts
 
 
@@ -208,19 +210,6 @@ def renderer_for(model: str) -> dict[str, str] | None:
 
     name = MODEL_RENDERER_MAP.get(model)
     return {"name": name} if name else None
-
-
-def load_v1_helper() -> Any:
-    """rlcs_v1.py beside this file, by path (what the driver and the inspector share)."""
-    import importlib.util
-
-    path = Path(__file__).resolve().parent / "rlcs_v1.py"
-    spec = importlib.util.spec_from_file_location("rlcs_v1", path)
-    if spec is None or spec.loader is None:
-        raise ImportError(f"cannot import {path}")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 class Driver:

@@ -22,10 +22,10 @@ from typing import Any
 V0_ENTRY = "load_environment"
 
 
-def load_protocol() -> Any:
-    """runners/doors/envside/inspect_protocol.py, loaded by path (stdlib only)."""
-    path = Path(__file__).resolve().parents[2] / "doors" / "envside" / "inspect_protocol.py"
-    spec = importlib.util.spec_from_file_location("rlcs_inspector_protocol", path)
+def load_by_path(path: Path, name: str) -> Any:
+    """A module of ours by its path: nothing of the project is importable here, and the
+    project's root on sys.path could shadow the environment's own modules."""
+    spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:
         raise ImportError(f"cannot import {path}")
     module = importlib.util.module_from_spec(spec)
@@ -33,18 +33,10 @@ def load_protocol() -> Any:
     return module
 
 
-protocol = load_protocol()
-
-
-def load_v1_helper() -> Any:
-    """rlcs_v1.py beside this file (what the inspector and the driver share), by path."""
-    path = Path(__file__).resolve().parent / "rlcs_v1.py"
-    spec = importlib.util.spec_from_file_location("rlcs_v1", path)
-    if spec is None or spec.loader is None:
-        raise ImportError(f"cannot import {path}")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+HERE = Path(__file__).resolve().parent
+# The inspector protocol's stdlib side, and what the inspector and the driver share (v1).
+protocol = load_by_path(HERE.parents[1] / "doors" / "envside" / "inspect_protocol.py", "rlcs_ip")
+v1 = load_by_path(HERE / "rlcs_v1.py", "rlcs_v1")
 
 
 def module_name(module_file: Path) -> str:
@@ -131,7 +123,6 @@ def describe_v1(module_file: Path) -> tuple[dict[str, Any], Any]:
     """v1: its taskset config's own fields and its Env config's, by name, with the defaults
     its config gives; a load builds its Env (every role on the subprocess runtime with the
     null harness) and its tasks."""
-    v1 = load_v1_helper()
     module = module_name(module_file)
     package = module_file.name == "__init__.py"
     sys.path.insert(0, str(module_file.parent.parent if package else module_file.parent))

@@ -1,5 +1,6 @@
-"""What the verifiers inspector and driver share about v1 environments (a `Taskset`, an `Env`;
-verifiers' `v1` API as 0.3 ships it), stdlib and verifiers only, loaded by path: the config
+"""What the verifiers inspector and driver share (loaded by path; stdlib and verifiers only):
+messages as JSON, and about v1 environments (a `Taskset`, an `Env`; verifiers' `v1` API as 0.3
+ships it): the config
 fields that are the environment's own (its taskset's and its Env config's, by name), the whole
 config a run uses (every role on the `subprocess` runtime with the `null` harness, which this
 server can run), and an episode's traces as the rollouts the runner reads.
@@ -103,13 +104,14 @@ def first_task(taskset: Any) -> Any:
     return next(iter(taskset.load()), None)
 
 
-def _plain(value: Any) -> Any:
+def plain(value: Any) -> Any:
+    """Messages, errors and the like as JSON: verifiers keeps them as pydantic models."""
     if hasattr(value, "model_dump"):
-        return _plain(value.model_dump(mode="json", exclude_none=True))
+        return plain(value.model_dump(mode="json", exclude_none=True))
     if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
+        return {str(k): plain(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return [_plain(v) for v in value]
+        return [plain(v) for v in value]
     if value is None or isinstance(value, str | int | float | bool):
         return value
     return str(value)
@@ -134,7 +136,7 @@ def trace_rollout(trace: Any, episode_errors: list[Any]) -> dict[str, Any]:
         name: float(reward.score) for name, reward in trace.rewards.items() if reward is not None
     }
     metrics.update({k: float(v) for k, v in trace.metrics.items() if v is not None})
-    messages = [m for m in _plain(list(trace.messages)) if isinstance(m, dict)]
+    messages = [m for m in plain(list(trace.messages)) if isinstance(m, dict)]
     first_reply = next((i for i, m in enumerate(messages) if m.get("role") == "assistant"), None)
     errors = [*trace.errors, *episode_errors]
     return {
@@ -145,14 +147,14 @@ def trace_rollout(trace: Any, episode_errors: list[Any]) -> dict[str, Any]:
         "completion": messages[first_reply:] if first_reply is not None else [],
         "answer": None,
         "truncated": False,
-        "error": json.dumps(_plain(errors[0]))[:2000] if errors else None,
+        "error": json.dumps(plain(errors[0]))[:2000] if errors else None,
     }
 
 
 def failed_rollout(episode_errors: list[Any]) -> dict[str, Any]:
     """An episode that ended with no trace at all (its setup or run failed): a rollout that
     says why and trains on nothing."""
-    why = json.dumps(_plain(episode_errors[0]))[:2000] if episode_errors else "no trace"
+    why = json.dumps(plain(episode_errors[0]))[:2000] if episode_errors else "no trace"
     return {
         "reward": 0.0,
         "metrics": {},
