@@ -1,6 +1,6 @@
-"""verifiers runs on the Tinker backend: the unmodified SDK against the loopback stand-in. The
-face serves the hosted sampler to the environment's driver, and the datums carry the sampler's
-logprobs on the model's tokens."""
+"""verifiers runs on the Tinker backend, v0 and v1: the unmodified SDK against the loopback
+stand-in. The face serves the hosted sampler to the environment's driver, and the datums carry
+the sampler's logprobs on the model's tokens."""
 
 from __future__ import annotations
 
@@ -23,8 +23,9 @@ from tests.verifiers.conftest import ENVS
 
 KEY = "tml-standin-test-key-0123456789"
 TOKENIZER = build_tiny_tokenizer()
-# Near what reverse-word asks (planet, garden, ... backwards): rewards that differ.
-ANSWERS = ["tenalp", "tenlap", "nedrag", "planet", "revlis", "x"]
+# Near what reverse-word asks (planet, garden, ... backwards), and vowel-count (how many
+# vowels): rewards that differ.
+ANSWERS = ["tenalp", "tenlap", "nedrag", "planet", "revlis", "x", "3", "2 vowels", "three"]
 
 
 @pytest.fixture
@@ -38,8 +39,9 @@ def standin(monkeypatch: pytest.MonkeyPatch) -> Iterator[TinkerStandin]:
         yield server
 
 
+@pytest.mark.parametrize("environment", ["reverse-word", "vowel-count"])  # v0, v1
 def test_a_verifiers_run_trains_on_tinker(
-    tmp_path: Path, standin: TinkerStandin, verifiers_python: str
+    tmp_path: Path, standin: TinkerStandin, verifiers_python: str, environment: str
 ) -> None:
     settings = make_settings(
         tmp_path, tinker_api_key=KEY, tinker_base_url=standin.url, env_dirs=[ENVS]
@@ -47,7 +49,7 @@ def test_a_verifiers_run_trains_on_tinker(
     with TestClient(create_app(settings)) as client:
         run_id = start_run(
             client,
-            environment="reverse-word",
+            environment=environment,
             model_name="tiny-random",
             total_steps=2,
             group_size=3,
@@ -63,6 +65,8 @@ def test_a_verifiers_run_trains_on_tinker(
 
     samples = standin.bodies("asample")
     assert len(samples) == 2 * 2 * 3  # one request per rollout (verifiers asks one at a time)
+    if environment == "vowel-count":  # v1: the prompt rendered by verifiers' renderer
+        assert all(b.get("num_samples") == 1 for b in samples)
     data = [d for request in standin.bodies("forward_backward") for d in request["data"]]
     assert data
     for datum in data:

@@ -81,6 +81,16 @@ def finished(server: LiveServer) -> dict[str, dict[str, Any]]:
             use_wandb=False,
         )
     }
+    ids["smollm2-v1"] = start_run(
+        server.api,
+        environment="vowel-count",
+        total_steps=2,
+        group_size=2,
+        groups_per_step=1,
+        max_tokens=8,
+        lora_rank=8,
+        use_wandb=False,
+    )
     ids.update(
         (name, start_run(server.api, environment=name, **shape, **TINY))
         for name in (*GOOD, *V1, "letter-count", "grumpy", "raises", "vanishing")
@@ -185,6 +195,21 @@ def test_smollm2_trains_a_multi_turn_environment_its_turns_merged(
     # template renders the model's answer as it sampled it), so most episodes train as one
     # sequence, not one per turn.
     assert all(r["train/num_datums"] < 2 * r["env/num_episodes"] for r in trained)
+
+
+def test_smollm2_trains_a_v1_taskset(
+    server: LiveServer, finished: dict[str, dict[str, Any]]
+) -> None:
+    """verifiers' renderer builds SmolLM2's prompts from its own tokenizer folder, and what the
+    face samples for them trains."""
+    run = finished["smollm2-v1"]
+    assert run["status"] == "succeeded", log_of(server, run)
+    rows = server.api.get(f"/runs/{run['run_id']}/history").json()["rows"]
+    steps = [r for r in rows if "reward/mean" in r]
+    assert [r["step"] for r in steps] == [1, 2]
+    assert all(r["verifiers/face_requests"] == 2 and "env/right" in r for r in steps)
+    for row in (r for r in steps if "train/loss" in r):
+        assert abs(row["train/kl_sample_train_v1"]) < 0.05
 
 
 def test_an_environment_whose_every_rollout_fails_fails_the_run(

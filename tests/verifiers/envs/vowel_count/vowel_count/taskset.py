@@ -21,7 +21,7 @@ class VowelTask(vf.Task[VowelData]):
 
     @vf.reward(weight=0.2)
     async def brief(self, trace: vf.Trace) -> float:
-        return 1.0 / (1.0 + len((trace.last_reply or "").split()))
+        return 1.0 / (1.0 + len(trace.last_reply or "") / 10.0)  # by characters
 
 
 class VowelConfig(vf.TasksetConfig):

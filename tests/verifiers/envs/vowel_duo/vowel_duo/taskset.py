@@ -23,7 +23,7 @@ class DuoTask(vf.Task[DuoData]):
 
     @vf.reward(weight=0.2)
     async def brief(self, trace: vf.Trace) -> float:
-        return 1.0 / (1.0 + len((trace.last_reply or "").split()))
+        return 1.0 / (1.0 + len(trace.last_reply or "") / 10.0)  # by characters
 
 
 class DuoTaskset(vf.Taskset[DuoTask, vf.TasksetConfig]):
