@@ -31,7 +31,7 @@ from runners.atropos.children import Child, atropos_environment, start_child
 from runners.atropos.env_yaml import server_entries
 from runners.atropos.watch import LogWatch
 from runners.doors.face import InferenceFace, serving
-from runners.doors.free_prompts import answer_unscored
+from runners.doors.free_prompts import answer_prompts
 from runners.doors.requests import SamplingDefaults
 from runners.episodes.render import Renderer
 
@@ -67,18 +67,11 @@ class AtroposInference:
         if deadline is None:
             deadline = time.monotonic() + self.settings.inference_timeout_s
         if self.job.prompts:
-            return await asyncio.gather(
-                *(self._answer(p, i) for i, p in enumerate(self.job.prompts))
+            cfg = self.config
+            return await answer_prompts(
+                self.job, self.sampler, self.tokenizer, cfg.top_p, cfg.top_k, UNSCORED
             )
         return await self._own_items(deadline)
-
-    # Free prompts --------------------------------------------------------------------------
-
-    async def _answer(self, prompt: str, index: int) -> dict[str, Any]:
-        cfg = self.config
-        return await answer_unscored(
-            self.job, self.sampler, self.tokenizer, prompt, index, cfg.top_p, cfg.top_k, UNSCORED
-        )
 
     # The environment's own items -----------------------------------------------------------
 

@@ -35,7 +35,7 @@ from runners.atropos.feed import EnvironmentFailed, Feed
 from runners.atropos.groups import Batch, read_batch
 from runners.atropos.rollout_records import sequence_records
 from runners.atropos.watch import EvalWatch, LogWatch, MetricsTap
-from runners.doors.face import InferenceFace, serving
+from runners.doors.face import DRAIN_S, InferenceFace, serving
 from runners.doors.requests import SamplingDefaults
 from runners.train import staleness
 from runners.train.learner import Sequence
@@ -49,7 +49,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("runner")
 HOSTED_CONTEXT = 32_768  # max_token_len registered when the model's context is not known here
-DRAIN_S = 60.0  # at the end, how long samples already running may take to finish
 
 Run = RunContext[Feed]
 

@@ -38,6 +38,7 @@ MAX_N = 1024  # samples per request (managed_server asks for a whole group at on
 # more than the environment keeps queued (max_batches_offpolicy batches). Each is kept as a
 # hash of its tokens, a few dozen bytes.
 REMEMBERED = 65_536
+DRAIN_S = 60.0  # at a run's end, how long samples already running may take to finish
 
 
 @dataclass

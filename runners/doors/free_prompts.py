@@ -4,6 +4,7 @@ the items it makes itself), saying so."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from core.spec import InferenceJob
@@ -11,7 +12,22 @@ from runners.episodes.policy import SamplerPolicy
 from runners.episodes.render import Renderer
 
 
-async def answer_unscored(
+async def answer_prompts(
+    job: InferenceJob, sampler: Any, tokenizer: Any, top_p: float, top_k: int, reason: str
+) -> list[dict[str, Any]]:
+    """Each of the job's prompts answered at once, unscored, saying `reason`."""
+    prompts = job.prompts or []
+    return list(
+        await asyncio.gather(
+            *(
+                _answer(job, sampler, tokenizer, p, i, top_p, top_k, reason)
+                for i, p in enumerate(prompts)
+            )
+        )
+    )
+
+
+async def _answer(
     job: InferenceJob,
     sampler: Any,
     tokenizer: Any,

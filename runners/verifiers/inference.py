@@ -19,7 +19,7 @@ from core.spec import InferenceJob
 from core.verifiers import VerifiersRunConfig
 from core.verifiers_wire import Rollout
 from runners.doors.face import InferenceFace, serving
-from runners.doors.free_prompts import answer_unscored
+from runners.doors.free_prompts import answer_prompts
 from runners.doors.requests import SamplingDefaults
 from runners.episodes.render import Renderer
 from runners.verifiers.driver import (
@@ -57,13 +57,8 @@ class VerifiersInference:
             deadline = time.monotonic() + self.settings.inference_timeout_s
         cfg = self.config
         if self.job.prompts:
-            return await asyncio.gather(
-                *(
-                    answer_unscored(
-                        self.job, self.sampler, self.tokenizer, p, i, cfg.top_p, cfg.top_k, UNSCORED
-                    )
-                    for i, p in enumerate(self.job.prompts)
-                )
+            return await answer_prompts(
+                self.job, self.sampler, self.tokenizer, cfg.top_p, cfg.top_k, UNSCORED
             )
         return await self._own_examples(deadline)
 

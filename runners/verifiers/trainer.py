@@ -24,7 +24,7 @@ from core.settings import Settings
 from core.spec import RunSpec
 from core.verifiers import VerifiersRunConfig
 from core.verifiers_wire import Group
-from runners.doors.face import InferenceFace, serving
+from runners.doors.face import DRAIN_S, InferenceFace, serving
 from runners.doors.requests import SamplingDefaults
 from runners.train.report import timed
 from runners.train.run_base import RunContext, RunnerBase
@@ -38,7 +38,6 @@ if TYPE_CHECKING:
     from runners.backends.surface import TrainingClient
 
 log = logging.getLogger("runner")
-DRAIN_S = 60.0  # at the end, how long samples already running may take to finish
 
 
 @dataclass
@@ -46,7 +45,6 @@ class Data:
     face: InferenceFace
     driver: Driver
     context: int | None
-    examples: int
 
 
 Run = RunContext[Data]
@@ -111,7 +109,7 @@ class VerifiersTrainer(RunnerBase[Data]):
             ready.examples,
             ready.eval_examples,
         )
-        return Data(face, driver, context, ready.examples)
+        return Data(face, driver, context)
 
     async def train_step(self, run: Run, step: int) -> None:
         data = run.data
