@@ -1,14 +1,18 @@
-"""The losses a run may use and the `loss_fn_config` keys each accepts, with defaults and bounds.
+"""The losses, declared once: each one's name, its `loss_fn_config` keys (defaults, bounds) and
+what it asks of a run. Config validation at POST /runs (torch-free) and the local backend's
+implementations (runners/engine/train/losses.py) both read this table.
 
-One table for both sides: config validation at POST /runs (torch-free) and the local
-backend's loss implementations read their defaults from here.
+Adding a loss: its `Loss` in `LOSSES` here; its `LossSpec` (inputs, torch objective) of the
+same name in runners/engine/train/losses.py (a test checks that both tables name the same
+losses); its row in docs/tinker-api.md's "Losses". A run's datums carry the RL inputs
+(runners/train/learner.py `datum`); a loss with required inputs beyond them needs its case there.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
@@ -19,7 +23,30 @@ class ConfigKey:
     meaning: str
 
 
+@dataclass(frozen=True)
+class Loss:
+    """One loss as both sides know it (its torch code: runners/engine/train/losses.py)."""
+
+    name: str
+    config: Mapping[str, ConfigKey] = field(default_factory=dict)  # its loss_fn_config keys
+    # A training run may choose it; cross_entropy is supervised (Tinker API scripts only).
+    rl: bool = True
+    # It reads the sampler's logprobs from what the sampler recorded, by the sampled sequences'
+    # ids: a run's driver must carry those ids on its sequences (ours do; a door's environments,
+    # which sample through the inference face as text or tokens, do not).
+    reads_recorded: bool = False
+
+
 _CLIP_BOUNDS = (0.0, 100.0)
+
+
+def _clip(low: float, high: float, clipped: str) -> dict[str, ConfigKey]:
+    """The two keys of a clip band (PPO's names), with their defaults, bounding `clipped`."""
+    return {
+        "clip_low_threshold": ConfigKey(low, *_CLIP_BOUNDS, f"lower bound of the {clipped}"),
+        "clip_high_threshold": ConfigKey(high, *_CLIP_BOUNDS, f"upper bound of the {clipped}"),
+    }
+
 
 # The hosted service gives no default for DRO's beta; 0.05 is the value its examples use.
 DRO_DEFAULT_BETA = 0.05
@@ -31,58 +58,52 @@ STABLE_MASK_LOW = 0.125
 STABLE_MASK_HIGH = 8.0
 STABLE_KL_COEFF = 0.05
 
-LOSS_CONFIG: dict[str, dict[str, ConfigKey]] = {
-    "cross_entropy": {},
-    "importance_sampling": {},
-    "ppo": {
-        "clip_low_threshold": ConfigKey(0.8, *_CLIP_BOUNDS, "lower bound of the ratio"),
-        "clip_high_threshold": ConfigKey(1.2, *_CLIP_BOUNDS, "upper bound of the ratio"),
-    },
-    "cispo": {
-        "clip_low_threshold": ConfigKey(0.0, *_CLIP_BOUNDS, "lower bound of the ratio weight"),
-        "clip_high_threshold": ConfigKey(4.0, *_CLIP_BOUNDS, "upper bound of the ratio weight"),
-    },
-    "dro": {"beta": ConfigKey(DRO_DEFAULT_BETA, 0.0, 100.0, "weight of the drift penalty")},
-    # Tinker's GSPO page names PPO's keys; it gives no defaults of its own, so PPO's are kept.
-    "gspo": {
-        "clip_low_threshold": ConfigKey(0.8, *_CLIP_BOUNDS, "lower bound of the sequence ratio"),
-        "clip_high_threshold": ConfigKey(1.2, *_CLIP_BOUNDS, "upper bound of the sequence ratio"),
-    },
-    # Ours (the hosted objective is not published): docs/tinker-api.md, "stable_reinforce".
-    "stable_reinforce": {
-        "clip_low_threshold": ConfigKey(0.0, *_CLIP_BOUNDS, "lower bound of the ratio weight"),
-        "clip_high_threshold": ConfigKey(
-            STABLE_CLIP_HIGH, *_CLIP_BOUNDS, "upper bound of the ratio weight (truncation)"
+# In the order a run's config offers them (its JSON schema's enum).
+LOSSES: dict[str, Loss] = {
+    loss.name: loss
+    for loss in (
+        Loss("cross_entropy", rl=False),
+        Loss("importance_sampling"),
+        Loss("ppo", _clip(0.8, 1.2, "ratio")),
+        Loss("cispo", _clip(0.0, 4.0, "ratio weight")),
+        Loss(
+            "dro", {"beta": ConfigKey(DRO_DEFAULT_BETA, 0.0, 100.0, "weight of the drift penalty")}
         ),
-        "mask_low_threshold": ConfigKey(
-            STABLE_MASK_LOW, 0.0, 1.0, "tokens whose ratio falls below it are masked"
+        # Tinker's GSPO page names PPO's keys; it gives no defaults of its own, so PPO's are kept.
+        Loss("gspo", _clip(0.8, 1.2, "sequence ratio")),
+        # Ours (the hosted objective is not published): docs/tinker-api.md, "stable_reinforce".
+        Loss(
+            "stable_reinforce",
+            {
+                **_clip(0.0, STABLE_CLIP_HIGH, "ratio weight"),
+                "mask_low_threshold": ConfigKey(
+                    STABLE_MASK_LOW, 0.0, 1.0, "tokens whose ratio falls below it are masked"
+                ),
+                "mask_high_threshold": ConfigKey(
+                    STABLE_MASK_HIGH, 1.0, 1e6, "tokens whose ratio rises above it are masked"
+                ),
+                "kl_coeff": ConfigKey(
+                    STABLE_KL_COEFF, 0.0, 100.0, "weight of the drift penalty to the sampler"
+                ),
+            },
+            reads_recorded=True,
         ),
-        "mask_high_threshold": ConfigKey(
-            STABLE_MASK_HIGH, 1.0, 1e6, "tokens whose ratio rises above it are masked"
-        ),
-        "kl_coeff": ConfigKey(
-            STABLE_KL_COEFF, 0.0, 100.0, "weight of the drift penalty to the sampler"
-        ),
-    },
+    )
 }
 
-# What a training run may choose (cross_entropy is supervised, not an RL loss).
-RL_LOSSES = ("importance_sampling", "ppo", "cispo", "dro", "gspo", "stable_reinforce")
-# Losses that read the sampler's logprobs from what it recorded, by the sampled sequences' ids:
-# a run's driver must carry those ids on its sequences (ours do; a door's environments, which
-# sample through the inference face as text or tokens, do not).
-NEEDS_SEQUENCE_IDS = frozenset({"stable_reinforce"})
+# What a training run may choose.
+RL_LOSSES = tuple(name for name, loss in LOSSES.items() if loss.rl)
 
 
 def defaults(loss_fn: str) -> dict[str, float]:
-    return {key: spec.default for key, spec in LOSS_CONFIG[loss_fn].items()}
+    return {key: spec.default for key, spec in LOSSES[loss_fn].config.items()}
 
 
 def resolve(loss_fn: str, config: Mapping[str, object] | None) -> dict[str, float]:
     """The loss's config with defaults filled in; ValueError naming the key otherwise."""
-    if loss_fn not in LOSS_CONFIG:
-        raise ValueError(f"unknown loss_fn {loss_fn!r}; known: {', '.join(sorted(LOSS_CONFIG))}")
-    keys = LOSS_CONFIG[loss_fn]
+    if loss_fn not in LOSSES:
+        raise ValueError(f"unknown loss_fn {loss_fn!r}; known: {', '.join(sorted(LOSSES))}")
+    keys = LOSSES[loss_fn].config
     resolved = defaults(loss_fn)
     for key, value in (config or {}).items():
         if key not in keys:

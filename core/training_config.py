@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 from core import checkpoint_refs, loss_config
 from core.model_names import LOCAL_DEFAULT_MODEL
@@ -19,9 +20,9 @@ class TrainingConfig(BaseModel):
 
     # Fields decided by the server: shown to the user, never edited (see `locked_fields`).
     LOCKED: ClassVar[frozenset[str]] = frozenset({"tokenizer_name"})
-    # Whether the run's driver knows the sampler's id of each sequence it trains (a loss in
-    # loss_config.NEEDS_SEQUENCE_IDS needs them); False where another framework's environment
-    # samples through the inference face.
+    # Whether the run's driver knows the sampler's id of each sequence it trains (a loss that
+    # `reads_recorded` needs them); False where another framework's environment samples
+    # through the inference face.
     SEQUENCE_IDS: ClassVar[bool] = True
 
     # Checkpoints.
@@ -74,8 +75,9 @@ class TrainingConfig(BaseModel):
     # Optimisation.
     lora_rank: int = Field(32, ge=1, le=512)
     learning_rate: float = Field(4e-5, gt=0, le=1.0)
-    loss_fn: Literal["importance_sampling", "ppo", "cispo", "dro", "gspo", "stable_reinforce"] = (
-        "importance_sampling"
+    # The choices are core/loss_config.py's; the schema lists them for the dashboard's select.
+    loss_fn: str = Field(
+        "importance_sampling", json_schema_extra={"enum": list(loss_config.RL_LOSSES)}
     )
     loss_fn_config: dict[str, float] = Field(
         default_factory=dict, description="e.g. clip_low_threshold/clip_high_threshold or beta"
@@ -139,11 +141,17 @@ class TrainingConfig(BaseModel):
 
     @field_validator("loss_fn")
     @classmethod
-    def _driver_can_feed(cls, value: str) -> str:
-        if value in loss_config.NEEDS_SEQUENCE_IDS and not cls.SEQUENCE_IDS:
-            usable = [
-                loss for loss in loss_config.RL_LOSSES if loss not in loss_config.NEEDS_SEQUENCE_IDS
-            ]
+    def _usable_loss(cls, value: str) -> str:
+        choices = loss_config.RL_LOSSES
+        if value not in choices:
+            # Worded as pydantic words a Literal's refusal (this field was one), for clients.
+            listed = [repr(name) for name in choices]
+            expected = f"{', '.join(listed[:-1])} or {listed[-1]}"
+            raise PydanticCustomError(
+                "literal_error", "Input should be {expected}", {"expected": expected}
+            )
+        if loss_config.LOSSES[value].reads_recorded and not cls.SEQUENCE_IDS:
+            usable = [name for name in choices if not loss_config.LOSSES[name].reads_recorded]
             raise ValueError(
                 f"{value} reads the sampler's logprobs from the sequences it recorded, by their "
                 "ids, and this environment's rollouts carry no sequence ids (it samples through "

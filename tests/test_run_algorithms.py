@@ -14,9 +14,10 @@ import pytest
 from fastapi.testclient import TestClient
 from pydantic import ValidationError
 
-from core import lifecycle
+from core import lifecycle, loss_config
 from core.atropos import AtroposTrainingConfig, locked_env_values
 from core.db import make_engine
+from core.training_config import TrainingConfig
 from server.app import create_app
 from tests.support.helpers import end_run_leftovers, processes_with, wait_for
 from tests.support.settings import make_settings
@@ -97,6 +98,15 @@ def test_bad_values_are_refused_naming_the_field(
     refused(aclient, tmp_path, body, field, needle)
     runs = tmp_path / "var" / "runs"
     assert not runs.exists() or list(runs.iterdir()) == []
+
+
+def test_the_losses_a_run_may_choose_are_the_declared_rl_ones() -> None:
+    # The dashboard's select reads the schema's enum; cross_entropy is no RL loss.
+    choices = [name for name, loss in loss_config.LOSSES.items() if loss.rl]
+    assert "cross_entropy" not in choices and TrainingConfig().loss_fn == "importance_sampling"
+    assert TrainingConfig.model_json_schema()["properties"]["loss_fn"]["enum"] == choices
+    with pytest.raises(ValidationError, match="loss_fn\n  Input should be 'importance_sampling'"):
+        TrainingConfig(loss_fn="cross_entropy")
 
 
 def test_stable_reinforce_is_refused_for_an_atropos_environment() -> None:

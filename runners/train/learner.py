@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 from tinker import types
 
+from core import loss_config
 from runners.episodes.policy import bounded
 
 if TYPE_CHECKING:
@@ -278,7 +279,7 @@ def datum(sequence: Sequence, loss_fn: str = "importance_sampling") -> types.Dat
     made = types.Datum(
         model_input=types.ModelInput.from_ints(sequence.tokens[:-1]), loss_fn_inputs=inputs
     )
-    return with_provenance(made, sequence) if loss_fn == "stable_reinforce" else made
+    return with_provenance(made, sequence) if loss_config.LOSSES[loss_fn].reads_recorded else made
 
 
 def with_provenance(made: types.Datum, sequence: Sequence) -> types.Datum:

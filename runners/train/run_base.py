@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Generic, TypeVar
 
-from core import lifecycle
+from core import lifecycle, loss_config
 from core.models import RunStatus
 from core.run_folder import RunFolder
 from core.settings import Settings
@@ -233,8 +233,9 @@ class RunnerBase(Generic[D]):
         return run.scorers is not None and run.scorers.keeps_flat_groups
 
     async def snapshot(self, training: TrainingClient) -> SamplingClient:
-        """A sampler of the current weights; stable_reinforce's records what it samples."""
-        record = self.training_config.loss_fn == "stable_reinforce"
+        """A sampler of the current weights; one for a loss that reads recorded sequences
+        (stable_reinforce) records what it samples."""
+        record = loss_config.LOSSES[self.training_config.loss_fn].reads_recorded
         call = (
             training.save_weights_and_get_sampling_client(record_stability_info=True)
             if record

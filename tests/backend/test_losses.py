@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+from core import loss_config
 from core.loss_config import DRO_DEFAULT_BETA
 from runners.engine.train.losses import (
     LOSSES,
@@ -184,6 +185,13 @@ def test_bad_config_values_are_rejected():
 def test_unknown_loss_lists_the_supported_ones():
     with pytest.raises(ValueError, match="unknown loss_fn 'grpo'.*cispo, cross_entropy, dro"):
         resolve_config("grpo", None)
+
+
+def test_every_declared_loss_is_implemented_and_every_implementation_declared():
+    assert list(LOSSES) == list(loss_config.LOSSES)
+    recorded = {name for name, loss in loss_config.LOSSES.items() if loss.reads_recorded}
+    assert {name for name, spec in LOSSES.items() if spec.reads_recorded} == recorded
+    assert recorded == {"stable_reinforce"}
 
 
 def test_defaults_match_the_hosted_service():

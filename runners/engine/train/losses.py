@@ -31,7 +31,9 @@ RECORDED_MASK = "recorded_mask"  # 1 where the target is a recorded sampled toke
 
 @dataclass(frozen=True)
 class LossSpec:
-    """One loss: its loss_fn_inputs keys and its objective (config keys: core.loss_config)."""
+    """One loss's implementation: its loss_fn_inputs keys and its objective; the rest of what
+    is known of it (config keys, whether it reads recorded sequences) is its declaration in
+    core.loss_config, under the same name."""
 
     name: str
     inputs: tuple[str, ...]  # required
@@ -40,8 +42,11 @@ class LossSpec:
     # Accepted and read when sent; when not, filled from the datum's other inputs.
     optional: Mapping[str, Callable[[Mapping[str, Tensor]], Tensor]] = field(default_factory=dict)
     metrics: Metrics | None = None
-    # Its datums name recorded sequences (Datum.with_provenance), read into RECORDED_* inputs.
-    reads_recorded: bool = False
+
+    @property
+    def reads_recorded(self) -> bool:
+        """Its datums name recorded sequences (Datum.with_provenance), read into RECORDED_*."""
+        return loss_config.LOSSES[self.name].reads_recorded
 
 
 def _ratio(target_lp: Tensor, inputs: Mapping[str, Tensor]) -> Tensor:
@@ -170,6 +175,7 @@ def _stable_reinforce_metrics(
 
 _RL_INPUTS = ("target_tokens", "logprobs", "advantages")
 
+# Every loss declared in core.loss_config.LOSSES, and no other (tests/backend/test_losses.py).
 LOSSES: dict[str, LossSpec] = {
     spec.name: spec
     for spec in (
@@ -194,7 +200,6 @@ LOSSES: dict[str, LossSpec] = {
             _stable_reinforce,
             ignored=("logprobs",),
             metrics=_stable_reinforce_metrics,
-            reads_recorded=True,
         ),
     )
 }
