@@ -33,7 +33,7 @@ OLDEST_SDK_VENV := .venv-tinker-oldest
 OLDEST_SDK_STAMP := $(OLDEST_SDK_VENV)/.installed
 OLDEST_SDK_LOCK := tests/tinker_api/sdk_oldest/requirements.lock
 
-.PHONY: serve test test-fast install lock lint typecheck format docs demo curves clean
+.PHONY: serve test test-fast install verifiers-deps lock lint typecheck format docs demo curves clean
 
 # uv from PyPI, in the venv it fills (the dev extra keeps it there).
 $(BIN)/uv:
@@ -62,7 +62,13 @@ $(OLDEST_SDK_STAMP): $(OLDEST_SDK_LOCK) | $(BIN)/uv
 	$(BIN)/uv pip sync --quiet --python $(OLDEST_SDK_VENV)/bin/python --compile-bytecode $(OLDEST_SDK_LOCK)
 	touch $(OLDEST_SDK_STAMP)
 
-install: $(STAMP) $(ATROPOS_STAMP) $(VERIFIERS_STAMP) $(OLDEST_SDK_STAMP)
+# Each verifiers environment's own dependencies (its pyproject.toml's) into .venv-verifiers, under its
+# lock's pins; once per environment and lock (var/verifiers/deps). A failure is the environment's:
+# shown in its listing, it does not stop the install. The server does the same for a new folder.
+verifiers-deps: $(STAMP) $(VERIFIERS_STAMP)
+	$(BIN)/python -m server.environments.verifiers_deps
+
+install: $(STAMP) $(ATROPOS_STAMP) $(VERIFIERS_STAMP) $(OLDEST_SDK_STAMP) verifiers-deps
 
 # After a change to pyproject.toml's dependencies: pin everything anew (torch: its newest CPU build).
 lock: | $(BIN)/uv

@@ -292,6 +292,12 @@ class Settings(BaseSettings):
         gt=0,
         description="Most seconds a verifiers environment may take to load in a run",
     )
+    verifiers_install_timeout_s: float = Field(
+        900.0,
+        gt=0,
+        description="Most seconds the installation of a verifiers environment's own "
+        "dependencies (its pyproject.toml's) may take before it counts as failed",
+    )
 
     # Prices (docs/runs.md, "What a run cost"): money from what a run spent, on read.
     price_device_hour: float | None = Field(

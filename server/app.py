@@ -38,6 +38,7 @@ from server.environments.configs import ConfigService
 from server.environments.inspector import Inspectors
 from server.environments.model_check import ModelCheck
 from server.environments.verifiers_config import describe_verifiers
+from server.environments.verifiers_deps import DependencyInstaller
 from server.errors import DomainError, headers_for, status_for
 from server.guards.access import LoopbackUnlessToken, insecure_warning
 from server.guards.validation import (
@@ -92,6 +93,7 @@ def build_services(settings: Settings) -> Services:
         settings.environment_dirs,
         PROJECT_ROOT,
         Inspectors(settings, {"atropos": describe_atropos, "verifiers": describe_verifiers}),
+        dependencies=DependencyInstaller.from_settings(settings),
     )
     models = ModelCheck.from_settings(settings)
     configs = ConfigService(engine, catalog, models)

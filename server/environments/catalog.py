@@ -21,6 +21,7 @@ from core.verifiers import Generation
 from server.environments import discovery
 from server.environments.inspector import ConfigSchema, InspectFailed, Inspectors
 from server.environments.schemas import EnvironmentOut
+from server.environments.verifiers_deps import Dependencies, DependencyInstaller
 from server.errors import Conflict, InvalidValue, NotFound
 
 # Letters, digits, '_', '-' and single dots between them: nothing that walks a path.
@@ -40,6 +41,7 @@ class EnvEntry:
     path: Path
     framework: Framework = "rlcs"
     generation: Generation | None = None
+    dependencies: Dependencies | None = None  # verifiers: its own, from its pyproject.toml
 
     def source(self, config: dict[str, Any], weight: float = 1.0) -> EnvSource:
         """This environment with `config`, as a run or the inference worker receives it."""
@@ -61,11 +63,13 @@ class Catalog:
         root: Path,
         inspectors: Inspectors | None = None,
         clock: Callable[[], float] = time.monotonic,
+        dependencies: DependencyInstaller | None = None,
     ) -> None:
         # Resolved once, so every path discovery returns is absolute and needs no resolve().
         self._dirs = [d.resolve() for d in dirs]
         self._root = root.resolve()
         self._inspectors = inspectors
+        self._dependencies = dependencies
         self._lock = threading.Lock()
         # (path, class, framework) -> (file mtime, Config schema or error text) of the last try.
         self._imports: dict[tuple[Path, str, Framework], tuple[float, ConfigSchema | str]] = {}
@@ -113,6 +117,7 @@ class Catalog:
                 importable=False,
                 error=entry.error,
             )
+        _check_installed(entry)
         if self._inspectors is None:
             raise RuntimeError("this catalog lists only; it was built without inspectors")
         key = (entry.path, entry.class_name, entry.framework)
@@ -146,8 +151,13 @@ class Catalog:
     def _entry(self, found: discovery.FoundEnv) -> EnvEntry:
         importable: bool | None = None
         error = found.syntax_error
+        dependencies = None
+        if found.folder is not None and self._dependencies is not None:
+            dependencies = self._dependencies.state(found.folder)
         if error is not None:
             importable = False
+        elif dependencies is not None and dependencies.state == "failed":
+            importable, error = False, f"its dependencies did not install: {dependencies.error}"
         elif found.class_name is not None:
             hit = self._imports.get((found.path, found.class_name, found.framework))
             if hit is not None and hit[0] == _mtime(found.path):
@@ -163,6 +173,7 @@ class Catalog:
             path=found.path,
             framework=found.framework,
             generation=found.generation,
+            dependencies=dependencies,
         )
 
     def _entry_for(self, entry: EnvEntry) -> EnvEntry:
@@ -173,6 +184,28 @@ class Catalog:
             return str(path.relative_to(self._root))
         except ValueError:
             return str(path)
+
+
+def _check_installed(entry: EnvEntry) -> None:
+    """A verifiers environment is inspected and run once its own dependencies are in."""
+    deps = entry.dependencies
+    if deps is None or deps.state in ("none", "installed"):
+        return
+    if deps.state == "installing":
+        raise Conflict(
+            f"Environment '{entry.name}' is having its dependencies installed "
+            f"({', '.join(deps.requirements)}); try again once GET /environments lists its "
+            "dependencies as installed.",
+            importable=None,
+            error=None,
+        )
+    raise Conflict(
+        f"Environment '{entry.name}' cannot be used: its dependencies did not install: "
+        f"{deps.error}. Fix the dependencies of {entry.file_path.rsplit('/', 1)[0]}/"
+        "pyproject.toml (the verifiers interpreter's lock pins what it has: docs/verifiers.md).",
+        importable=False,
+        error=deps.error,
+    )
 
 
 def _fix(error: str, entry: EnvEntry) -> str:

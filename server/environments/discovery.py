@@ -37,6 +37,7 @@ class FoundEnv:
     syntax_error: str | None = None
     framework: Framework = RLCS
     generation: Generation | None = None  # verifiers: v0 or v1
+    folder: Path | None = None  # verifiers: the environment's folder
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,15 @@ from pydantic import (
 from server.schemas import MAX_FIELDS, Request
 
 
+class DependenciesOut(BaseModel):
+    state: Literal["none", "installing", "installed", "failed"] = Field(
+        description="none: it asks for nothing beyond verifiers; failed: see error (it cannot "
+        "be configured or run until its pyproject.toml is fixed)"
+    )
+    requirements: list[str]
+    error: str | None
+
+
 class EnvironmentOut(BaseModel):
     name: str
     class_name: str | None
@@ -29,6 +38,11 @@ class EnvironmentOut(BaseModel):
         None,
         description="verifiers: v0 (load_environment) or v1 (verifiers.v1 Taskset); null for "
         "the others",
+    )
+    dependencies: DependenciesOut | None = Field(
+        None,
+        description="verifiers: its own dependencies (its pyproject.toml's, verifiers aside), "
+        "installed into the verifiers interpreter when it is first listed; null for the others",
     )
 
 

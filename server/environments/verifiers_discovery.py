@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import ast
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from core.verifiers import V0_ENTRY, Generation
@@ -29,6 +29,7 @@ class Published:
     description: str
     syntax_error: str | None = None
     generation: Generation | None = None
+    folder: Path | None = None  # the environment's folder (its pyproject.toml's)
 
 
 _cache: dict[Path, tuple[tuple[float, ...], Published | None]] = {}
@@ -44,6 +45,7 @@ def read_folder(folder: Path) -> Published | None:
     if hit is not None and hit[0] == key:
         return hit[1]
     found = _read(folder, pyproject)
+    found = found and replace(found, folder=folder)
     _cache[folder] = (key, found)
     return found
 
