@@ -6,6 +6,7 @@ Atropos code runs in. Torch-free and atroposlib-free: atroposlib lives in its ow
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
@@ -135,4 +136,14 @@ def offline_environment(base: Mapping[str, str]) -> dict[str, str]:
             "TOKENIZERS_PARALLELISM": "false",
         }
     )
+    return env
+
+
+def atropos_environment(base: Mapping[str, str], **extra: str) -> dict[str, str]:
+    """The environment variables of an Atropos process we start: offline, no secrets (`base`
+    has none), our watch on the PYTHONPATH."""
+    env = offline_environment(base)
+    env["PYTHONPATH"] = str(HOOKS_DIR)
+    env[PARENT_VARIABLE] = str(os.getpid())
+    env.update(extra)
     return env

@@ -1,7 +1,8 @@
 """A child process that speaks one JSON message per line on its stdin and stdout, both ends:
-`Child` for the process that starts it, `LineChannel` in the child. Every message is a pydantic
-model of its protocol (`core.tinker_wire`, `core.infer_wire`, `core.inspect_wire`), validated
-when it is read; the pipes tie the child's life to its owner's (end of input ends it).
+`Child` for the process that starts it (a `core.process.Process`), `LineChannel` in the child.
+Every message is a pydantic model of its protocol (`core.tinker_wire`, `core.infer_wire`,
+`core.inspect_wire`), validated when it is read; the pipes tie the child's life to its owner's
+(end of input ends it).
 """
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ import contextlib
 import logging
 import os
 import queue
-import signal
 import subprocess
 import sys
 import threading
@@ -20,16 +20,14 @@ from typing import IO, Generic, Literal, NoReturn, TypeVar
 
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
-from core import procs
-from core.run_folder import tail_lines
+from core.process import Process
 
 log = logging.getLogger(__name__)
 In = TypeVar("In")
 STOP_GRACE_S = 5.0  # a child whose input closed and is still there after this is killed
-LOG_TAIL_LINES = 10
 
 
-class Child(Generic[In]):
+class Child(Process, Generic[In]):
     """One child process as its owner sees it, started at once in a process group of its own
     (so that ending it ends whatever it started): messages to its stdin, one per line; its
     stdout read by a thread, each line validated as `reads` and either handed to `on_message`
@@ -52,8 +50,6 @@ class Child(Generic[In]):
         on_end: Callable[[int], None] | None = None,
         on_invalid: Callable[[str], None] | None = None,
     ) -> None:
-        self.name = name  # in words, for errors: "the inference worker"
-        self.log_path = log_path
         self._reads = reads
         self._on_message = on_message
         self._on_end = on_end
@@ -65,7 +61,7 @@ class Child(Generic[In]):
             if log_path is not None:
                 log_path.parent.mkdir(parents=True, exist_ok=True)
                 err = files.enter_context(log_path.open("a"))
-            self._proc = subprocess.Popen(
+            proc = subprocess.Popen(
                 argv,
                 cwd=cwd,
                 stdin=subprocess.PIPE,
@@ -76,15 +72,8 @@ class Child(Generic[In]):
                 env=dict(env),
                 start_new_session=True,
             )
+        super().__init__(name, proc, log_path)  # name: "the inference worker", for errors
         threading.Thread(target=self._read, daemon=True, name=f"{name} read").start()
-
-    @property
-    def pid(self) -> int:
-        return self._proc.pid
-
-    @property
-    def alive(self) -> bool:
-        return self._proc.poll() is None
 
     def send(self, message: BaseModel) -> bool:
         """One message, from any thread; False when the child's input is gone (it died). A
@@ -107,44 +96,29 @@ class Child(Generic[In]):
         except queue.Empty:
             raise TimeoutError(f"{self.name} sent nothing within {timeout} s") from None
 
-    def stop(self) -> None:
+    def stop(self, grace_s: float = STOP_GRACE_S) -> None:
         """Close its input (a child of this kit exits at once on end of input); kill its
-        group if it is still there after STOP_GRACE_S."""
+        group if it is still there after `grace_s`."""
         try:
             assert self._proc.stdin is not None
             self._proc.stdin.close()
-            self._proc.wait(timeout=STOP_GRACE_S)
+            self._proc.wait(timeout=grace_s)
         except (OSError, ValueError, subprocess.TimeoutExpired):
             self.kill()
 
     def kill(self) -> None:
-        """SIGKILL to its group now: it and anything it started."""
-        if self._proc.poll() is None:
-            procs.signal_group(self._proc.pid, signal.SIGKILL)
-        try:
-            self._proc.wait(timeout=STOP_GRACE_S)
-        except subprocess.TimeoutExpired:
-            log.warning("%s (pid %s) did not end after SIGKILL", self.name, self._proc.pid)
+        """SIGKILL to its group now: it and anything it started; then its input closed."""
+        super().kill()
         try:
             assert self._proc.stdin is not None
             self._proc.stdin.close()
         except (OSError, ValueError):
             pass
 
-    def exit_status(self) -> str:
-        """How it ended, in words ("exit code 3", "killed by SIGKILL (9)"), waiting a moment
-        for a child whose output ended before it exited."""
-        try:
-            return procs.describe_exit(self._proc.wait(timeout=STOP_GRACE_S))
-        except subprocess.TimeoutExpired:
-            return "still running, its output closed"
-
-    def failure(self, when: str) -> str:
-        """Why a request to it failed: `when` and, with a log, the log's last lines."""
-        if self.log_path is None:
-            return f"{self.name} failed: {when}"
-        tail = "\n".join(tail_lines(self.log_path, LOG_TAIL_LINES))
-        return f"{self.name} failed: {when}. Last lines of its log:\n{tail}"
+    def exit_status(self, wait_s: float = STOP_GRACE_S) -> str:
+        """How it ended, in words, waiting a moment for a child whose output ended before it
+        exited."""
+        return super().exit_status(wait_s)
 
     def _read(self) -> None:
         out = self._proc.stdout

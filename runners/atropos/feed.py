@@ -17,8 +17,8 @@ from typing import Any
 import httpx
 
 from core.failures import RunFailure
+from core.process import Process
 from core.settings import Settings
-from runners.atropos.children import Child
 from runners.atropos.watch import EvalWatch, LogWatch, MetricsTap
 from runners.doors.face import InferenceFace
 
@@ -46,9 +46,9 @@ class Feed:
     face: InferenceFace
     context: int | None  # the model's context on the local backend (None: not known here)
     http: httpx.AsyncClient
-    api: Child
+    api: Process
     api_url: str
-    env: Child
+    env: Process
     env_started_at: float  # time.monotonic()
     log_watch: LogWatch
     tap: MetricsTap
@@ -120,8 +120,7 @@ class Feed:
         except (httpx.HTTPError, ValueError) as exc:
             if self.api.exit_code() is not None:
                 raise EnvironmentFailed(
-                    f"the trajectory API ended while the run needed data: "
-                    f"{self.api.describe_exit()}"
+                    f"the trajectory API ended while the run needed data: {self.api.describe()}"
                 ) from None
             log.warning("the trajectory API did not answer /batch: %s", exc)
             return None
@@ -130,7 +129,7 @@ class Feed:
         if self.api.exit_code() is not None:
             raise EnvironmentFailed(
                 f"the trajectory API ended while the run needed data for step {step}: "
-                f"{self.api.describe_exit()}"
+                f"{self.api.describe()}"
             )
         code = self.env.exit_code()
         if code is None:
@@ -138,7 +137,7 @@ class Feed:
         if code != 0:
             raise EnvironmentFailed(
                 f"the environment ended while the run needed data for step {step}: "
-                f"{self.env.describe_exit()}"
+                f"{self.env.describe()}"
             )
         # Exit 0: it stops once it has queued enough for total_steps, and what it queued
         # comes out of the API. A queue that gives no batch a moment later holds too little.
@@ -149,7 +148,7 @@ class Feed:
             raise EnvironmentFailed(
                 f"the environment exited (0) without queueing enough for step {step} of "
                 f"{self.total_steps} ({await self.queue_size()} group(s) left in the queue): "
-                f"{self.env.describe_exit()}"
+                f"{self.env.describe()}"
             )
 
     def _working_since(self) -> float | None:
@@ -169,6 +168,6 @@ class Feed:
             raise EnvironmentFailed(
                 f"the environment asked for no completion within {limit:g} s of its start "
                 f"(RLCS_ATROPOS_START_TIMEOUT_S): {self._evidence(why)}; "
-                f"{self.env.describe_exit()}"
+                f"{self.env.describe()}"
             )
         return None

@@ -24,10 +24,10 @@ from typing import Any
 
 import yaml
 
-from core.atropos import AtroposRunConfig
+from core.atropos import AtroposRunConfig, atropos_environment
+from core.process import Process, start_logged
 from core.settings import Settings
 from core.spec import InferenceJob
-from runners.atropos.children import Child, atropos_environment, start_child
 from runners.atropos.env_yaml import server_entries
 from runners.atropos.watch import LogWatch
 from runners.doors.face import InferenceFace, serving
@@ -98,8 +98,8 @@ class AtroposInference:
                 groups_file = work / "groups.jsonl"
                 config_file = self._write_yaml(work / "process.yaml", url, face.key, groups_file)
                 env_file = Path(job.source.env_file)
-                child = start_child(
-                    "environment",
+                child = start_logged(
+                    "the environment",
                     [
                         self.settings.atropos_python,
                         str(env_file),
@@ -146,7 +146,7 @@ class AtroposInference:
         path.chmod(0o600)
         return path
 
-    async def _wait(self, child: Child, deadline: float | None) -> bool:
+    async def _wait(self, child: Process, deadline: float | None) -> bool:
         """Until the environment ends or the budget does (then it is interrupted, so that what
         it buffered reaches its file); whether it ended by itself."""
         while child.exit_code() is None:
@@ -154,8 +154,7 @@ class AtroposInference:
                 await asyncio.to_thread(child.interrupt)
                 return False
             await asyncio.sleep(0.1)
-        if child.pump is not None:
-            await asyncio.to_thread(child.pump.join, 5)
+        await asyncio.to_thread(child.join_log)
         return True
 
     def _cut_reason(self) -> str:
@@ -164,10 +163,10 @@ class AtroposInference:
             "RLCS_INFERENCE_BUDGET_S) ran out before the environment scored every item"
         )
 
-    def _nothing(self, child: Child, finished: bool, work: Path) -> dict[str, Any]:
+    def _nothing(self, child: Process, finished: bool, work: Path) -> dict[str, Any]:
         why = LogWatch(work / "env.log").why_nothing()
         if finished:
-            reason = f"the environment scored nothing; {child.describe_exit()}"
+            reason = f"the environment scored nothing; {child.describe()}"
         else:
             reason = f"{self._cut_reason()}; it scored none ({why})"
         return {

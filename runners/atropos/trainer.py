@@ -24,12 +24,17 @@ from typing import TYPE_CHECKING, Any
 import httpx
 
 from core import lifecycle
-from core.atropos import METRICS_FILE_VARIABLE, AtroposRunConfig, offpolicy_batches
+from core.atropos import (
+    METRICS_FILE_VARIABLE,
+    AtroposRunConfig,
+    atropos_environment,
+    offpolicy_batches,
+)
 from core.models import RunStatus
+from core.process import REDACTED, Process, start_logged
 from core.run_folder import RunFolder
 from core.settings import Settings
 from core.spec import RunSpec
-from runners.atropos.children import REDACTED, Child, atropos_environment, start_child
 from runners.atropos.env_yaml import write_env_yaml
 from runners.atropos.feed import EnvironmentFailed, Feed
 from runners.atropos.groups import Batch, read_batch
@@ -116,7 +121,7 @@ class AtroposTrainer(RunnerBase[Feed]):
         env = self._start(
             exits,
             face.key,
-            "environment",
+            "the environment",
             [self.settings.atropos_python, str(env_file), "serve", "--config", str(yaml_path)],
             env_file.parent,
             env_log,
@@ -154,9 +159,9 @@ class AtroposTrainer(RunnerBase[Feed]):
         cwd: Path,
         log_path: Path,
         **env: str,
-    ) -> Child:
+    ) -> Process:
         """A child process, stopped when the run ends (in the reverse order of starting)."""
-        child = start_child(
+        child = start_logged(
             name,
             argv,
             cwd,
@@ -169,7 +174,7 @@ class AtroposTrainer(RunnerBase[Feed]):
 
     async def _start_api(
         self, exits: contextlib.AsyncExitStack, http: httpx.AsyncClient, key: str
-    ) -> tuple[Child, str]:
+    ) -> tuple[Process, str]:
         """atroposlib's trajectory API, unmodified, on a loopback port; its URL once it answers."""
         deadline = time.monotonic() + self.settings.atropos_start_timeout_s
         for _attempt in range(3):  # a port taken between choosing and binding: another one
@@ -177,7 +182,7 @@ class AtroposTrainer(RunnerBase[Feed]):
             api = self._start(
                 exits,
                 key,
-                "trajectory API",
+                "the trajectory API",
                 [
                     self.settings.atropos_python,
                     "-m",
@@ -198,7 +203,7 @@ class AtroposTrainer(RunnerBase[Feed]):
                     raise EnvironmentFailed(
                         f"the trajectory API did not answer within "
                         f"{self.settings.atropos_start_timeout_s:g} s "
-                        f"(RLCS_ATROPOS_START_TIMEOUT_S); {api.describe_exit()}"
+                        f"(RLCS_ATROPOS_START_TIMEOUT_S); {api.describe()}"
                     )
                 with contextlib.suppress(httpx.HTTPError):
                     answer = await http.get(f"{url}/", timeout=2)
@@ -207,7 +212,7 @@ class AtroposTrainer(RunnerBase[Feed]):
                 await asyncio.sleep(0.1)
             if "address already in use" not in api.tail().lower():
                 break
-        raise EnvironmentFailed(f"the trajectory API did not start: {api.describe_exit()}")
+        raise EnvironmentFailed(f"the trajectory API did not start: {api.describe()}")
 
     async def _register(self, http: httpx.AsyncClient, api_url: str, context: int | None) -> None:
         """The trainer's registration, then a first /batch: the API counts the trainer as

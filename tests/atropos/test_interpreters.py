@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from core.atropos import HOOKS_DIR, METRICS_FILE_VARIABLE, PARENT_VARIABLE
+from core.atropos import HOOKS_DIR, METRICS_FILE_VARIABLE, PARENT_VARIABLE, atropos_environment
 from core.model_names import SMOLLM2, find_smollm2_gguf
 from core.settings import PROJECT_ROOT
 from runners.models.loading import load_tokenizer, tokenizer_folder
@@ -184,7 +184,6 @@ def test_atropos_processes_get_no_secret_and_none_of_our_settings(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from core.settings import Settings
-    from runners.atropos.children import atropos_environment
 
     monkeypatch.setenv("RLCS_DATABASE_URL", "postgresql+psycopg://rl:hunter2@db/rl")
     monkeypatch.setenv("WANDB_API_KEY", "k" * 40)
