@@ -42,6 +42,7 @@ class EnvEntry:
     framework: Framework = "rlcs"
     generation: Generation | None = None
     dependencies: Dependencies | None = None  # verifiers: its own, from its pyproject.toml
+    folder: Path | None = None  # verifiers: the folder of its pyproject.toml
 
     def source(self, config: dict[str, Any], weight: float = 1.0) -> EnvSource:
         """This environment with `config`, as a run or the inference worker receives it."""
@@ -174,6 +175,7 @@ class Catalog:
             framework=found.framework,
             generation=found.generation,
             dependencies=dependencies,
+            folder=found.folder,
         )
 
     def _entry_for(self, entry: EnvEntry) -> EnvEntry:
@@ -199,10 +201,11 @@ def _check_installed(entry: EnvEntry) -> None:
             importable=None,
             error=None,
         )
+    why = (deps.error or "").rstrip(".")
     raise Conflict(
-        f"Environment '{entry.name}' cannot be used: its dependencies did not install: "
-        f"{deps.error}. Fix the dependencies of {entry.file_path.rsplit('/', 1)[0]}/"
-        "pyproject.toml (the verifiers interpreter's lock pins what it has: docs/verifiers.md).",
+        f"Environment '{entry.name}' cannot be used: its dependencies did not install: {why}. "
+        f"Fix the dependencies in {entry.folder}/pyproject.toml (the verifiers interpreter's "
+        "lock pins what it has: docs/verifiers.md).",
         importable=False,
         error=deps.error,
     )

@@ -226,7 +226,8 @@ def uv_install(
     if done.returncode == 0:
         log.info("installed %s in %.1f s", ", ".join(wanted), time.monotonic() - started)
         return None
-    lines = (done.stderr or done.stdout).strip().splitlines()
+    said = (done.stderr or done.stdout).strip().splitlines()
+    lines = [line for line in said if not line.startswith("Using Python")]  # uv's preamble
     return "uv pip install failed: " + "\n".join(lines[-ERROR_LINES:])
 
 

@@ -160,7 +160,7 @@ def test_dependencies_that_do_not_install_are_listed_and_refuse_the_environment(
     for name, says in (("missing-dep", "rlcs-no-such-package"), ("bad-dep", "two words")):
         config = client.get(f"/environments/{name}/config")
         assert config.status_code == 409 and says in config.json()["detail"], config.text
-        assert "pyproject.toml" in config.json()["detail"]
+        assert f"{envs / name.replace('-', '_')}/pyproject.toml" in config.json()["detail"]
         run = client.post("/runs", json={"environment": name})
         assert run.status_code == 409 and says in run.json()["detail"], run.text
     assert client.get("/runs").json() == []
