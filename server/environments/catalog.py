@@ -28,6 +28,7 @@ from server.errors import Conflict, InvalidValue, NotFound
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_\-]*(?:\.[A-Za-z0-9_\-]+)*$")
 NAME_MAX = 128
 COUNT_TTL_S = 10.0  # how old the environment count /health reports may be
+Tried = tuple[float, Dependencies | None]  # a file's mtime, a verifiers environment's deps
 
 
 @dataclass(frozen=True)
@@ -72,8 +73,10 @@ class Catalog:
         self._inspectors = inspectors
         self._dependencies = dependencies
         self._lock = threading.Lock()
-        # (path, class, framework) -> (file mtime, Config schema or error text) of the last try.
-        self._imports: dict[tuple[Path, str, Framework], tuple[float, ConfigSchema | str]] = {}
+        # (path, class, framework) -> (what it was tried with, Config schema or error text) of
+        # the last try: the file's mtime and, for a verifiers environment, its dependencies (an
+        # ImportError is stale once a package it lacked is installed).
+        self._imports: dict[tuple[Path, str, Framework], tuple[Tried, ConfigSchema | str]] = {}
         self._inspecting: dict[tuple[Path, str, Framework], threading.Lock] = {}
         self._clock = clock
         self._count: tuple[float, int] | None = None  # (when, how many) of the last scan
@@ -127,15 +130,16 @@ class Catalog:
             file_lock = self._inspecting.setdefault(key, threading.Lock())
         with file_lock:
             mtime = _mtime(entry.path)
+            tried = (mtime, entry.dependencies)
             hit = self._imports.get(key)
-            if hit is None or hit[0] != mtime:
+            if hit is None or hit[0] != tried:
                 try:
                     result: ConfigSchema | str = self._inspectors.inspect(
                         entry.path, entry.class_name, mtime, entry.framework
                     )
                 except InspectFailed as exc:
                     result = str(exc)
-                self._imports[key] = hit = (mtime, result)
+                self._imports[key] = hit = (tried, result)
         if isinstance(hit[1], str):
             raise Conflict(
                 f"Environment '{name}' cannot be imported: {hit[1]}. {_fix(hit[1], entry)}",
@@ -161,7 +165,7 @@ class Catalog:
             importable, error = False, f"its dependencies did not install: {dependencies.error}"
         elif found.class_name is not None:
             hit = self._imports.get((found.path, found.class_name, found.framework))
-            if hit is not None and hit[0] == _mtime(found.path):
+            if hit is not None and hit[0] == (_mtime(found.path), dependencies):
                 importable = not isinstance(hit[1], str)
                 error = hit[1] if isinstance(hit[1], str) else None
         return EnvEntry(

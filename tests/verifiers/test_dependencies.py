@@ -189,3 +189,25 @@ def test_make_install_installs_every_environments_dependencies_once(
     settings = make_settings(tmp_path, env_dirs=[envs], verifiers_python=interpreter)
     with TestClient(create_app(settings)) as client:
         assert listed(client, "vowel-table")["dependencies"]["state"] == "installed"
+
+
+def test_a_dependency_added_later_clears_the_import_error(
+    client: TestClient, envs: Path, tmp_path: Path
+) -> None:
+    folder = place(envs, "vowel-table", COUNTS, ["verifiers>=0.1.9"])  # forgot its package
+    refused = client.get("/environments/vowel-table/config")
+    assert refused.status_code == 409 and "rlcs_vowel_table" in refused.json()["detail"]
+    assert listed(client, "vowel-table")["importable"] is False
+    wheel = write_wheel(tmp_path, "rlcs_vowel_table", {"rlcs_vowel_table.py": 'VOWELS = "aeiou"\n'})
+    pyproject = folder / "pyproject.toml"
+    pyproject.write_text(
+        pyproject.read_text().replace(
+            '"verifiers>=0.1.9"', f'"verifiers>=0.1.9", "rlcs_vowel_table @ {wheel.as_uri()}"'
+        )
+    )
+    # The module is as it was: its ImportError is stale once the package it lacked is in.
+    assert settled(client, "vowel-table")["dependencies"]["state"] == "installed"
+    assert listed(client, "vowel-table")["importable"] is None  # not tried since
+    view = client.get("/environments/vowel-table/config")
+    assert view.status_code == 200, view.text
+    assert listed(client, "vowel-table")["importable"] is True
