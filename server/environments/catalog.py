@@ -217,7 +217,14 @@ def _check_installed(entry: EnvEntry) -> None:
 
 def _fix(error: str, entry: EnvEntry) -> str:
     """What to do about an import failure: a missing package is installed, not fixed."""
-    if error.startswith(("ModuleNotFoundError", "ImportError")) and entry.framework != "rlcs":
+    missing = error.startswith(("ModuleNotFoundError", "ImportError"))
+    if missing and entry.folder is not None:  # verifiers: what it asks for is installed
+        return (
+            f"Add the package to the dependencies in {entry.folder}/pyproject.toml (they are "
+            "installed into the verifiers interpreter: docs/verifiers.md), or fix "
+            f"{entry.file_path}."
+        )
+    if missing and entry.framework != "rlcs":
         return (
             f"Install what it imports into the {entry.framework} interpreter "
             f"(docs/{entry.framework}.md), or fix {entry.file_path}."

@@ -197,6 +197,7 @@ def test_a_dependency_added_later_clears_the_import_error(
     folder = place(envs, "vowel-table", COUNTS, ["verifiers>=0.1.9"])  # forgot its package
     refused = client.get("/environments/vowel-table/config")
     assert refused.status_code == 409 and "rlcs_vowel_table" in refused.json()["detail"]
+    assert f"Add the package to the dependencies in {folder}/pyproject.toml" in refused.text
     assert listed(client, "vowel-table")["importable"] is False
     wheel = write_wheel(tmp_path, "rlcs_vowel_table", {"rlcs_vowel_table.py": 'VOWELS = "aeiou"\n'})
     pyproject = folder / "pyproject.toml"
