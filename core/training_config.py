@@ -4,7 +4,7 @@ reads these fields, the environment never needs to."""
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
@@ -13,10 +13,28 @@ from core import checkpoint_refs, loss_config
 from core.model_names import LOCAL_DEFAULT_MODEL
 
 
+def _offer_usable_losses(schema: dict[str, Any], cls: type[BaseModel]) -> None:
+    """The schema's `loss_fn` choices: the RL losses, less those that read recorded sequences
+    where this config's runs carry no sequence ids (another framework's environments)."""
+    feeds_ids = getattr(cls, "SEQUENCE_IDS", True)
+    usable = [
+        name
+        for name in loss_config.RL_LOSSES
+        if feeds_ids or not loss_config.LOSSES[name].reads_recorded
+    ]
+    field = schema.get("properties", {}).get("loss_fn")
+    if field is not None:
+        field["enum"] = usable
+
+
 class TrainingConfig(BaseModel):
     """How a run trains, whatever it trains on."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(
+        extra="forbid",
+        validate_assignment=True,
+        json_schema_extra=_offer_usable_losses,
+    )
 
     # Fields decided by the server: shown to the user, never edited (see `locked_fields`).
     LOCKED: ClassVar[frozenset[str]] = frozenset({"tokenizer_name"})
@@ -75,10 +93,9 @@ class TrainingConfig(BaseModel):
     # Optimisation.
     lora_rank: int = Field(32, ge=1, le=512)
     learning_rate: float = Field(4e-5, gt=0, le=1.0)
-    # The choices are core/loss_config.py's; the schema lists them for the dashboard's select.
-    loss_fn: str = Field(
-        "importance_sampling", json_schema_extra={"enum": list(loss_config.RL_LOSSES)}
-    )
+    # The choices are core/loss_config.py's; the schema lists those this config's runs can use
+    # (_offer_usable_losses), for the dashboard's select.
+    loss_fn: str = "importance_sampling"
     loss_fn_config: dict[str, float] = Field(
         default_factory=dict, description="e.g. clip_low_threshold/clip_high_threshold or beta"
     )

@@ -113,6 +113,9 @@ def test_stable_reinforce_is_refused_for_an_atropos_environment() -> None:
     # Its groups carry no sampled sequence's id for the loss to read the sampler's record by.
     with pytest.raises(ValidationError, match="loss_fn\n.*carry no sequence ids"):
         AtroposTrainingConfig(loss_fn="stable_reinforce")
+    # Nor is it offered: the schema's choices are the ones its runs can use.
+    offered = AtroposTrainingConfig.model_json_schema()["properties"]["loss_fn"]["enum"]
+    assert offered == [name for name in loss_config.RL_LOSSES if name != "stable_reinforce"]
     assert AtroposTrainingConfig(loss_fn="gspo", max_steps_off_policy=2).loss_fn == "gspo"
     assert locked_env_values(4, 2, 3)["max_batches_offpolicy"] == 3
     assert locked_env_values(4, 2, None)["max_batches_offpolicy"] == 1
