@@ -141,7 +141,8 @@ def offline_environment(base: Mapping[str, str]) -> dict[str, str]:
 
 def atropos_environment(base: Mapping[str, str], **extra: str) -> dict[str, str]:
     """The environment variables of an Atropos process we start: offline, no secrets (`base`
-    has none), our watch on the PYTHONPATH."""
+    has none), our watch on the PYTHONPATH (the sitecustomize in runners/atropos/envside/hooks:
+    the process ends its group itself once the runner is gone, however it went)."""
     env = offline_environment(base)
     env["PYTHONPATH"] = str(HOOKS_DIR)
     env[PARENT_VARIABLE] = str(os.getpid())
