@@ -123,7 +123,10 @@ def test_a_two_step_run_records_rewards_metrics_and_rollouts(
         assert all(key in row for key in rubric)  # the rubric's own metrics
         # Every model call came back with its token ids and logprobs: what was sampled is
         # what trains (the face served each completion, its tokens counted).
-        assert row["verifiers/face_requests"] == (6 if name == "reverse-word" else 12)
+        # A rollout that failed on an empty first answer made no second call (word-chain's).
+        calls = 6 if name == "reverse-word" else 12
+        failed_early = 0 if name == "reverse-word" else row["verifiers/errors"]
+        assert calls - failed_early <= row["verifiers/face_requests"] <= calls
         assert row["verifiers/face_tokens"] > 0
     # Rewards that vary (the rubric's are continuous) teach: a step trained on them, on the
     # sampler's own logprobs (what the trainer computes for the same tokens).
@@ -272,7 +275,9 @@ def test_test_inference_scores_the_environments_own_examples(
         ]
         for result in results:
             assert isinstance(result["score"], float) and 0.0 <= result["score"] <= 1.0
-            assert 1 <= result["tokens"] <= 8 and result["turns"][-1]["role"] == "assistant"
+            assert result["tokens"] <= 8 and result["turns"][-1]["role"] == "assistant"
+        # tiny-random may end an answer at once (its end token sampled first); not both.
+        assert sum(r["tokens"] for r in results) >= 1, results
     tried = server.api.post(
         "/test/inference",
         json={
