@@ -95,6 +95,13 @@ LOSSES: dict[str, Loss] = {
 RL_LOSSES = tuple(name for name, loss in LOSSES.items() if loss.rl)
 
 
+def usable_losses(sequence_ids: bool) -> tuple[str, ...]:
+    """What a run may choose, where its driver carries the sampled sequences' ids or not (a
+    door's environments sample through the inference face: they cannot feed a loss that
+    `reads_recorded`)."""
+    return tuple(name for name in RL_LOSSES if sequence_ids or not LOSSES[name].reads_recorded)
+
+
 def defaults(loss_fn: str) -> dict[str, float]:
     return {key: spec.default for key, spec in LOSSES[loss_fn].config.items()}
 

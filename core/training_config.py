@@ -16,15 +16,9 @@ from core.model_names import LOCAL_DEFAULT_MODEL
 def _offer_usable_losses(schema: dict[str, Any], cls: type[BaseModel]) -> None:
     """The schema's `loss_fn` choices: the RL losses, less those that read recorded sequences
     where this config's runs carry no sequence ids (another framework's environments)."""
-    feeds_ids = getattr(cls, "SEQUENCE_IDS", True)
-    usable = [
-        name
-        for name in loss_config.RL_LOSSES
-        if feeds_ids or not loss_config.LOSSES[name].reads_recorded
-    ]
     field = schema.get("properties", {}).get("loss_fn")
     if field is not None:
-        field["enum"] = usable
+        field["enum"] = list(loss_config.usable_losses(getattr(cls, "SEQUENCE_IDS", True)))
 
 
 class TrainingConfig(BaseModel):
@@ -168,7 +162,7 @@ class TrainingConfig(BaseModel):
                 "literal_error", "Input should be {expected}", {"expected": expected}
             )
         if loss_config.LOSSES[value].reads_recorded and not cls.SEQUENCE_IDS:
-            usable = [name for name in choices if not loss_config.LOSSES[name].reads_recorded]
+            usable = loss_config.usable_losses(sequence_ids=False)
             raise ValueError(
                 f"{value} reads the sampler's logprobs from the sequences it recorded, by their "
                 "ids, and this environment's rollouts carry no sequence ids (it samples through "

@@ -149,9 +149,11 @@ class Catalog:
         return self._entry_for(entry), hit[1]
 
     def close(self) -> None:
-        """End the inspector processes (at server shutdown)."""
+        """End the inspector processes and a dependency installation (at server shutdown)."""
         if self._inspectors is not None:
             self._inspectors.close()
+        if self._dependencies is not None:
+            self._dependencies.close()
 
     def _entry(self, found: discovery.FoundEnv) -> EnvEntry:
         importable: bool | None = None

@@ -9,14 +9,13 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import queue
 import shutil
 import subprocess
 import sys
 import threading
 import time
 import tomllib
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal
@@ -25,6 +24,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
 from core.settings import PROJECT_ROOT, Settings
+from server.environments.verifiers_discovery import stamp
 
 log = logging.getLogger(__name__)
 State = Literal["none", "installing", "installed", "failed"]
@@ -69,32 +69,41 @@ def requirements(pyproject: Path) -> tuple[str, ...]:
     return tuple(out)
 
 
-Install = Callable[[tuple[str, ...]], str | None]  # requirements -> None, or why it failed
-
-
 class DependencyInstaller:
     """The dependencies of every verifiers environment folder, each installed once per what it
-    asks for and per interpreter (its outcome kept in `marks`), one installation at a time."""
+    asks for and per interpreter (its outcome kept in `marks`), one installation at a time;
+    `close` ends the one running (its outcome not kept: the next start tries again)."""
 
-    def __init__(self, python: str, marks: Path, install: Install, lock: Path = LOCK) -> None:
+    def __init__(
+        self, python: str, marks: Path, env: Mapping[str, str], timeout_s: float, lock: Path = LOCK
+    ) -> None:
         self._python = python
         self._marks = marks
-        self._install = install
-        self._lock = lock
+        self._env = dict(env)  # the registries' settings; no keys
+        self._timeout_s = timeout_s
+        self._lock_file = lock
         self._guard = threading.Lock()
         self._pending: dict[str, str] = {}  # folder -> the key being installed
-        self._queue: queue.Queue[tuple[Path, str, tuple[str, ...]]] = queue.Queue()
-        self._worker: threading.Thread | None = None
+        self._one_at_a_time = threading.Lock()  # installations into one interpreter take turns
+        self._running: set[subprocess.Popen[str]] = set()
+        self._closed = False
 
     @classmethod
     def from_settings(cls, settings: Settings) -> DependencyInstaller:
-        timeout = settings.verifiers_install_timeout_s
-        env = settings.inspector_environment()  # the registries' settings; no keys
+        return cls(
+            settings.verifiers_python,
+            settings.var_dir / "verifiers" / "deps",
+            settings.inspector_environment(),
+            settings.verifiers_install_timeout_s,
+        )
 
-        def install(wanted: tuple[str, ...]) -> str | None:
-            return uv_install(settings.verifiers_python, wanted, env, timeout)
-
-        return cls(settings.verifiers_python, settings.var_dir / "verifiers" / "deps", install)
+    def close(self) -> None:
+        """End the installation running, if one is (at server shutdown)."""
+        with self._guard:
+            self._closed = True
+            running = list(self._running)
+        for proc in running:
+            proc.kill()
 
     def state(self, folder: Path) -> Dependencies:
         """Where the folder's dependencies stand, without waiting; ones never installed (for
@@ -110,12 +119,10 @@ class DependencyInstaller:
             if known is not None:
                 return known
             self._pending[str(folder)] = key
-            self._queue.put((folder, key, wanted))
-            if self._worker is None or not self._worker.is_alive():
-                self._worker = threading.Thread(
-                    target=self._work, daemon=True, name="verifiers dependencies"
-                )
-                self._worker.start()
+        # A daemon: a server that stops does not wait for it (close() ends its uv).
+        threading.Thread(
+            target=self._in_turn, args=(folder, key, wanted), daemon=True, name="verifiers deps"
+        ).start()
         return Dependencies("installing", wanted)
 
     def known(self, folder: Path) -> Dependencies | None:
@@ -142,44 +149,73 @@ class DependencyInstaller:
             return Dependencies("none")
         return wanted, self._key(wanted)
 
-    def _work(self) -> None:
-        while True:
-            try:
-                folder, key, wanted = self._queue.get(timeout=1.0)
-            except queue.Empty:
-                with self._guard:
-                    if self._queue.empty():
-                        self._worker = None
-                        return
-                continue
-            try:
+    def _in_turn(self, folder: Path, key: str, wanted: tuple[str, ...]) -> None:
+        try:
+            with self._one_at_a_time:
                 self._run(folder, key, wanted)
-            finally:
-                with self._guard:
-                    self._pending.pop(str(folder), None)
+        finally:
+            with self._guard:
+                self._pending.pop(str(folder), None)
 
     def _run(self, folder: Path, key: str, wanted: tuple[str, ...]) -> Dependencies:
         log.info("installing %s's dependencies: %s", folder.name, ", ".join(wanted))
         try:
-            why = self._install(wanted)
-        except Exception as exc:  # the installer could not even start: that is its failure
+            why = self._uv_install(wanted)
+        except OSError as exc:  # uv could not even start: that is its failure
             why = f"{type(exc).__name__}: {exc}"
         done = (
             Dependencies("installed", wanted)
             if why is None
             else Dependencies("failed", wanted, why)
         )
+        if self._closed:
+            return done  # ended by close(): nothing is known of it
         if why is not None:
             log.warning("%s's dependencies did not install: %s", folder.name, why)
         self._write_mark(folder, key, done)
         return done
 
+    def _uv_install(self, wanted: tuple[str, ...]) -> str | None:
+        """`uv pip install` of `wanted` into the interpreter under the lock's pins; None, or
+        why it failed (the end of uv's output)."""
+        uv = shutil.which("uv", path=str(Path(sys.executable).parent)) or shutil.which("uv")
+        if uv is None:
+            return "uv is not installed (make install puts it in .venv)"
+        pins = ["--constraint", str(self._lock_file)] if self._lock_file.is_file() else []
+        argv = [uv, "pip", "install", "--python", self._python, *pins, *wanted]
+        started = time.monotonic()
+        with self._guard:
+            if self._closed:
+                return "the server stopped"
+            proc = subprocess.Popen(
+                argv, env=self._env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            )
+            self._running.add(proc)
+        try:
+            out, err = proc.communicate(timeout=self._timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+            return (
+                f"the installation took over {self._timeout_s:g} s "
+                "(RLCS_VERIFIERS_INSTALL_TIMEOUT_S) and was stopped"
+            )
+        finally:
+            with self._guard:
+                self._running.discard(proc)
+        if proc.returncode == 0:
+            log.info("installed %s in %.1f s", ", ".join(wanted), time.monotonic() - started)
+            return None
+        said = (err or out).strip().splitlines()
+        lines = [line for line in said if not line.startswith("Using Python")]  # uv's preamble
+        return "uv pip install failed: " + "\n".join(lines[-ERROR_LINES:])
+
     def _key(self, wanted: tuple[str, ...]) -> str:
         """What an installation depends on: the interpreter (made anew, or synced anew to its
         lock, which removes what we added), the lock and the requirements."""
-        parts = [self._python, *wanted, _read(self._lock)]
         venv = Path(self._python).parent.parent
-        parts += [str(_mtime(venv / "pyvenv.cfg")), str(_mtime(venv / ".installed"))]
+        files = stamp(self._lock_file, venv / "pyvenv.cfg", venv / ".installed")
+        parts = [self._python, *wanted, *map(str, files)]
         return hashlib.sha256("\n".join(parts).encode()).hexdigest()
 
     def _mark_path(self, folder: Path) -> Path:
@@ -201,48 +237,6 @@ class DependencyInstaller:
         partial = path.with_suffix(".part")
         partial.write_text(json.dumps({"key": key, "folder": str(folder), **asdict(done)}))
         partial.replace(path)
-
-
-def uv_install(
-    python: str, wanted: tuple[str, ...], env: Mapping[str, str], timeout_s: float
-) -> str | None:
-    """`uv pip install` of `wanted` into `python`'s environment under the lock's pins; None, or
-    why it failed (the end of uv's output)."""
-    uv = shutil.which("uv", path=str(Path(sys.executable).parent)) or shutil.which("uv")
-    if uv is None:
-        return "uv is not installed (make install puts it in .venv)"
-    pins = ["--constraint", str(LOCK)] if LOCK.is_file() else []
-    argv = [uv, "pip", "install", "--python", python, *pins, *wanted]
-    started = time.monotonic()
-    try:
-        done = subprocess.run(
-            argv, env=dict(env), capture_output=True, text=True, timeout=timeout_s, check=False
-        )
-    except subprocess.TimeoutExpired:
-        return (
-            f"the installation took over {timeout_s:g} s (RLCS_VERIFIERS_INSTALL_TIMEOUT_S) "
-            "and was stopped"
-        )
-    if done.returncode == 0:
-        log.info("installed %s in %.1f s", ", ".join(wanted), time.monotonic() - started)
-        return None
-    said = (done.stderr or done.stdout).strip().splitlines()
-    lines = [line for line in said if not line.startswith("Using Python")]  # uv's preamble
-    return "uv pip install failed: " + "\n".join(lines[-ERROR_LINES:])
-
-
-def _read(path: Path) -> str:
-    try:
-        return path.read_text()
-    except OSError:
-        return ""
-
-
-def _mtime(path: Path) -> float:
-    try:
-        return path.stat().st_mtime
-    except OSError:
-        return -1.0
 
 
 def main() -> int:

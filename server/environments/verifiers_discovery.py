@@ -40,7 +40,7 @@ def read_folder(folder: Path) -> Published | None:
     pyproject = folder / "pyproject.toml"
     if not pyproject.is_file():
         return None
-    key = _stamp(pyproject, *_module_files(folder))
+    key = stamp(pyproject, *_module_files(folder))
     hit = _cache.get(folder)
     if hit is not None and hit[0] == key:
         return hit[1]
@@ -132,7 +132,8 @@ def _module_files(folder: Path, module: str | None = None) -> list[Path]:
     return [folder / f"{module}.py", folder / module / "__init__.py"]
 
 
-def _stamp(*paths: Path) -> tuple[float, ...]:
+def stamp(*paths: Path) -> tuple[float, ...]:
+    """The files' (mtime, size) pairs, those that exist: a change to any of them changes it."""
     out: list[float] = []
     for path in paths:
         try:

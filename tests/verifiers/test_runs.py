@@ -69,28 +69,15 @@ def server(tmp_path_factory: pytest.TempPathFactory, verifiers_python: str) -> I
 def finished(server: LiveServer) -> dict[str, dict[str, Any]]:
     shape = {"total_steps": 2, "group_size": 3, "groups_per_step": 2}
     # SmolLM2 first (the longest): real text, whose turns merge into one sequence.
+    smollm2 = {"total_steps": 2, "groups_per_step": 1, "lora_rank": 8, "use_wandb": False}
     ids = {
         "smollm2": start_run(
-            server.api,
-            environment="word-chain",
-            total_steps=2,
-            group_size=3,
-            groups_per_step=1,
-            max_tokens=12,
-            lora_rank=8,
-            use_wandb=False,
-        )
+            server.api, environment="word-chain", group_size=3, max_tokens=12, **smollm2
+        ),
+        "smollm2-v1": start_run(
+            server.api, environment="vowel-count", group_size=2, max_tokens=8, **smollm2
+        ),
     }
-    ids["smollm2-v1"] = start_run(
-        server.api,
-        environment="vowel-count",
-        total_steps=2,
-        group_size=2,
-        groups_per_step=1,
-        max_tokens=8,
-        lora_rank=8,
-        use_wandb=False,
-    )
     ids.update(
         (name, start_run(server.api, environment=name, **shape, **TINY))
         for name in (*GOOD, *V1, "letter-count", "grumpy", "raises", "vanishing")
