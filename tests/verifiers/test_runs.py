@@ -147,8 +147,12 @@ def test_a_v1_environment_trains_each_seat_a_sample(
     seats = 2 if name == "vowel-duo" else 1
     for row in steps:
         assert row["env/num_episodes"] == 6 * seats and "env/right" in row
-        assert row["verifiers/face_requests"] == 6 * seats
-        assert row.get("verifiers/dropped/error", 0.0) == row["verifiers/errors"] < 6 * seats
+        errors = row["verifiers/errors"]
+        assert row.get("verifiers/dropped/error", 0.0) == errors < 6 * seats
+        # One model call a seat; a seat whose run failed before its call (verifiers' own
+        # timeouts on a loaded machine; seen once in a CI run) made none, and is an error.
+        calls = row["verifiers/face_requests"]
+        assert 6 * seats - errors <= calls <= 6 * seats, (row, log_of(server, run))
     trained = [r for r in steps if "train/loss" in r]
     assert trained
     assert all(abs(r["train/kl_sample_train_v1"]) < 0.05 for r in trained)
