@@ -20,7 +20,14 @@ from runners.engine.sample.adapter_table import BASE, AdapterTable
 from runners.engine.sample.packed_model import PackedModel
 from runners.engine.sample.slot_cache import AdapterIndex, SlotCache
 from tests.backend.test_local_backend import ce_batch, prompt, train_steps
-from tests.backend.test_packed_model import SPECS, _drain, _reference, _rows, _slot_batch
+from tests.backend.test_packed_model import (
+    SPECS,
+    _drain,
+    _groups,
+    _reference,
+    _rows,
+    _slot_batch,
+)
 from tests.support.local_backend import local_service
 
 ATOL = 2e-5
@@ -218,6 +225,24 @@ def test_slots_are_evicted_least_recently_used_and_never_while_held():
     assert loads == [(0, a.id), (1, b.id), (1, c.id)]
     one = AdapterTable(1, lambda slot, adapter: None, base_takes_slot=True)
     assert one.hold(None) == 0 and one.hold(a) is None  # one slot: the base model takes it
+
+
+def test_a_slot_opens_only_when_every_open_one_is_held(shapes):
+    """One adapter after another reuses one slot; a second opens while the first is held. The
+    packed model allocates slots as loads reach them (doubling), not the setting's count."""
+    packed = PackedModel(shapes[0]._host, torch.float32, slots=8)
+    table = AdapterTable(packed.slots, packed.load, base_takes_slot=False)
+    a, b, c = (shapes[0]._host.snapshot() for _ in range(3))
+    assert packed.allocated == 0 and not any(g.b_t.numel() for g in _groups(packed))
+    assert table.hold(a) == 0
+    table.let_go(0)
+    assert table.hold(b) == 0  # a is evicted: nothing decodes on it
+    assert packed.allocated == 1
+    one_slot = sum(g.b_t.nbytes for g in _groups(packed))
+    assert table.hold(c) == 1  # b is held: a second slot opens
+    assert packed.allocated == 2
+    assert sum(g.b_t.nbytes for g in _groups(packed)) == 2 * one_slot
+    assert [adapter for adapter, _ in table.resident()] == [b.id, c.id]
 
 
 def test_a_free_slot_mid_batch_keeps_the_one_adapter_products(shapes, monkeypatch):

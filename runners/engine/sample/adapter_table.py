@@ -1,10 +1,13 @@
 """Which adapters the sampler's model holds in its slots, and who holds each slot now.
 
 A request holds its adapter's slot from admission until it is answered. An adapter already in
-a slot is found there; a new one takes a slot no request holds: one never used first, else the
-least recently used, whose adapter is evicted (loaded again if it comes back). When every slot
-is held, the request waits. The base model needs no slot on a model whose rows can skip the
-adapter products (slot -1); a one-slot model (transformers' copy) loads it like an adapter.
+a slot is found there; a new one takes an open slot no request holds (an empty one first, else
+the least recently used, whose adapter is evicted: loaded again if it comes back). Only when
+every open slot is held does another open, up to `slots`, so the slots the model keeps in
+memory follow the most adapters that decoded at once (the model rounds up to a power of two),
+not the setting. When all are open and held, the request waits. The base model needs no slot
+on a model whose rows can skip the adapter products (slot -1); a one-slot model (transformers'
+copy) loads it like an adapter.
 """
 
 from __future__ import annotations
@@ -35,7 +38,8 @@ class AdapterTable:
     ) -> None:
         """`load(slot, adapter)`: copy an adapter (None: the base model) into a slot of the
         model; it may raise ValueError (the adapter does not fit), and the slot is then empty."""
-        self._slots = [_Slot() for _ in range(max(1, slots))]
+        self._limit = max(1, slots)
+        self._slots: list[_Slot] = []  # the open ones
         self._load = load
         self._base_takes_slot = base_takes_slot
         self._ticks = count(1)
@@ -50,9 +54,15 @@ class AdapterTable:
             if slot.adapter == key:
                 return self._held(index)
         free = [i for i, s in enumerate(self._slots) if s.holds == 0]
-        if not free:
+        if free:
+            index = min(
+                free, key=lambda i: (self._slots[i].adapter is not None, self._slots[i].used)
+            )
+        elif len(self._slots) < self._limit:
+            index = len(self._slots)
+            self._slots.append(_Slot())
+        else:
             return None
-        index = min(free, key=lambda i: (self._slots[i].adapter is not None, self._slots[i].used))
         slot = self._slots[index]
         slot.adapter = None
         self._load(index, adapter)  # a ValueError leaves the slot empty
@@ -73,5 +83,5 @@ class AdapterTable:
         return index
 
     def resident(self) -> list[tuple[int | None, int]]:
-        """(adapter id or None, holds) per slot; id 0 is the base model."""
+        """(adapter id or None, holds) per open slot; id 0 is the base model."""
         return [(s.adapter, s.holds) for s in self._slots]

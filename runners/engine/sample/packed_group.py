@@ -15,8 +15,8 @@ Two routes for the adapters, the same numbers:
 Ranks are interleaved (row j * members + i holds rank j of member i), so an adapter of rank r
 fills the first r * members rows of its slot and a product over those rows covers it. Lower
 ranks and layers an adapter does not target stay zero, which adds nothing: one copy of the base
-serves adapters of every rank and target set. Slots are as wide as the largest rank loaded so
-far (`grow`).
+serves adapters of every rank and target set. There are as many slots as the model has opened
+so far, as wide as the largest rank loaded so far (`reserve`).
 """
 
 from __future__ import annotations
@@ -37,7 +37,8 @@ EXACT_ADAPTER_OUTPUTS = 32768
 
 
 class PackedGroup:
-    """The base rows of the group's layers, and K adapter slots of `members` layers each."""
+    """The base rows of the group's layers, and adapter slots of `members` layers each (`slots`
+    to begin with; more as `reserve` opens them)."""
 
     def __init__(
         self,
@@ -87,29 +88,31 @@ class PackedGroup:
 
     # ----- slots ----------------------------------------------------------------------------
 
-    def grow(self, rank: int) -> bool:
-        """Slots `rank` ranks wide (their loaded ranks kept); whether the tensors changed."""
-        if rank <= self.rank:
+    def reserve(self, slots: int, rank: int) -> bool:
+        """At least `slots` slots at least `rank` ranks wide (what they hold kept); whether the
+        tensors changed."""
+        if slots <= self.slots and rank <= self.rank:
             return False
+        slots, rank = max(slots, self.slots), max(rank, self.rank)
         width, old = rank * self.members, self.rank * self.members
         if self.masked:
-            weight = self.weight.new_zeros(self.out + self.slots * width, self.inputs)
+            weight = self.weight.new_zeros(self.out + slots * width, self.inputs)
             weight[: self.out] = self.weight[: self.out]
-            stacked = weight[self.out :].view(self.slots, width, self.inputs)
-            stacked[:, :old] = self.weight[self.out :].view(self.slots, old, self.inputs)
+            stacked = weight[self.out :].view(slots, width, self.inputs)
+            stacked[: self.slots, :old] = self.weight[self.out :].view(self.slots, old, self.inputs)
             self.weight, self.base = weight, weight[: self.out]
             if self.base_bias is not None:
                 self.bias = torch.cat(
                     [self.base_bias, self.base_bias.new_zeros(len(weight) - self.out)]
                 )
         else:
-            a_t = self.a_t.new_zeros(self.slots, self.inputs, width)
-            a_t[:, :, :old] = self.a_t
+            a_t = self.a_t.new_zeros(slots, self.inputs, width)
+            a_t[: self.slots, :, :old] = self.a_t
             self.a_t = a_t
-        b_t = self.b_t.new_zeros(self.slots, width, self.out)
-        b_t[:, :old] = self.b_t
+        b_t = self.b_t.new_zeros(slots, width, self.out)
+        b_t[: self.slots, :old] = self.b_t
         self.b_t = b_t
-        self.rank = rank
+        self.slots, self.rank = slots, rank
         self._copy_low(slice(None))
         self._views.clear()
         return True

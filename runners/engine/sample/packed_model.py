@@ -11,8 +11,9 @@ as a [head_dim, head_dim] matrix; three elementwise operations on the CPU), the 
 indexed copy each for keys and values into the slot cache, attention one SDPA call with the
 query heads grouped under their key/value head.
 
-Loading an adapter copies its A and B into a slot (no new tensors unless the slots must grow
-for a larger rank, which `layout` counts, so captured CUDA graphs stay valid); nothing is
+Loading an adapter copies its A and B into a slot (no new tensors unless the slots must grow,
+for a larger rank or a slot not yet allocated, which `layout` counts, so captured CUDA graphs
+stay valid; slots are allocated as loads reach them, up to `slots`); nothing is
 merged into the base weights, so updates smaller than a bf16 step of a weight still reach the
 sampler. On a CPU with native bf16 products, the base products go through oneDNN on weights
 packed once, and a decode step's threads follow `cpu_products.Threads`.
@@ -125,7 +126,8 @@ class PackedModel:
         self.config = config
         self.dtype = dtype
         self.device = host.device
-        self.slots = max(1, host.adapter_slots if slots is None else slots)
+        self.slots = max(1, host.adapter_slots if slots is None else slots)  # the most at once
+        self.allocated = 0  # slots the product groups hold now (grown as loads need them)
         self.max_rank = host.max_lora_rank
         self.masked = self.device.type == "cuda" if masked is None else masked
         use_onednn = uses_onednn(self.device, dtype) if onednn is None else onednn
@@ -143,7 +145,7 @@ class PackedModel:
             layers = [base(n) for n in members]
             names = list(members)
             return PackedGroup(
-                layers, names, dtype, self.slots, masked=self.masked, columns=columns
+                layers, names, dtype, self.allocated, masked=self.masked, columns=columns
             )
 
         decoder = model.get_decoder()
@@ -236,7 +238,9 @@ class PackedModel:
             layers, scale = adapter.layers(), adapter.scale
         with torch.no_grad():
             rank = adapter.rank if adapter is not None else 0
-            grown = [g.grow(rank) for g in self._groups()]
+            if slot >= self.allocated:  # doubling: few reallocations (each recaptures graphs)
+                self.allocated = min(self.slots, max(slot + 1, 2 * self.allocated))
+            grown = [g.reserve(self.allocated, rank) for g in self._groups()]
             if any(grown):
                 self.layout += 1  # new tensors: graphs captured on the old ones must go
             for g in self._groups():
@@ -250,7 +254,7 @@ class PackedModel:
         if adapted and not self.masked:
             assert adapters.values is not None, "the CPU route groups rows in an eager step"
             groups = group_rows(adapters.values, self.slot_ranks, self.device)
-        return RowAdapters(adapters.tensor, adapted, groups, self.slots)
+        return RowAdapters(adapters.tensor, adapted, groups, self.allocated)
 
     def nbytes(self, adapted: bool = True) -> int:
         """Bytes of the weights one decode step reads (base, and the slots' adapters)."""
