@@ -120,10 +120,20 @@ class VerifiersTrainer(RunnerBase[Data]):
             with timed(times, "train"):
                 # Sampled on policy: by the weights the step before left.
                 batch = read_groups(groups, step - 1, data.context)
+                errors = batch.errors()
                 if batch.all_failed():
                     raise EnvironmentFailed(
                         f"every rollout of step {step} failed in the environment; the first "
-                        f"said: {batch.errors()[0]}"
+                        f"said: {errors[0]}"
+                    )
+                if errors:
+                    log.warning(
+                        "step %d: %d of %d rollouts failed in the environment and are left out "
+                        "of training; the first said: %s",
+                        step,
+                        len(errors),
+                        len(batch.rewards()),
+                        errors[0],
                     )
                 prepared = self.prepare(batch.sequences, step, 0, self.keep_flat_groups(run))
                 trained = batch.settle(prepared.sequences, prepared.dropped_groups)

@@ -8,6 +8,7 @@ together (most of a short run is waiting)."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 from collections.abc import Iterator
 from typing import Any
@@ -36,6 +37,21 @@ def load_environment():
     return Grumpy(dataset=Dataset.from_list(rows), rubric=vf.Rubric(funcs=[]), max_turns=3)
 """
 RAISES = FAILING.replace("vf.errors.InfraError", "ValueError")
+MOODY = """import verifiers as vf
+from datasets import Dataset
+
+
+class Moody(vf.MultiTurnEnv):
+    async def env_response(self, messages, state, **kwargs):
+        if state["answer"] == "bye":
+            raise vf.errors.InfraError("the referee walked off")
+        return [{"role": "user", "content": "Again."}]
+
+
+def load_environment():
+    rows = [{"question": "Say hi", "answer": "hi"}, {"question": "Say bye", "answer": "bye"}]
+    return Moody(dataset=Dataset.from_list(rows), rubric=vf.Rubric(funcs=[]), max_turns=2)
+"""
 DIES = """import os
 
 import verifiers as vf
@@ -60,6 +76,7 @@ def server(tmp_path_factory: pytest.TempPathFactory, verifiers_python: str) -> I
     extra = root / "more_envs"
     publish(extra, "grumpy", FAILING)
     publish(extra, "raises", RAISES)
+    publish(extra, "moody", MOODY)
     publish(extra, "vanishing", DIES)
     with verifiers_server(root / "var", extra, RLCS_MAX_CONCURRENT_RUNS="6") as live:
         yield live
@@ -80,7 +97,7 @@ def finished(server: LiveServer) -> dict[str, dict[str, Any]]:
     }
     ids.update(
         (name, start_run(server.api, environment=name, **shape, **TINY))
-        for name in (*GOOD, *V1, "letter-count", "grumpy", "raises", "vanishing")
+        for name in (*GOOD, *V1, "letter-count", "grumpy", "moody", "raises", "vanishing")
     )
     wait_for(lambda: all(run_of(server.api, i)["status"] in FINISHED for i in ids.values()), 300)
     return {name: run_of(server.api, run_id) for name, run_id in ids.items()}
@@ -158,7 +175,12 @@ def test_a_v1_environment_trains_each_seat_a_sample(
     assert all(abs(r["train/kl_sample_train_v1"]) < 0.05 for r in trained)
     items = server.api.get(f"/runs/{run['run_id']}/rollouts", params={"step": 1}).json()["items"]
     assert len(items) == 6 * seats
-    assert "How many vowels are in" in items[0]["prompt"]
+    # A failed seat's rollout has no chat (it never reached the model); the log says why.
+    played = [i["prompt"] for i in items if i["prompt"]]
+    assert len(played) >= 6 * seats - steps[0]["verifiers/errors"], log_of(server, run)
+    assert all("How many vowels are in" in prompt for prompt in played)
+    if any(row["verifiers/errors"] for row in steps):
+        assert "failed in the environment and are left out" in log_of(server, run)
 
 
 def test_a_tool_environment_on_a_model_without_a_tool_format_says_so(
@@ -213,6 +235,24 @@ def test_an_environment_whose_every_rollout_fails_fails_the_run(
     assert run["status"] == "failed" and run["failure_kind"] == "environment", run
     assert "every rollout of step 1 failed in the environment" in run["error"]
     assert "the referee walked off" in run["error"]
+
+
+def test_rollouts_that_fail_are_left_out_and_the_log_says_why(
+    server: LiveServer, finished: dict[str, dict[str, Any]]
+) -> None:
+    """Each step's 'bye' group fails in the environment (the 'hi' one plays on): the run goes
+    on without those rollouts, and its log says how many failed and why."""
+    run = finished["moody"]
+    assert run["status"] == "succeeded", log_of(server, run)
+    rows = server.api.get(f"/runs/{run['run_id']}/history").json()["rows"]
+    steps = [r for r in rows if "reward/mean" in r]
+    assert [r["step"] for r in steps] == [1, 2]
+    # tiny-random may also answer nothing ('hi' rollouts then fail too), never all of them.
+    assert all(3 <= r["verifiers/errors"] == r["verifiers/dropped/error"] < 6 for r in steps)
+    log = log_of(server, run)
+    for step in (1, 2):
+        assert re.search(rf"step {step}: [3-5] of 6 rollouts failed in the environment", log), log
+    assert "the referee walked off" in log or "EmptyModelResponse" in log
 
 
 def test_an_environment_that_raises_fails_the_run_saying_what(
