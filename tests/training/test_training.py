@@ -71,13 +71,14 @@ def three_steps(tclient: TestClient, tmp_path: Path) -> None:
 
 
 def test_learning_is_real_on_repeat_word(tclient: TestClient, tmp_path: Path) -> None:
-    """A dense reward a random policy already earns a little of: the last steps' mean reward
+    """A dense reward a random policy already earns a little of: the second half's mean reward
     must clearly exceed the first steps'. A sign error in the advantages or the loss makes
-    the policy move away from rewarded characters and fails this."""
+    the policy move away from rewarded characters and fails this. (A run's rewards wander,
+    and some runs take off late: the last 5 of 30 steps failed this about one run in ten.)"""
     run_id = start(
         tclient,
         environment="repeat_word",
-        total_steps=30,
+        total_steps=60,
         learning_rate=0.02,
         seed=1,
         save_every=0,
@@ -91,7 +92,7 @@ def test_learning_is_real_on_repeat_word(tclient: TestClient, tmp_path: Path) ->
         key=lambda r: r["step"],
     )
     first = sum(r["reward/mean"] for r in rows[:5]) / 5
-    last = sum(r["reward/mean"] for r in rows[-5:]) / 5
+    last = sum(r["reward/mean"] for r in rows[30:]) / len(rows[30:])
     assert last > 2 * first and last - first > 0.03, (first, last)
 
 
