@@ -23,6 +23,7 @@ from typing import Literal
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
+from core.process import Process
 from core.settings import PROJECT_ROOT, Settings
 from server.environments.verifiers_discovery import stamp
 
@@ -85,7 +86,7 @@ class DependencyInstaller:
         self._guard = threading.Lock()
         self._pending: dict[str, str] = {}  # folder -> the key being installed
         self._one_at_a_time = threading.Lock()  # installations into one interpreter take turns
-        self._running: set[subprocess.Popen[str]] = set()
+        self._running: set[Process] = set()
         self._closed = False
 
     @classmethod
@@ -102,8 +103,8 @@ class DependencyInstaller:
         with self._guard:
             self._closed = True
             running = list(self._running)
-        for proc in running:
-            proc.kill()
+        for uv in running:
+            uv.kill()  # and what it started (a build backend): its whole group
 
     def state(self, folder: Path) -> Dependencies:
         """Where the folder's dependencies stand, without waiting; ones never installed (for
@@ -188,13 +189,19 @@ class DependencyInstaller:
             if self._closed:
                 return "the server stopped"
             proc = subprocess.Popen(
-                argv, env=self._env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+                argv,
+                env=self._env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                process_group=0,  # its own group: a kill reaches the builds it starts
             )
-            self._running.add(proc)
+            uv_process = Process("uv pip install", proc, None)
+            self._running.add(uv_process)
         try:
             out, err = proc.communicate(timeout=self._timeout_s)
         except subprocess.TimeoutExpired:
-            proc.kill()
+            uv_process.kill()
             proc.communicate()
             return (
                 f"the installation took over {self._timeout_s:g} s "
@@ -202,7 +209,7 @@ class DependencyInstaller:
             )
         finally:
             with self._guard:
-                self._running.discard(proc)
+                self._running.discard(uv_process)
         if proc.returncode == 0:
             log.info("installed %s in %.1f s", ", ".join(wanted), time.monotonic() - started)
             return None
@@ -246,16 +253,19 @@ def main() -> int:
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     settings = Settings()
     installer = DependencyInstaller.from_settings(settings)
-    for found in discovery.scan(settings.environment_dirs):
-        if found.folder is None:
-            continue  # not a verifiers environment
-        done, when = installer.known(found.folder), "before"
-        if done is None or done.state == "failed":  # asked again: tried again
-            done, when = installer.install_now(found.folder), "now"
-        if done.state == "failed":
-            print(f"{found.name}: its dependencies did not install:\n{done.error}")
-        elif done.state == "installed":
-            print(f"{found.name}: {', '.join(done.requirements)} installed {when}")
+    try:
+        for found in discovery.scan(settings.environment_dirs):
+            if found.folder is None:
+                continue  # not a verifiers environment
+            done, when = installer.known(found.folder), "before"
+            if done is None or done.state == "failed":  # asked again: tried again
+                done, when = installer.install_now(found.folder), "now"
+            if done.state == "failed":
+                print(f"{found.name}: its dependencies did not install:\n{done.error}")
+            elif done.state == "installed":
+                print(f"{found.name}: {', '.join(done.requirements)} installed {when}")
+    finally:  # Ctrl-C reaches our group, not uv's: end it with us
+        installer.close()
     return 0  # a failure is the environment's, shown in its listing: the install goes on
 
 

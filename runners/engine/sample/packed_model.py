@@ -127,7 +127,6 @@ class PackedModel:
         self.dtype = dtype
         self.device = host.device
         self.slots = max(1, host.adapter_slots if slots is None else slots)  # the most at once
-        self.allocated = 0  # slots the product groups hold now (grown as loads need them)
         self.max_rank = host.max_lora_rank
         self.masked = self.device.type == "cuda" if masked is None else masked
         use_onednn = uses_onednn(self.device, dtype) if onednn is None else onednn
@@ -144,9 +143,7 @@ class PackedModel:
         def group(*members: str, columns: torch.Tensor | None = None) -> PackedGroup:
             layers = [base(n) for n in members]
             names = list(members)
-            return PackedGroup(
-                layers, names, dtype, self.allocated, masked=self.masked, columns=columns
-            )
+            return PackedGroup(layers, names, dtype, 0, masked=self.masked, columns=columns)
 
         decoder = model.get_decoder()
         prefix = _module_name(model, decoder)
@@ -205,6 +202,11 @@ class PackedModel:
         return [*groups, self.head]
 
     @property
+    def allocated(self) -> int:
+        """Slots the product groups hold now (grown as loads reach them, up to `slots`)."""
+        return self.head.slots
+
+    @property
     def embedding(self) -> torch.Tensor:
         if self._embedding is not None:
             return self._embedding
@@ -238,9 +240,10 @@ class PackedModel:
             layers, scale = adapter.layers(), adapter.scale
         with torch.no_grad():
             rank = adapter.rank if adapter is not None else 0
-            if slot >= self.allocated:  # doubling: few reallocations (each recaptures graphs)
-                self.allocated = min(self.slots, max(slot + 1, 2 * self.allocated))
-            grown = [g.reserve(self.allocated, rank) for g in self._groups()]
+            allocated = self.allocated
+            if slot >= allocated:  # doubling: few reallocations (each recaptures graphs)
+                allocated = min(self.slots, max(slot + 1, 2 * allocated))
+            grown = [g.reserve(allocated, rank) for g in self._groups()]
             if any(grown):
                 self.layout += 1  # new tensors: graphs captured on the old ones must go
             for g in self._groups():
