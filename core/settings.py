@@ -224,6 +224,12 @@ class Settings(BaseSettings):
         description="Where a local run's model lives unless its config says (engine): shared, "
         "the engine host; private, the run's own process",
     )
+    runner_torch: bool = Field(
+        False,
+        description="A run's process imports torch even where its model is elsewhere (the "
+        "engine host, hosted Tinker); the runner sets it itself when its environment's file "
+        "imports torch",
+    )
     engine_admission_wait_s: float = Field(
         600.0,
         ge=0,
