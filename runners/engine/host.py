@@ -95,8 +95,11 @@ class ModelHost:
         self.shared = shared or SharedBase(base_model)
         self.lock = self.shared.lock
         self.active: LiveAdapter | None = None  # whose tensors the LoRA parameters hold
-        # Clients and samplers using this host; the last one's release calls `on_unused`.
+        # Clients and samplers using this host; the last one's release calls `on_unused`. A
+        # lock of its own: a new sampler (a step's snapshot) must not wait for the base's lock,
+        # which another client holds for a whole training step.
         self.users = 0
+        self._users_lock = threading.Lock()
         self._on_unused = on_unused
         self.is_lora = hasattr(model, "peft_config")
         self.file_keys: dict[str, str] = lora.file_key_map(model) if self.is_lora else {}
@@ -156,12 +159,12 @@ class ModelHost:
             heap.give_back_free_memory()
 
     def acquire(self) -> None:
-        with self.lock:
+        with self._users_lock:
             self.users += 1
 
     def release(self) -> None:
         """One user fewer; the last one's release closes the host (through its owner)."""
-        with self.lock:
+        with self._users_lock:
             self.users -= 1
             unused = self.users <= 0
         if unused and self._on_unused is not None:

@@ -152,3 +152,31 @@ def test_a_new_base_past_the_budget_is_refused(tmp_path: Path) -> None:
             service.create_lora_training_client(str(folder), rank=2).result()
     finally:
         service.close()
+
+
+def test_a_snapshot_does_not_wait_for_another_clients_turn(service) -> None:
+    """A step's new sampler (`save_weights_and_get_sampling_client`) while another client on
+    the base holds its training turn: ready at once, not after that turn (with 4 runs on one
+    host a run's snapshot waited up to 8.8 s for the others' turns)."""
+    a = service.create_lora_training_client("tiny-random", rank=4, seed=1).result()
+    b = service.create_lora_training_client("tiny-random", rank=4, seed=2).result()
+    held, done = threading.Event(), threading.Event()
+
+    def a_turn() -> None:
+        with a._host.lock:  # as a training pass holds it
+            held.set()
+            done.wait(30)
+
+    holder = threading.Thread(target=a_turn)
+    holder.start()
+    try:
+        assert held.wait(10)
+        sampler = b.save_weights_and_get_sampling_client().result(timeout=10)
+        assert not done.is_set()  # made while the other client's turn went on
+    finally:
+        done.set()
+        holder.join()
+    response = sampler.sample(
+        types.ModelInput.from_ints([1, 2]), 1, types.SamplingParams(max_tokens=2)
+    ).result()
+    assert len(response.sequences[0].tokens) == 2
