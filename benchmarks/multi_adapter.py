@@ -11,7 +11,7 @@ Parts (all by default; `--parts` picks):
   client alone; and a client sending requests back to back while another arrives.
 - server: the same through the server's Tinker API (the tinker SDK, one ServiceClient per
   session, a live server per mode): 1 session alone, 8 on distinct adapters, 8 on one shared
-  adapter; the Tinker worker's memory with 1 adapter and with 8 of 3 ranks.
+  adapter; the engine host's memory with 1 adapter and with 8 of 3 ranks.
 - v1: 4 concurrent /v1/chat/completions (n=4, exactly `--tokens` tokens) on 4 runs'
   checkpoints, mixed against one adapter per batch (the same runs, a server per mode).
 
@@ -271,7 +271,7 @@ def server_part(models_dir: Path, args: argparse.Namespace) -> None:
                     for session in sessions:
                         session.close("success").result(30)
             with LiveServer(Path(tmp) / f"memory-{slots}", **env) as server:
-                memory[mode] = worker_memory(server, args.rows)
+                memory[mode] = host_memory(server, args.rows)
     print(f"\n## Through the Tinker API: 8 sessions x {args.rows} rows x {args.tokens} tokens")
     print("| mode: sessions | seconds | tokens/s | x 1 session alone | slowest / fastest |")
     print("|---|---:|---:|---:|---:|")
@@ -288,13 +288,13 @@ def server_part(models_dir: Path, args: argparse.Namespace) -> None:
     print(f"distinct adapters: {mixed / shared:.2f} of the shared adapter's rate (goal >= 0.9)")
     for mode, (one, eight) in memory.items():
         print(
-            f"Tinker worker ({mode}): {one:.2f} GB with 1 session sampled, {eight:.2f} GB with "
+            f"engine host ({mode}): {one:.2f} GB with 1 session sampled, {eight:.2f} GB with "
             "8 (ranks 8, 16, 32; each sampled)"
         )
 
 
-def worker_memory(server: LiveServer, rows: int) -> tuple[float, float]:
-    """The Tinker worker's resident GB with one session sampled, then with 8 of 3 ranks."""
+def host_memory(server: LiveServer, rows: int) -> tuple[float, float]:
+    """The engine host's resident GB with one session sampled, then with 8 of 3 ranks."""
     import tinker
 
     sessions = [tinker.ServiceClient(base_url=server.url, api_key=KEY) for _ in range(8)]
@@ -307,7 +307,7 @@ def worker_memory(server: LiveServer, rows: int) -> tuple[float, float]:
             sampler = trainer.save_weights_and_get_sampling_client().result()
             sdk_round([sampler], rows, 8, i)
             if i in (0, 7):
-                sizes.append(_worker_memory(server))
+                sizes.append(_host_memory(server))
         return sizes[0], sizes[1]
     finally:
         for session in sessions:
@@ -346,15 +346,16 @@ def _server_env(models_dir: Path, slots: int) -> dict[str, str]:
     }
 
 
-def _worker_memory(server: LiveServer) -> float:
-    """Resident GB of the server's Tinker worker process."""
+def _host_memory(server: LiveServer) -> float:
+    """Resident GB of the server's engine host (where the Tinker API's models live)."""
     import psutil
 
-    assert server.proc is not None
-    for child in psutil.Process(server.proc.pid).children(recursive=True):
-        if "runners.tinker_worker" in " ".join(child.cmdline()):
-            return child.memory_info().rss / 1e9
-    raise RuntimeError("no Tinker worker process found")
+    from core import engine_host
+
+    record = engine_host.running(server.var_dir)
+    if record is None:
+        raise RuntimeError("no engine host is running for this server")
+    return psutil.Process(record.pid).memory_info().rss / 1e9
 
 
 # ----- /v1 on several checkpoints --------------------------------------------------------------

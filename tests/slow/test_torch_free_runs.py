@@ -13,39 +13,30 @@ from tests.support.live_server import LiveServer
 
 pytestmark = pytest.mark.timeout(300)
 
-HEAD = '''
+ENV_FILE = """
 import sys
-
+{imports}
 from environments.base import EnvConfig, SingleTurnEnv, Task
-'''
+
+
+class Env(SingleTurnEnv):
+    name = "{name}"
+    Config = EnvConfig
+
+    def get_task(self, seed, split="train"):
+        return Task(prompt="Say anything", answer="")
+
+    def score(self, prompt, response, task=None):
+        return {score}
+"""
 # Scores 1 where the process that scores (the run's) has no torch loaded.
-PROBE = HEAD + '''
-
-class TorchProbeEnv(SingleTurnEnv):
-    name = "torch_probe"
-    Config = EnvConfig
-
-    def get_task(self, seed, split="train"):
-        return Task(prompt="Say anything", answer="")
-
-    def score(self, prompt, response, task=None):
-        return 0.0 if sys.modules.get("torch") is not None else 1.0
-'''
+PROBE = ENV_FILE.format(
+    imports="", name="torch_probe", score='0.0 if sys.modules.get("torch") is not None else 1.0'
+)
 # Scores 1 only where torch works in the run's process.
-TORCH_USER = HEAD + '''
-import torch
-
-
-class TorchUserEnv(SingleTurnEnv):
-    name = "torch_user"
-    Config = EnvConfig
-
-    def get_task(self, seed, split="train"):
-        return Task(prompt="Say anything", answer="")
-
-    def score(self, prompt, response, task=None):
-        return float(torch.ones(2).mean())
-'''
+TORCH_USER = ENV_FILE.format(
+    imports="import torch", name="torch_user", score="float(torch.ones(2).mean())"
+)
 
 
 @pytest.fixture(scope="module")
