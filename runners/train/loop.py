@@ -351,12 +351,8 @@ def classify(exc: Exception) -> tuple[str, str]:
         return DiskFull.category, disk_full_reason(exc)
     if isinstance(exc, RunFailure):
         return exc.category, exc.reason()
-    if isinstance(exc, ImportError) and torch_free.hid(exc):
-        return "environment", (
-            "the environment imported torch during the run, and this run's process runs without "
-            "torch (its model is not in it): import torch at the top of the environment's file "
-            "(the run then starts with it), or set the run's engine to private"
-        )
+    if torch_free.hid(exc):
+        return "environment", torch_free.HIDDEN
     if isinstance(exc, ImportError):
         return "environment", f"the environment could not be imported: {exc}"
     return RunFailure.category, f"{type(exc).__name__}: {exc}"

@@ -1,5 +1,6 @@
-"""A run whose model is in the engine host starts without torch in its own process, and one
-whose environment imports torch starts again with it (runners/train/torch_free.py)."""
+"""A run whose model is in the engine host starts without torch in its own process; one whose
+environment imports torch starts again with it, and one whose environment imports it only in
+the middle of the run fails saying what to do (runners/train/torch_free.py)."""
 
 from __future__ import annotations
 
@@ -38,6 +39,11 @@ TORCH_USER = ENV_FILE.format(
     imports="import torch", name="torch_user", score="float(torch.ones(2).mean())"
 )
 
+# Imports torch only when it scores, in the middle of the run.
+TORCH_LATE = ENV_FILE.format(
+    imports="", name="torch_late", score="__import__('torch').ones(2).mean().item()"
+)
+
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
@@ -46,6 +52,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     envs.mkdir()
     (envs / "torch_probe.py").write_text(PROBE)
     (envs / "torch_user.py").write_text(TORCH_USER)
+    (envs / "torch_late.py").write_text(TORCH_LATE)
     with LiveServer(root / "var", RLCS_ENV_DIRS=json.dumps([str(envs)])) as live:
         yield live
 
@@ -83,3 +90,14 @@ def test_an_environment_that_imports_torch_gets_it(server: LiveServer) -> None:
     run_id = trained(server, "torch_user")
     assert rewards(server, run_id) == [1.0, 1.0], log_of(server, run_id)
     assert "this process starts again with torch" in log_of(server, run_id)
+
+
+def test_a_torch_import_in_the_middle_of_a_run_fails_it_saying_what_to_do(
+    server: LiveServer,
+) -> None:
+    run_id = start_run(
+        server.api, **TINY_RUN, environment="torch_late", total_steps=2, steps_per_eval=0
+    )
+    run = finish_run(server.api, run_id)
+    assert run["status"] == "failed", run
+    assert "import torch at the top of the environment's file" in run["error"], run
