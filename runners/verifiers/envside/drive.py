@@ -181,6 +181,7 @@ class V1Player:
 
     async def start(self) -> None:
         """The env's serving resources (its interception endpoint), for the driver's life."""
+        install_uv_once()
         self._serving = self.env.serving()
         await self._serving.__aenter__()
 
@@ -240,6 +241,37 @@ class Driver:
 
 def _why(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"[:2000]
+
+
+def install_uv_once() -> None:
+    """The null harness's runtime installs uv into $HOME/.local/bin (`pip install -U --user
+    uv`) before its first script, in every rollout; $HOME is shared by the server's runs, and a
+    rollout that runs uv while another's first install still writes it fails ("uv: Permission
+    denied"). The first install happens here, one driver at a time; the rollouts' own then find
+    uv installed and change nothing."""
+    import fcntl
+    import shutil
+    import subprocess
+
+    home = Path(os.environ["HOME"])
+    pip = shutil.which("pip")
+    if pip is None:
+        return  # the runtime falls back to its own installer, as it would anyway
+    home.mkdir(parents=True, exist_ok=True)
+    with (home / ".uv-install.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (home / ".local" / "bin" / "uv").exists():
+            return
+        bin_dir = str(home / ".local" / "bin")
+        env = {**os.environ, "PATH": f"{bin_dir}:{os.environ.get('PATH', '')}"}
+        subprocess.run(
+            [pip, "install", "-q", "-U", "--user", "uv"],
+            env={**env, "UV_INSTALL_DIR": bin_dir},
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            check=False,
+        )
 
 
 def main(argv: list[str]) -> int:
