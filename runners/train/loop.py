@@ -38,7 +38,7 @@ from runners.episodes.policy import SamplerPolicy
 from runners.episodes.render import Renderer
 from runners.episodes.rollouts import Collected, Episode, mean_return
 from runners.episodes.sources import env_context, load_sources
-from runners.train import staleness, torch_free
+from runners.train import staleness
 from runners.train.engine_loss import lost_engine, resume_on_a_new_host
 from runners.train.learner import SEQUENCE_ID, TURN, Sequence
 from runners.train.pipeline import Pipeline
@@ -351,8 +351,6 @@ def classify(exc: Exception) -> tuple[str, str]:
         return DiskFull.category, disk_full_reason(exc)
     if isinstance(exc, RunFailure):
         return exc.category, exc.reason()
-    if torch_free.hid(exc):
-        return "environment", torch_free.HIDDEN
     if isinstance(exc, ImportError):
         return "environment", f"the environment could not be imported: {exc}"
     return RunFailure.category, f"{type(exc).__name__}: {exc}"

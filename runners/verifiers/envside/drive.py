@@ -263,10 +263,9 @@ def install_uv_once() -> None:
         if (home / ".local" / "bin" / "uv").exists():
             return
         bin_dir = str(home / ".local" / "bin")
-        env = {**os.environ, "PATH": f"{bin_dir}:{os.environ.get('PATH', '')}"}
         subprocess.run(
             [pip, "install", "-q", "-U", "--user", "uv"],
-            env={**env, "UV_INSTALL_DIR": bin_dir},
+            env={**os.environ, "PATH": f"{bin_dir}:{os.environ.get('PATH', '')}"},
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
