@@ -125,7 +125,7 @@ class SlotBatch:
         if self._graphs:
             self._read = [t.pin_memory() for t in self._read]
         self._cache = None  # sized at the next join; graphs read the old tensors, so go too
-        self._captured.clear()
+        self._drop_graphs()
         self._pending = None
 
     # ----- joining ------------------------------------------------------------------------
@@ -193,7 +193,7 @@ class SlotBatch:
             wider[:, : self._ban.shape[1]] = self._ban
             wider[:, self._ban.shape[1] :] = self._ban[:, :1]
             self._ban = wider
-            self._captured.clear()
+            self._drop_graphs()
         fill = [ids + [ids[0]] * (self._ban.shape[1] - width) for ids in lists]
         self._ban[slots] = torch.tensor(fill, device=self._device)
 
@@ -217,7 +217,7 @@ class SlotBatch:
         if current is not None and length <= current.length < 4 * length:
             return
         self._cache = SlotCache(self._pos, length)
-        self._captured.clear()  # graphs read the old buffers
+        self._drop_graphs()  # graphs read the old buffers
         self._columns = torch.arange(length, device=self._device)
 
     # ----- stepping -----------------------------------------------------------------------
@@ -315,7 +315,7 @@ class SlotBatch:
     def _graph(self, rows: int, passes: Passes, adapted: bool) -> torch.cuda.CUDAGraph:
         assert self._cache is not None
         if self._model.layout != self._layout:
-            self._captured.clear()  # captured on tensors the model has since replaced
+            self._drop_graphs()  # captured on tensors the model has since replaced
             self._layout = self._model.layout
         key = (rows, passes, adapted)
         graph = self._captured.get(key)
@@ -346,6 +346,12 @@ class SlotBatch:
         self._captured[key] = graph
         self.captures += 1
         return graph
+
+    def _drop_graphs(self) -> None:
+        """Forget the captured graphs and their memory pool: once its last graph is freed,
+        CUDA's allocator refuses a capture into that pool (an internal assert)."""
+        self._captured.clear()
+        self._pool = None
 
     def _settle(
         self, slots: list[int], rows: list[Row], tokens: list[float], logprobs: list[float]

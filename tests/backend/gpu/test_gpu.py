@@ -80,6 +80,24 @@ def test_a_weight_update_reaches_captured_graphs_without_recapture(cuda_trainer)
     assert [r.tokens for r in after] != [r.tokens for r in before]
 
 
+def test_a_longer_row_recaptures_on_a_new_cache(cuda_trainer):
+    """A row longer than the cache holds sizes a new one, which drops the graphs and their
+    memory pool: the next capture takes a fresh pool (CUDA refuses one whose graphs are
+    gone) and replays what eager steps compute."""
+    _, trainer = cuda_trainer
+    copy = SamplingModel(trainer._host, torch.float32)
+    copy.load(0, trainer._host.snapshot())
+    batch = _slot_batch(copy.module, trainer, graphs=True)
+    _drain(batch, _rows(SPECS, temperature=0.0))
+    captures = batch.captures
+    long_specs = [(p * 80, n, seed) for p, n, seed in SPECS]
+    graphed, eager = _rows(long_specs, temperature=0.0), _rows(long_specs, temperature=0.0)
+    _drain(batch, graphed)
+    _drain(_slot_batch(copy.module, trainer, graphs=False), eager)
+    assert batch.captures > captures
+    assert [r.tokens for r in graphed] == [r.tokens for r in eager]
+
+
 def test_cuda_sampler_logprobs_agree_with_the_trainer(cuda_trainer):
     _, trainer = cuda_trainer
     train_steps(trainer, ce_batch(trainer), 3)
