@@ -227,6 +227,30 @@ def test_slots_are_evicted_least_recently_used_and_never_while_held():
     assert one.hold(None) == 0 and one.hold(a) is None  # one slot: the base model takes it
 
 
+def test_an_adapter_a_waiting_request_wants_is_evicted_last():
+    """Three adapters taken in turn on two slots: with no look at the waiting requests each
+    load would evict the adapter the next request is on."""
+    loads: list[tuple[int, int | None]] = []
+    table = AdapterTable(
+        2, lambda slot, a: loads.append((slot, a.id if a else None)), base_takes_slot=False
+    )
+    a, b, c = (AdapterWeights({}, 1.0, 1) for _ in range(3))
+    assert table.hold(a) == 0 and table.hold(b) == 1
+    table.let_go(0)
+    table.let_go(1)
+    assert table.hold(c, wanted={a.id}) == 1  # a is the least recently used, but wanted
+    assert table.hold(a) == 0  # still resident: no load
+    assert loads == [(0, a.id), (1, b.id), (1, c.id)]
+    table.let_go(0)
+    table.let_go(1)
+    assert table.hold(b, wanted={a.id, c.id}) == 0  # both wanted, every slot open: evict all
+    roomy = AdapterTable(3, lambda slot, adapter: None, base_takes_slot=False)
+    assert roomy.hold(a) == 0 and roomy.hold(b) == 1
+    roomy.let_go(0)
+    roomy.let_go(1)
+    assert roomy.hold(c, wanted={a.id, b.id}) == 2  # both wanted: a third slot opens
+
+
 def test_a_slot_opens_only_when_every_open_one_is_held(shapes):
     """One adapter after another reuses one slot; a second opens while the first is held. The
     packed model allocates slots as loads reach them (doubling), not the setting's count."""

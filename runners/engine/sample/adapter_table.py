@@ -1,9 +1,11 @@
 """Which adapters the sampler's model holds in its slots, and who holds each slot now.
 
 A request holds its adapter's slot from admission until it is answered. An adapter already in
-a slot is found there; a new one takes an open slot no request holds (an empty one first, else
-the least recently used, whose adapter is evicted: loaded again if it comes back). Only when
-every open slot is held does another open, up to `slots`, so the slots the model keeps in
+a slot is found there; a new one takes an open slot no request holds and no waiting request
+wants (an empty one first, else the least recently used, whose adapter is evicted: loaded again
+if it comes back). Without the look at the waiting requests, more adapters than slots taken in
+turn would each evict the next one's. Only when no open slot is left to take does another open,
+up to `slots` (after that a wanted one is evicted all the same), so the slots the model keeps in
 memory follow the most adapters that decoded at once (the model rounds up to a power of two),
 not the setting. When all are open and held, the request waits. The base model needs no slot
 on a model whose rows can skip the adapter products (slot -1); a one-slot model (transformers'
@@ -12,7 +14,7 @@ copy) loads it like an adapter.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from itertools import count
 
@@ -44,9 +46,10 @@ class AdapterTable:
         self._base_takes_slot = base_takes_slot
         self._ticks = count(1)
 
-    def hold(self, adapter: AdapterWeights | None) -> int | None:
+    def hold(self, adapter: AdapterWeights | None, wanted: Collection[int] = ()) -> int | None:
         """The slot `adapter` decodes in, held until `let_go`; None: every slot is held by
-        requests on other adapters (wait for one to be let go)."""
+        requests on other adapters (wait for one to be let go). `wanted`: the ids of the
+        adapters that waiting requests are on (evicted last)."""
         if adapter is None and not self._base_takes_slot:
             return BASE
         key = 0 if adapter is None else adapter.id
@@ -54,10 +57,9 @@ class AdapterTable:
             if slot.adapter == key:
                 return self._held(index)
         free = [i for i, s in enumerate(self._slots) if s.holds == 0]
-        if free:
-            index = min(
-                free, key=lambda i: (self._slots[i].adapter is not None, self._slots[i].used)
-            )
+        unwanted = [i for i in free if self._slots[i].adapter not in wanted]
+        if unwanted or (free and len(self._slots) == self._limit):
+            index = min(unwanted or free, key=self._eviction_order)
         elif len(self._slots) < self._limit:
             index = len(self._slots)
             self._slots.append(_Slot())
@@ -68,6 +70,10 @@ class AdapterTable:
         self._load(index, adapter)  # a ValueError leaves the slot empty
         slot.adapter = key
         return self._held(index)
+
+    def _eviction_order(self, index: int) -> tuple[bool, int]:
+        slot = self._slots[index]
+        return slot.adapter is not None, slot.used
 
     def let_go(self, index: int) -> None:
         if index == BASE:

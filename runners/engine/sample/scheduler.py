@@ -273,7 +273,8 @@ class DecodeScheduler:
 
     def _hold(self, request: SampleRequest) -> bool:
         assert self._table is not None
-        slot = self._table.hold(request.adapter)
+        wanted = {r.adapter.id for r in self._backlog if r.adapter is not None and r is not request}
+        slot = self._table.hold(request.adapter, wanted)
         if slot is None:
             return False
         request.slot = slot
