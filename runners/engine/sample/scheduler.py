@@ -246,13 +246,14 @@ class DecodeScheduler:
     def _admit(self, batch: DecodeBatch) -> list[SampleRequest]:
         """Backlogged requests that join now (fair turns; admission.py), their adapters in
         slots, their rows told the slot, their prompts scored if asked."""
+        wanted = {r.adapter.id for r in self._backlog if r.adapter is not None}
         admitted = admission.admit(
             list(self._backlog),
             self._live,
             capacity=self.max_batch_sequences,
             running=len(batch),
             fits=batch.can_take,
-            hold=self._hold,
+            hold=lambda request: self._hold(request, wanted),
         )
         for request, error in admitted.refused:
             self._backlog.remove(request)
@@ -271,9 +272,10 @@ class DecodeScheduler:
             joining.append(request)
         return joining
 
-    def _hold(self, request: SampleRequest) -> bool:
+    def _hold(self, request: SampleRequest, wanted: set[int]) -> bool:
+        """Give `request` its adapter's slot; `wanted`: the adapters of the waiting requests
+        (kept in their slots while another can be evicted)."""
         assert self._table is not None
-        wanted = {r.adapter.id for r in self._backlog if r.adapter is not None and r is not request}
         slot = self._table.hold(request.adapter, wanted)
         if slot is None:
             return False
