@@ -5,6 +5,7 @@ short torch profile of where a region's GPU time goes."""
 from __future__ import annotations
 
 import subprocess
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -84,11 +85,16 @@ def profile(region: Callable[[], object], label: str, out_dir: Path | None, rows
 
     activities = [ProfilerActivity.CPU, ProfilerActivity.CUDA]
     with torch_profile(activities=activities) as prof:
+        started = time.perf_counter()
         region()
         torch.cuda.synchronize()
+        wall = (time.perf_counter() - started) * 1e3
     events = prof.key_averages()
     gpu_total = sum(e.self_device_time_total for e in events) / 1e3
-    print(f"\nprofile: {label} (GPU busy {gpu_total:.1f} ms in all, self time by op)")
+    print(
+        f"\nprofile: {label} (wall {wall:.1f} ms, profiled; GPU busy {gpu_total:.1f} ms in "
+        "all; self time by op)"
+    )
     print(events.table(sort_by="self_cuda_time_total", row_limit=rows, max_name_column_width=60))
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)

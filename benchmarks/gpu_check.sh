@@ -9,7 +9,8 @@
 # Here, once (the device image lacks tinker and pydantic; .whl is git-ignored):
 #     mkdir -p .git/info && echo /.whl/ >> .git/info/exclude && bash benchmarks/gpu_check.sh wheels
 # There (the device tool), in one call (parts, in this order: tests, mixed, decode; all three
-# took 352 s on an H200, the call 6 minutes with the machine's start):
+# took 352 s on an H200 with 2 mixed rounds and no profiles, the call 6 minutes with the
+# machine's start; expect about 7 now):
 #     run(command="bash benchmarks/gpu_check.sh", carry=[".whl"], timeout_s=600)
 # Logs come back under $OUT (gpu_tests.log, random-135m.log, random-1.5b.log, random-7b.log,
 # multi-adapter-random-135m.log, multi-adapter-random-1.5b.log).
@@ -63,7 +64,7 @@ bench() {
         | grep -v "Loading weights" | tee "$OUT/$2.log"
 }
 if wants decode; then
-    bench 90 random-135m
+    bench 100 random-135m --profile  # the profiles: where a call's time goes beside its steps
     bench 120 random-1.5b
     bench 150 random-7b
 fi
