@@ -152,9 +152,7 @@ async def collect(
                 out.failed += 1
                 out.failed_by_group[spec.group] = out.failed_by_group.get(spec.group, 0) + 1
                 if len(out.errors) < 5:
-                    out.errors.append(
-                        torch_free.HIDDEN if torch_free.hid(exc) else f"{type(exc).__name__}: {exc}"
-                    )
+                    out.errors.append(torch_free.advice(exc) or f"{type(exc).__name__}: {exc}")
                 log.warning("episode failed (group %s, seed %s): %s", spec.group, spec.seed, exc)
                 continue
             out.episodes.append(episode)

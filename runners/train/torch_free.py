@@ -55,20 +55,17 @@ def torch_hidden() -> bool:
     return "torch" in sys.modules and sys.modules["torch"] is None
 
 
-def hid(exc: BaseException) -> bool:
-    """Whether `exc` is an import of torch (or a part of it) that failed because it is hidden."""
+def advice(exc: BaseException) -> str | None:
+    """What to do when `exc` is an import of torch (or a part of it) that failed because this
+    process hides it; None for any other error."""
+    hidden = isinstance(exc, ImportError) and (exc.name or "").split(".")[0] == "torch"
+    if not (hidden and torch_hidden()):
+        return None
     return (
-        isinstance(exc, ImportError)
-        and torch_hidden()
-        and (exc.name or "").split(".")[0] == "torch"
+        "torch was imported in the middle of the run, and this run's process runs without "
+        "torch (its model is not in it): import torch at the top of the environment's file "
+        "(the run then starts with it), or set the run's engine to private"
     )
-
-
-HIDDEN = (
-    "torch was imported in the middle of the run, and this run's process runs without torch "
-    "(its model is not in it): import torch at the top of the environment's file (the run then "
-    "starts with it), or set the run's engine to private"
-)
 
 
 def _import_transformers_quietly() -> None:

@@ -58,11 +58,13 @@ class AdapterTable:
                 return self._held(index)
         free = [i for i, s in enumerate(self._slots) if s.holds == 0]
         unwanted = [i for i in free if self._slots[i].adapter not in wanted]
-        if unwanted or (free and len(self._slots) == self._limit):
-            index = min(unwanted or free, key=self._eviction_order)
+        if unwanted:
+            index = min(unwanted, key=self._eviction_order)
         elif len(self._slots) < self._limit:
             index = len(self._slots)
             self._slots.append(_Slot())
+        elif free:  # every free slot's adapter is wanted and no slot can open
+            index = min(free, key=self._eviction_order)
         else:
             return None
         slot = self._slots[index]

@@ -10,9 +10,12 @@ the rollouts' tokens, rewards and metrics (core/verifiers_wire.py). End of input
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import json
 import logging
 import os
+import shutil
+import subprocess
 import sys
 import threading
 import traceback
@@ -249,10 +252,6 @@ def install_uv_once() -> None:
     rollout that runs uv while another's first install still writes it fails ("uv: Permission
     denied"). The first install happens here, one driver at a time; the rollouts' own then find
     uv installed and change nothing."""
-    import fcntl
-    import shutil
-    import subprocess
-
     home = Path(os.environ["HOME"])
     pip = shutil.which("pip")
     if pip is None:
