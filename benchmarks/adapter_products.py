@@ -9,8 +9,15 @@ own k, against one adapter for all rows (today's batches, the floor):
 - `grouped_mm`: rows sorted by adapter, `torch.nn.functional.grouped_mm` over their offsets;
 - `segments`: a loop over the K adapters, each with its rows gathered and scattered back.
 
-Run from the repo root (about a minute):
-    .venv/bin/python -m benchmarks.adapter_products
+Then the products as a decode step reads them (`--step`): SmolLM2's 30 layers of the four
+groups as the packed model holds them (bf16 base through oneDNN, 8 rank-8 adapter slots), each
+group's base product and its rows' updates, every slot's weights read from memory as a step
+reads them (not warm in a cache); milliseconds per step, base alone, one adapter for every
+row, rows interleaved over 8 adapters: the torch products against the fused kernel
+(`runners/engine/sample/lora_rows.py`), which decides `KERNEL_ROWS` in packed_group.py.
+
+Run from the repo root (about a minute each):
+    .venv/bin/python -m benchmarks.adapter_products [--step]
 """
 
 from __future__ import annotations
@@ -23,6 +30,12 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
+from torch import nn
+
+from runners.engine.sample.cpu_products import Threads
+from runners.engine.sample.lora_rows import kernel
+from runners.engine.sample.packed_group import PackedGroup
+from runners.engine.sample.row_adapters import RowAdapters, group_rows
 
 # SmolLM2-135M's groups: (name, inputs, outputs, members sharing the input).
 GROUPS = (
@@ -115,12 +128,101 @@ def measure(rows_list: list[int], adapters_list: list[int], repeats: int) -> lis
     return table
 
 
+def step_groups(slots: int, fused: bool, threads: Threads) -> list[PackedGroup]:
+    """SmolLM2's 30 layers of product groups in bf16 with `slots` rank-8 adapters loaded."""
+    gen = torch.Generator().manual_seed(0)
+    built = kernel()
+    if fused and built is None:
+        raise SystemExit("the fused kernel could not be built here (see the log)")
+    groups = []
+    for layer in range(30):
+        for name, inputs, outputs, members in GROUPS:
+            width = outputs // members
+            layers = [nn.Linear(inputs, width, bias=False) for _ in range(members)]
+            names = [f"{layer}.{name}.{i}" for i in range(members)]
+            group = PackedGroup(layers, names, torch.bfloat16, 0, masked=False)
+            group.reserve(slots, RANK)
+            for slot in range(slots):
+                adapter = {
+                    n: (
+                        torch.randn(RANK, inputs, generator=gen) * 0.05,
+                        torch.randn(width, RANK, generator=gen) * 0.05,
+                    )
+                    for n in names
+                }
+                group.load(slot, adapter, 2.0)
+            group.use_onednn(threads, keep_plain=False)
+            if fused:
+                assert built is not None
+                group.use_kernel(built, threads)
+            groups.append(group)
+    return groups
+
+
+def step_report(rows_list: list[int], repeats: int) -> None:
+    """Milliseconds per decode step's products: base, one adapter, 8 interleaved; torch
+    against the fused kernel (the packed model's thread policy, rounds interleaved, medians)."""
+    threads = Threads(torch.get_num_threads())
+    routes = {
+        "torch": step_groups(8, fused=False, threads=threads),
+        "kernel": step_groups(8, fused=True, threads=threads),
+    }
+    print(f"# ms per step (30 layers x 4 groups), bf16 base, rank 8, {threads.wide} threads")
+    print("| rows | base alone | one adapter: torch | kernel | 8 adapters: torch | kernel |")
+    print("|---:|---:|---:|---:|---:|---:|")
+    for rows in rows_list:
+        cells = " | ".join(f"{ms:.1f}" for ms in _step_times(rows, routes, threads, repeats))
+        print(f"| {rows} | {cells} |", flush=True)
+
+
+def _step_times(
+    rows: int, routes: dict[str, list[PackedGroup]], threads: Threads, repeats: int
+) -> list[float]:
+    """Median ms of base, one adapter (torch, kernel), 8 interleaved (torch, kernel)."""
+    gen = torch.Generator().manual_seed(rows)
+    x = {n: torch.randn(rows, n, generator=gen).bfloat16() for n in (576, 1536)}
+    cases = {"base": RowAdapters(torch.full((rows,), -1), False, None, 8)}
+    for label, slots in (("one", [0] * rows), ("mixed", [r % 8 for r in range(rows)])):
+        index = torch.tensor(slots)
+        cases[label] = RowAdapters(index, True, group_rows(slots, [RANK] * 8, index.device), 8)
+    calls = [
+        (routes["torch"], cases["base"]),
+        (routes["torch"], cases["one"]),
+        (routes["kernel"], cases["one"]),
+        (routes["torch"], cases["mixed"]),
+        (routes["kernel"], cases["mixed"]),
+    ]
+    times: list[list[float]] = [[] for _ in calls]
+    for round_ in range(repeats + 2):  # two rounds to warm
+        for (groups, adapters), seen in zip(calls, times, strict=True):
+            started = time.perf_counter()
+            _step(groups, x, adapters, threads)
+            if round_ >= 2:
+                seen.append((time.perf_counter() - started) * 1e3)
+    return [statistics.median(t) for t in times]
+
+
+def _step(
+    groups: list[PackedGroup], x: dict[int, torch.Tensor], rows: RowAdapters, threads: Threads
+) -> None:
+    threads.narrow(len(rows.index))
+    try:
+        for group in groups:
+            group(x[group.inputs], rows)
+    finally:
+        threads.end()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rows", default="4,8,16,32")
     parser.add_argument("--adapters", default="1,2,4,8")
     parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--step", action="store_true", help="a decode step's products")
     args = parser.parse_args()
+    if args.step:
+        step_report([int(r) for r in args.rows.split(",")] + [64, 128], args.repeats)
+        return
     report(
         [int(r) for r in args.rows.split(",")],
         [int(k) for k in args.adapters.split(",")],

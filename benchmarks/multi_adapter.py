@@ -121,6 +121,7 @@ def engine_part(models_dir: Path, args: argparse.Namespace) -> None:
                 models_dir=models_dir,
                 device=args.device,
                 adapter_slots=slots,
+                cpu_adapter_kernel=args.kernel,
             )
             for mode, slots in MODES.items()
         }
@@ -244,7 +245,7 @@ def server_part(models_dir: Path, args: argparse.Namespace) -> None:
     memory: dict[str, tuple[float, float]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for mode, slots in MODES.items():
-            env = _server_env(models_dir, slots)
+            env = _server_env(models_dir, slots, args.kernel)
             with LiveServer(Path(tmp) / f"var-{slots}", **env) as server:
                 sessions = [
                     tinker.ServiceClient(base_url=server.url, api_key=KEY) for _ in range(8)
@@ -334,11 +335,12 @@ def sdk_round(samplers: list[Any], rows: int, tokens: int, seed: int) -> Timed:
     return Timed(max(ended) - started, [e - started for e in ended], sum(n for _, n in done))
 
 
-def _server_env(models_dir: Path, slots: int) -> dict[str, str]:
+def _server_env(models_dir: Path, slots: int, kernel: bool) -> dict[str, str]:
     return {
         "RLCS_MODELS_DIR": str(models_dir),
         "RLCS_DEVICE": "cpu",
         "RLCS_ADAPTER_SLOTS": str(slots),
+        "RLCS_CPU_ADAPTER_KERNEL": str(kernel).lower(),
         "RLCS_SUPERVISOR_INTERVAL_S": "0.5",
         "RLCS_INFERENCE_BUDGET_S": "600",
         "RLCS_INFERENCE_TIMEOUT_S": "600",
@@ -373,7 +375,7 @@ def v1_part(models_dir: Path, args: argparse.Namespace) -> None:
         var = Path(tmp) / "var"
         runs: list[str] = []
         for mode, slots in MODES.items():  # the same var folder: the same runs in each mode
-            with LiveServer(var, **_server_env(models_dir, slots)) as server:
+            with LiveServer(var, **_server_env(models_dir, slots, args.kernel)) as server:
                 with httpx.Client(base_url=server.url, timeout=1800) as api:
                     if not runs:
                         runs = [start_run(api, **RUN, seed=i) for i in range(4)]
@@ -420,6 +422,12 @@ def main() -> None:
     parser.add_argument("--model", default=SMOLLM2, help="the engine part's (random-1.5b...)")
     parser.add_argument("--device", default="cpu", help="the engine part's")
     parser.add_argument("--counts", default="1,2,4,8", help="the engine part's clients")
+    parser.add_argument(
+        "--no-kernel",
+        dest="kernel",
+        action="store_false",
+        help="the torch products instead of the CPU's fused adapter kernel (lora_rows.py)",
+    )
     args = parser.parse_args()
     os.environ["TINKER_TELEMETRY"] = "0"
     models_dir = args.models_dir.resolve()

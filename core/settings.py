@@ -163,6 +163,12 @@ class Settings(BaseSettings):
         "base model (runs, sessions, /v1 checkpoints on one base share its decode steps); 1: "
         "one adapter at a time, requests on another waiting until the batch drains",
     )
+    cpu_adapter_kernel: bool = Field(
+        True,
+        description="A bf16 sampler on the CPU adds its rows' LoRA updates with a fused kernel "
+        "built by the machine's C compiler at first use (the torch products where none is "
+        "found); false: the torch products always",
+    )
     max_lora_rank: int = Field(
         128,
         ge=1,
@@ -518,6 +524,7 @@ class Settings(BaseSettings):
             "RLCS_SAMPLING_DTYPE": self.sampling_dtype,
             "RLCS_ADAPTER_SLOTS": str(self.adapter_slots),
             "RLCS_MAX_LORA_RANK": str(self.max_lora_rank),
+            "RLCS_CPU_ADAPTER_KERNEL": str(self.cpu_adapter_kernel).lower(),
             "RLCS_ENGINE_HOST_MODULE": self.engine_host_module,
             "RLCS_RUN_ENGINE": self.run_engine,
             "RLCS_ENGINE_MEMORY_BUDGET_GB": str(self.engine_memory_budget_gb),

@@ -84,6 +84,7 @@ class ModelHost:
         shared: SharedBase | None = None,
         adapter_slots: int = 8,
         max_lora_rank: int = 128,
+        cpu_adapter_kernel: bool = True,
         on_unused: Callable[[ModelHost], None] | None = None,
     ) -> None:
         self.base_model = base_model
@@ -118,6 +119,7 @@ class ModelHost:
         # rank a slot takes (see packed_model.py).
         self.adapter_slots = adapter_slots
         self.max_lora_rank = max_lora_rank
+        self.cpu_adapter_kernel = cpu_adapter_kernel  # a bf16 CPU sampler's (lora_rows.py)
         self.max_batch_sequences = max_batch_sequences
         self.batch_window_s = batch_window_s
         self.sampling_dtype = sampling_dtype  # see sampling_model.resolve_sampling_dtype

@@ -37,7 +37,8 @@ class LocalServiceClient:
     `sequences`: where samplers made with record_stability_info record what they sample for
     stable_reinforce (a day's lifetime, 512 MiB by default; recorded_sequences.py).
     `adapter_slots`: adapters the sampler of a base model decodes side by side (1: one at a
-    time); `max_lora_rank`: the largest LoRA rank it takes (sample/packed_group.py)."""
+    time); `max_lora_rank`: the largest LoRA rank it takes (sample/packed_group.py);
+    `cpu_adapter_kernel`: a bf16 CPU sampler's updates through the fused kernel (lora_rows.py)."""
 
     def __init__(
         self,
@@ -54,6 +55,7 @@ class LocalServiceClient:
         sequences: SequenceStore | None = None,
         adapter_slots: int = 8,
         max_lora_rank: int = 128,
+        cpu_adapter_kernel: bool = True,
     ) -> None:
         validate_device_dtype(device, dtype)
         validate_device_dtype(device, sampling_dtype)
@@ -68,6 +70,7 @@ class LocalServiceClient:
             "sampling_dtype": sampling_dtype,
             "adapter_slots": adapter_slots,
             "max_lora_rank": max_lora_rank,
+            "cpu_adapter_kernel": cpu_adapter_kernel,
         }
         self.max_lora_rank = max_lora_rank
         self.bases = BaseModels(self._load, host_options, memory_budget_bytes, self._estimate)

@@ -91,6 +91,50 @@ def test_rows_of_every_shape_in_one_pass_equal_their_own_model(shapes, masked):
                 torch.testing.assert_close(out[row], want, atol=ATOL, rtol=0)
 
 
+def test_bf16_rows_through_the_fused_kernel_match_the_torch_products(shapes):
+    """A bf16 copy on the CPU: mixed rows' prefill and decode logits through the fused kernel
+    (lora_rows.py) are those of the torch products within bf16 rounding."""
+    hosts: list[ModelHost] = [c._host for c in shapes]
+    fused = PackedModel(hosts[0], torch.bfloat16, slots=3, kernel=True)
+    if fused.kernel is None:
+        pytest.skip("no C compiler here to build the kernel")
+    plain = PackedModel(hosts[0], torch.bfloat16, slots=3, kernel=False)
+    assert plain.kernel is None
+    on = [2, 0, -1, 1, 0, 2]
+    prompts = [[1, 5, 9, 2, 7], [4, 8, 3], [6, 6, 2, 9], [2, 3], [7, 1], [3, 3, 3]]
+    results = []
+    for packed in (fused, plain):
+        for slot, host in enumerate(hosts):
+            packed.load(slot, host.snapshot())
+        results.append(_prefill_then_decode(packed, prompts, on))
+    for got, want in zip(*results, strict=True):
+        torch.testing.assert_close(got.float(), want.float(), atol=0.05, rtol=0.02)
+
+
+def _prefill_then_decode(packed: PackedModel, prompts: list[list[int]], on: list[int]):
+    """The prefill's last logits, then two decode steps' logits, of rows on slots `on`."""
+    device = packed.device
+    rows = len(prompts)
+    width = max(len(p) for p in prompts)
+    ids = torch.tensor([p + [0] * (width - len(p)) for p in prompts], device=device)
+    positions = torch.zeros(rows, 1, dtype=torch.long, device=device)
+    cache = SlotCache(positions, 32)
+    packed.allocate(cache, rows)
+    last = torch.tensor([len(p) - 1 for p in prompts])
+    adapters = AdapterIndex.of(on, device)
+    with torch.no_grad():
+        out = [packed.prefill(ids, (ids > 0).long(), last, cache, torch.arange(rows), adapters)]
+        lengths = [len(p) for p in prompts]
+        for step in range(2):
+            tokens = torch.tensor([[3 + step + row] for row in range(rows)], device=device)
+            for row in range(rows):
+                positions[row, 0] = lengths[row]
+                lengths[row] += 1
+            mask = torch.arange(width + 2, device=device)[None] <= positions
+            out.append(packed.decode(tokens, positions, mask, cache.bucket(rows), adapters))
+    return out
+
+
 def test_a_row_samples_the_same_tokens_alone_and_in_a_mixed_batch(shapes):
     packed = PackedModel(shapes[0]._host, torch.float32, slots=3)
     for slot, client in enumerate(shapes):

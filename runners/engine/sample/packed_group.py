@@ -6,7 +6,9 @@ Two routes for the adapters, the same numbers:
   float32 (bf16 copies for wide products, `EXACT_ADAPTER_OUTPUTS`); one slot for every row: two
   `mm` on its views; several: the rows gathered into [slots, per slot, in] blocks, two `bmm`,
   gathered back (the fastest of `bmm`, `grouped_mm` and a loop per slot at 4-32 rows and 1-8
-  adapters: benchmarks/README.md, "Many tenants, one batch");
+  adapters: benchmarks/README.md, "Many tenants, one batch"). A bf16 sampler with the fused
+  kernel (`lora_rows.py`) takes up to `KERNEL_ROWS` rows through it instead: one call, every
+  slot's weights read once in bf16, float32 sums;
 - masked (CUDA, where steps are captured graphs): every slot's A rows stacked under the base
   weight, so one product gives the base outputs and every slot's `x A^T`; a mask keeps each
   row's own slot's columns and one product with the stacked B adds the update. The graphs read
@@ -26,6 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from runners.engine.sample.cpu_products import OneDnnProduct, Threads
+from runners.engine.sample.lora_rows import LoraRows
 from runners.engine.sample.row_adapters import RowAdapters, RowGroups
 
 # Up to this many outputs (rows x a group's outputs) the adapter's products run in float32
@@ -34,6 +37,9 @@ from runners.engine.sample.row_adapters import RowAdapters, RowGroups
 # 3,072 outputs at 3 rows 35 us against 61, at 64 rows 298 against 90; the head's 49,152 at
 # 3 rows 336 against 365, at 16 rows 5.4 ms against 0.4).
 EXACT_ADAPTER_OUTPUTS = 32768
+# Up to this many rows (a decode step's, a short prefill's) the fused kernel adds the updates;
+# beyond, torch's products on the blocks are as fast or faster (benchmarks/README.md).
+KERNEL_ROWS = 64
 
 
 class PackedGroup:
@@ -83,6 +89,10 @@ class PackedGroup:
         self.b_t = torch.zeros(slots, 0, self.out, dtype=adapter_dtype, device=base.device)
         self.low_a_t, self.low_b_t = self.a_t, self.b_t  # the apart route's sampling-dtype copies
         self._onednn: OneDnnProduct | None = None
+        self._kernel: LoraRows | None = None
+        self._kernel_threads = Threads(1)  # the step's, once the kernel is in use
+        # The kernel's copy of each slot's A rows, [slots, ranks, in] in bf16 (made by use_kernel).
+        self.rows_a = self.a_t.new_empty(0)
         # A and B views by (first slot, slots, ranks, exact): made once, not at every product.
         self._views: dict[tuple[int, int, int, bool], tuple[torch.Tensor, torch.Tensor]] = {}
 
@@ -156,7 +166,8 @@ class PackedGroup:
         return self.a_t[slot].t()
 
     def _copy_low(self, slots: int | slice) -> None:
-        """The apart route's sampling-dtype copies of A and B, after a load or a growth."""
+        """The apart route's sampling-dtype copies of A and B (and the kernel's A rows), after a
+        load or a growth."""
         if self.masked:
             return
         if self.dtype == torch.float32:
@@ -166,9 +177,21 @@ class PackedGroup:
             self.low_a_t = self.a_t.to(self.dtype)
             self.low_b_t = self.b_t.to(self.dtype)
             self._views.clear()
-            return
-        self.low_a_t[slots] = self.a_t[slots]
-        self.low_b_t[slots] = self.b_t[slots]
+        else:
+            self.low_a_t[slots] = self.a_t[slots]
+            self.low_b_t[slots] = self.b_t[slots]
+        if self._kernel is not None:
+            if self.rows_a.shape != self.low_a_t.transpose(1, 2).shape:
+                self.rows_a = self.low_a_t.transpose(1, 2).contiguous()
+            else:
+                self.rows_a[slots] = self.low_a_t[slots].transpose(-1, -2)
+
+    def use_kernel(self, kernel: LoraRows, threads: Threads) -> None:
+        """Adapter updates of up to `KERNEL_ROWS` rows through the fused kernel (a bf16 copy),
+        its blocks of rows shared among the step's threads for its products."""
+        assert not self.masked and self.dtype == torch.bfloat16, "the kernel reads bf16 slots"
+        self._kernel, self._kernel_threads = kernel, threads
+        self._copy_low(slice(None))
 
     def use_onednn(self, threads: Threads, keep_plain: bool) -> None:
         """Base products through oneDNN's packed weight (the CPU; the adapter apart). The
@@ -214,7 +237,14 @@ class PackedGroup:
             y = residual + F.linear(x, self.weight[: self.out], self.base_bias)
         if adapted:
             assert rows.groups is not None, "the CPU route groups its rows"
-            self._add_apart(x, y, rows.groups)
+            if self._kernel is not None and len(x) <= KERNEL_ROWS:
+                used = rows.groups.rank * self.members
+                self._kernel.add(
+                    x.contiguous(), y, self.rows_a, self.low_b_t, rows.index, used,
+                    self._kernel_threads.products,
+                )  # fmt: skip
+            else:
+                self._add_apart(x, y, rows.groups)
         return y
 
     def _masked(

@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from runners.engine.host import AdapterWeights, ModelHost
+from runners.engine.sample import lora_rows
 from runners.engine.sample.cpu_products import Threads, uses_onednn
 from runners.engine.sample.packed_group import PackedGroup
 from runners.engine.sample.row_adapters import RowAdapters, group_rows
@@ -114,10 +115,13 @@ class PackedModel:
         *,
         masked: bool | None = None,
         slots: int | None = None,
+        kernel: bool | None = None,
     ) -> None:
         """`onednn`: base products through oneDNN's packed weights (None: where `uses_onednn`).
         `masked`: the adapters' masked route (None: on CUDA), else apart (packed_group.py).
-        `slots`: adapters held at once (None: the host's `adapter_slots`)."""
+        `slots`: adapters held at once (None: the host's `adapter_slots`). `kernel`: a bf16
+        copy's adapter updates on the CPU through the fused kernel where it can be built
+        (None: the host's `cpu_adapter_kernel`)."""
         reason = packable(host)
         if reason is not None:
             raise ValueError(f"this model cannot be packed: {reason}")
@@ -196,6 +200,12 @@ class PackedModel:
         if self.onednn:
             for g in self._groups():
                 g.use_onednn(self._threads, keep_plain=g is self.head and self.tied)
+        bf16_cpu = self.device.type == "cpu" and dtype == torch.bfloat16 and not self.masked
+        wanted = host.cpu_adapter_kernel if kernel is None else kernel
+        self.kernel = lora_rows.kernel() if bf16_cpu and wanted else None
+        if self.kernel is not None:
+            for g in self._groups():
+                g.use_kernel(self.kernel, self._threads)
 
     def _groups(self) -> list[PackedGroup]:
         groups = [g for x in self.layers for g in (x.qkv, x.o, x.gate_up, x.down)]
