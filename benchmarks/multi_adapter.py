@@ -14,6 +14,10 @@ Parts (all by default; `--parts` picks):
   adapter; the engine host's memory with 1 adapter and with 8 of 3 ranks.
 - v1: 4 concurrent /v1/chat/completions (n=4, exactly `--tokens` tokens) on 4 runs'
   checkpoints, mixed against one adapter per batch (the same runs, a server per mode).
+- kernel (not in the default parts; the CPU): in this process, 8 clients mixed, 8 on one
+  shared adapter and one alone, each in a service whose bf16 sampler adds the adapter updates
+  through the fused kernel (sample/lora_rows.py) and in one through torch's products, rounds
+  alternating.
 
 Run from the repo root (SmolLM2 on the CPU; the whole run takes about 25 minutes on 2 cores):
     .venv/bin/python -m benchmarks.multi_adapter [--parts engine,server] [--rounds 2]
@@ -190,6 +194,60 @@ def engine_part(models_dir: Path, args: argparse.Namespace) -> None:
         print(
             f"back to back ({mode}): a newcomer's request took {min(delays):.2f}x "
             "(its time alone + one request of the busy client)"
+        )
+
+
+def kernel_part(models_dir: Path, args: argparse.Namespace) -> None:
+    count = 8
+    rates: dict[tuple[str, str], list[float]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        modes: dict[str, tuple[LocalServiceClient, dict[str, list[Any]]]] = {}
+        for label, kernel in (("fused kernel", True), ("torch products", False)):
+            service = LocalServiceClient(
+                checkpoint_dir=Path(tmp) / label,
+                models_dir=models_dir,
+                device="cpu",
+                cpu_adapter_kernel=kernel,
+            )
+            trainers = [
+                service.create_lora_training_client(args.model, rank=8, seed=s).result()
+                for s in range(count)
+            ]
+            for seed, trainer in enumerate(trainers):
+                one_step(trainer, seed)
+            samplers = [t.save_weights_and_get_sampling_client().result() for t in trainers]
+            shared = trainers[0].save_weights_and_get_sampling_client().result()
+            clients = {
+                "8 mixed": samplers,
+                "8 on one shared adapter": [_as_client(shared, f"s{i}") for i in range(count)],
+                "one alone": samplers[:1],
+            }
+            engine_round(samplers, args.rows, 4, 0)  # warm
+            modes[label] = (service, clients)
+        try:
+            for round_ in range(args.rounds):
+                for label, (_, clients) in modes.items():
+                    for case, samplers in clients.items():
+                        timed = engine_round(samplers, args.rows, args.tokens, 100 * round_)
+                        rates.setdefault((label, case), []).append(timed.rate)
+                print(f"kernel round {round_ + 1} done", flush=True)
+        finally:
+            for service, _ in modes.values():
+                service.close()
+    print(
+        f"\n## The fused kernel against torch's products: {args.rows} rows x {args.tokens} tokens"
+    )
+    print("| adapter updates | 8 mixed | 8 on one shared adapter | one alone | mixed x alone "
+          "| mixed / shared |")  # fmt: skip
+    print("|---|---:|---:|---:|---:|---:|")
+    for label in modes:
+        mixed, shared, alone = (
+            max(rates[(label, case)])
+            for case in ("8 mixed", "8 on one shared adapter", "one alone")
+        )
+        print(
+            f"| {label} | {mixed:.0f} tok/s | {shared:.0f} | {alone:.0f} | {mixed / alone:.2f}x "
+            f"| {mixed / shared:.2f} |"
         )
 
 
@@ -442,6 +500,7 @@ def main() -> None:
         "engine": lambda: engine_part(models_dir, args),
         "server": lambda: server_part(models_dir, args),
         "v1": lambda: v1_part(models_dir, args),
+        "kernel": lambda: kernel_part(models_dir, args),
     }
     for name in args.parts.split(","):
         parts[name]()

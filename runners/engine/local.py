@@ -8,7 +8,6 @@ once and shared by every client on it (bases.py).
 from __future__ import annotations
 
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +15,7 @@ import torch
 
 from core.model_names import validate_device_dtype
 from runners.engine import checkpoints as ckpt
-from runners.engine import lora
+from runners.engine import lora, openmp
 from runners.engine.bases import BaseModels, weight_files_bytes
 from runners.engine.futures import LocalFuture, resolved, submit
 from runners.engine.host import AdapterWeights, ModelHost
@@ -80,7 +79,7 @@ class LocalServiceClient:
         self._lock = threading.Lock()
         self._training_clients: list[LocalTrainingClient] = []
         # Model loading is slow (seconds); it runs here so the caller gets a future at once.
-        self._loader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="local-service")
+        self._loader = openmp.WorkersFreeExecutor(max_workers=1, thread_name_prefix="local-service")
         self._closed = False
 
     # ----- training clients -----------------------------------------------------------------

@@ -28,6 +28,7 @@ import numpy as np
 import torch
 from tinker import types
 
+from runners.engine import openmp
 from runners.engine.futures import LocalFuture
 from runners.engine.host import AdapterWeights, ModelHost, SharedBase
 from runners.engine.sample import admission, prompt_scores
@@ -303,6 +304,7 @@ class DecodeScheduler:
     def _pull(self, block: bool) -> bool:
         """Move queued requests to the backlog (waiting for one if `block`); False on close."""
         if block:
+            openmp.give_back_workers()  # idle: its workers go till the next batch (openmp.py)
             item = self._queue.get()
             if item is _STOP:
                 return False

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from enum import Enum
 from typing import Any, TypeVar
 
+from runners.engine import openmp
 from runners.engine.fair_lock import FairLock
 from runners.engine.futures import LocalFuture, task
 
@@ -65,9 +66,12 @@ class TurnWorker:
                 if held or hold is not Hold.NONE:
                     held += 1
                 work()
-                if held and (hold is Hold.STEP_END or held >= MAX_TURN or not self._queued()):
+                idle = not self._queued()
+                if held and (hold is Hold.STEP_END or held >= MAX_TURN or idle):
                     self._lock.release()
                     held = 0
+                if idle:  # nothing more for now: its OpenMP workers go (openmp.py)
+                    openmp.give_back_workers()
         finally:
             if held:
                 self._lock.release()
