@@ -43,6 +43,7 @@ from tinker import types
 
 from benchmarks import adapter_products
 from core.model_names import SMOLLM2, smollm2_is_converted
+from runners.engine import openmp
 from runners.engine.local import LocalServiceClient
 
 if TYPE_CHECKING:  # the server parts' imports (a GPU image may lack the server's packages)
@@ -111,6 +112,8 @@ def engine_round(samplers: list[Any], rows: int, tokens: int, seed: int) -> Time
 
 def engine_part(models_dir: Path, args: argparse.Namespace) -> None:
     from benchmarks.local_backend import RANDOM_SHAPES, build_random
+
+    openmp.set_sole_engine(True)  # as in the engine host, this process is the machine's engine
 
     counts = tuple(int(c) for c in args.counts.split(","))
     results: dict[tuple[str, int], list[Timed]] = {}
@@ -198,6 +201,7 @@ def engine_part(models_dir: Path, args: argparse.Namespace) -> None:
 
 
 def kernel_part(models_dir: Path, args: argparse.Namespace) -> None:
+    openmp.set_sole_engine(True)  # as in the engine host
     count = 8
     rates: dict[tuple[str, str], list[float]] = {}
     with tempfile.TemporaryDirectory() as tmp:

@@ -1,11 +1,15 @@
 """OpenMP workers given back by a thread that is done with torch for now (libgomp's
-`omp_pause_resource_all`, the runtime torch loaded; nothing where there is none).
+`omp_pause_resource_all`, the runtime torch loaded; nothing where there is none), in the
+process that is the machine's one engine (the engine host).
 
 libgomp keeps a pool of workers for each thread that ran a parallel region, and once a process
 holds more of them than it has cores, every pool's workers spin only briefly before they sleep:
 the decode thread's then sleep between a step's products, and each product waits for its
-workers to wake (benchmarks/README.md, "idle OpenMP pools"). A training client's thread gives
-its pool back when its turn is over; the decode thread keeps its own."""
+workers to wake (benchmarks/README.md, "idle OpenMP pools"). In the sole engine, a training
+client's thread gives its pool back when its turn is over and the decode thread when its
+batch is empty, so a busy thread's workers spin. Engines among others (private runs, several
+processes on the same cores) keep their pools: there, spinning workers would take the cores
+from each other's work, which the brief spin spares them (4 private runs took 4x as long)."""
 
 from __future__ import annotations
 
@@ -33,10 +37,20 @@ def _pause_all() -> Callable[[int], Any] | None:
     return getattr(gomp, "omp_pause_resource_all", None)
 
 
+_sole_engine = False
+
+
+def set_sole_engine(sole: bool) -> None:
+    """Whether this process is the machine's one engine (idle threads give back their pools)."""
+    global _sole_engine
+    _sole_engine = sole
+
+
 def give_back_workers() -> None:
-    """End the calling thread's OpenMP pool (a later parallel region makes a new one)."""
+    """End the calling thread's OpenMP pool in the sole engine (a later parallel region makes
+    a new one); elsewhere nothing."""
     pause = _pause_all()
-    if pause is not None:
+    if _sole_engine and pause is not None:
         pause(OMP_PAUSE_SOFT)
 
 

@@ -19,6 +19,7 @@ from core.engine_wire import WIRE
 from core.line_socket import listen
 from core.settings import Settings
 from runners.backends.factory import local_service
+from runners.engine import openmp
 from runners.engine_host.host import EngineHost
 from runners.engine_host.inference import InferenceLoop
 
@@ -44,6 +45,7 @@ def main() -> int:
     path = engine_host.socket_path(settings.var_dir)
     listener = listen(path)
     budget = int(settings.engine_memory_budget_gb * GIB)
+    openmp.set_sole_engine(True)  # the machine's one engine: busy threads' workers spin
     service = local_service(settings, settings.var_dir / "tinker", memory_budget_bytes=budget)
     started_at = time.time()
     host = EngineHost(

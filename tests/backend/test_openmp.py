@@ -1,12 +1,13 @@
-"""A thread done with torch gives back its OpenMP workers (libgomp's pool of that thread), and
-the loader's executor does so after each task; another thread's pool stays."""
+"""In the sole engine, a thread done with torch gives back its OpenMP workers (libgomp's pool of
+that thread), and the loader's executor does so after each task; another thread's pool stays;
+an engine among others keeps its pools."""
 
 from __future__ import annotations
 
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import pytest
 import torch
@@ -15,11 +16,14 @@ from runners.engine import openmp
 
 
 @pytest.fixture(autouse=True)
-def _libgomp() -> None:
+def _sole_engine() -> Iterator[None]:
     if openmp._pause_all() is None:
         pytest.skip("torch runs on no libgomp here (its OpenMP pools are not ours to end)")
-    if os.cpu_count() is None or os.cpu_count() < 2:  # type: ignore[operator]
+    if (os.cpu_count() or 1) < 2:
         pytest.skip("one core: torch makes no OpenMP workers")
+    openmp.set_sole_engine(True)
+    yield
+    openmp.set_sole_engine(False)
 
 
 def _tasks() -> int:
@@ -32,10 +36,10 @@ def _parallel_region() -> None:
     torch.ones(1 << 20).add_(1.0)
 
 
-def _tasks_become(count: int) -> int:
+def _tasks_become(count: int, within_s: float = 10) -> int:
     """The thread count once it is `count` (a pool's workers exit just after they are told),
-    or what it is after 10 s."""
-    deadline = time.monotonic() + 10
+    or what it is after `within_s`."""
+    deadline = time.monotonic() + within_s
     while _tasks() != count and time.monotonic() < deadline:
         time.sleep(0.01)
     return _tasks()
@@ -104,3 +108,15 @@ def test_the_loaders_executor_gives_back_after_each_task():
         idle = loader.submit(_tasks).result()  # its thread, with no pool yet
         assert loader.submit(lambda: (_parallel_region(), 7)[1]).result() == 7
         assert loader.submit(lambda: _tasks_become(idle)).result() == idle
+
+
+def test_an_engine_among_others_keeps_its_pools():
+    openmp.set_sole_engine(False)
+
+    def work() -> None:
+        _parallel_region()
+        with_pool = _tasks()
+        openmp.give_back_workers()
+        assert _tasks_become(with_pool - 1, within_s=1) == with_pool  # its worker stays
+
+    _on_a_thread(work)
