@@ -5,11 +5,11 @@ process that is the machine's one engine (the engine host).
 libgomp keeps a pool of workers for each thread that ran a parallel region, and once a process
 holds more of them than it has cores, every pool's workers spin only briefly before they sleep:
 the decode thread's then sleep between a step's products, and each product waits for its
-workers to wake (benchmarks/README.md, "idle OpenMP pools"). In the sole engine, a training
-client's thread gives its pool back when its turn is over and the decode thread when its
-batch is empty, so a busy thread's workers spin. Engines among others (private runs, several
-processes on the same cores) keep their pools: there, spinning workers would take the cores
-from each other's work, which the brief spin spares them (4 private runs took 4x as long)."""
+workers to wake. In the sole engine, a training client's thread gives its pool back when its
+turn is over and the decode thread when its batch is empty, so a busy thread's workers spin.
+Engines among others (private runs, several processes on the same cores) keep their pools:
+there, spinning workers would take the cores from each other's work, which the brief spin
+spares them. Figures: benchmarks/README.md, "The fused kernel and idle OpenMP pools"."""
 
 from __future__ import annotations
 
