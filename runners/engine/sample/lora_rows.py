@@ -9,6 +9,7 @@ import functools
 import hashlib
 import logging
 import os
+import platform
 import shutil
 import stat
 import subprocess
@@ -144,8 +145,6 @@ def _cpu_flags() -> str:
                 return line
     except OSError:
         pass
-    import platform
-
     return platform.processor() or platform.machine()
 
 
