@@ -22,12 +22,22 @@ def _sole_engine() -> Iterator[None]:
     if (os.cpu_count() or 1) < 2:
         pytest.skip("one core: torch makes no OpenMP workers")
     openmp.set_sole_engine(True)
+    _on_a_thread(_first_region)
     yield
     openmp.set_sole_engine(False)
 
 
-def _tasks() -> int:
-    return len(os.listdir("/proc/self/task"))
+def _tasks() -> set[int]:
+    """The process's threads, by id (other tests' threads may come and go meanwhile, so a
+    check names the threads it means rather than counting)."""
+    return {int(tid) for tid in os.listdir("/proc/self/task")}
+
+
+def _pool_of(work: Callable[[], None]) -> set[int]:
+    """The threads `work` started and left running: the calling thread's new OpenMP pool."""
+    before = _tasks()
+    work()
+    return _tasks() - before
 
 
 def _parallel_region() -> None:
@@ -36,13 +46,20 @@ def _parallel_region() -> None:
     torch.ones(1 << 20).add_(1.0)
 
 
-def _tasks_become(count: int, within_s: float = 10) -> int:
-    """The thread count once it is `count` (a pool's workers exit just after they are told),
-    or what it is after `within_s`."""
+def _first_region() -> None:
+    """A parallel region, and its pool given back: the threads the process's first region
+    starts once (and keeps) are there before a test counts a pool."""
+    _parallel_region()
+    openmp.give_back_workers()
+
+
+def _gone(threads: set[int], within_s: float = 10) -> bool:
+    """Whether all of `threads` have left the process within `within_s` (a pool's workers exit
+    just after they are told)."""
     deadline = time.monotonic() + within_s
-    while _tasks() != count and time.monotonic() < deadline:
+    while threads & _tasks() and time.monotonic() < deadline:
         time.sleep(0.01)
-    return _tasks()
+    return not threads & _tasks()
 
 
 def _on_a_thread(work: Callable[[], None]) -> None:
@@ -69,35 +86,34 @@ def _on_a_thread(work: Callable[[], None]) -> None:
 
 def test_a_thread_gives_back_its_workers():
     def work() -> None:
-        _parallel_region()
-        with_pool = _tasks()
+        pool = _pool_of(_parallel_region)
+        assert pool, "torch made no OpenMP workers for this thread"
         openmp.give_back_workers()
-        assert _tasks_become(with_pool - 1) == with_pool - 1
-        _parallel_region()  # a new pool when it works again
-        assert _tasks() == with_pool
+        assert _gone(pool)
+        assert _pool_of(_parallel_region)  # a new pool when it works again
 
     _on_a_thread(work)
 
 
 def test_another_threads_pool_stays():
     ready, done = threading.Event(), threading.Event()
+    kept: set[int] = set()
 
     def keeper() -> None:
-        _parallel_region()
+        kept.update(_pool_of(_parallel_region))
         ready.set()
         done.wait()
 
     thread = threading.Thread(target=keeper)
     thread.start()
     try:
-        assert ready.wait(30)
-        before = _tasks()
+        assert ready.wait(30) and kept
 
         def work() -> None:
             openmp.give_back_workers()  # this thread has no pool: nothing goes
 
         _on_a_thread(work)
-        assert _tasks() == before
+        assert kept <= _tasks()
     finally:
         done.set()
         thread.join()
@@ -105,18 +121,18 @@ def test_another_threads_pool_stays():
 
 def test_the_loaders_executor_gives_back_after_each_task():
     with openmp.WorkersFreeExecutor(max_workers=1) as loader:
-        idle = loader.submit(_tasks).result()  # its thread, with no pool yet
-        assert loader.submit(lambda: (_parallel_region(), 7)[1]).result() == 7
-        assert loader.submit(lambda: _tasks_become(idle)).result() == idle
+        pool = loader.submit(_pool_of, _parallel_region).result()  # seen before the task ends
+        assert pool, "torch made no OpenMP workers for the loader's thread"
+        assert _gone(pool)
 
 
 def test_an_engine_among_others_keeps_its_pools():
     openmp.set_sole_engine(False)
 
     def work() -> None:
-        _parallel_region()
-        with_pool = _tasks()
+        pool = _pool_of(_parallel_region)
+        assert pool
         openmp.give_back_workers()
-        assert _tasks_become(with_pool - 1, within_s=1) == with_pool  # its worker stays
+        assert not _gone(pool, within_s=1)  # its workers stay
 
     _on_a_thread(work)
