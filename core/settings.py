@@ -169,6 +169,13 @@ class Settings(BaseSettings):
         "built by the machine's C compiler at first use (the torch products where none is "
         "found); false: the torch products always",
     )
+    training_lanes: int = Field(
+        2,
+        ge=1,
+        le=16,
+        description="Training passes of different clients on one base model that run side by "
+        "side in the local engine (runs and sessions on the engine host); 1: one at a time",
+    )
     max_lora_rank: int = Field(
         128,
         ge=1,
@@ -525,6 +532,7 @@ class Settings(BaseSettings):
             "RLCS_ADAPTER_SLOTS": str(self.adapter_slots),
             "RLCS_MAX_LORA_RANK": str(self.max_lora_rank),
             "RLCS_CPU_ADAPTER_KERNEL": str(self.cpu_adapter_kernel).lower(),
+            "RLCS_TRAINING_LANES": str(self.training_lanes),
             "RLCS_ENGINE_HOST_MODULE": self.engine_host_module,
             "RLCS_RUN_ENGINE": self.run_engine,
             "RLCS_ENGINE_MEMORY_BUDGET_GB": str(self.engine_memory_budget_gb),

@@ -1,5 +1,6 @@
-"""Base models loaded once each and shared: one host per LoRA shape on a base, every host on
-that base built on the same weight tensors (and lock); a memory budget for new bases.
+"""Base models loaded once each and shared: hosts for each LoRA shape on a base (one per
+training lane in use, users spread over them), every host on that base built on the same
+weight tensors; a memory budget for new bases.
 
 A host is handed out acquired (ModelHost.users); when its last client or sampler releases it,
 it is closed, and a base with no host left is forgotten, its memory freed.
@@ -33,7 +34,8 @@ class LoadedBase:
     tokenizer: Any
     nbytes: int
     shared: SharedBase  # its lock and its one decode scheduler, whatever the LoRA shape
-    hosts: dict[str | None, ModelHost] = field(default_factory=dict)  # by LoRA signature
+    # By LoRA signature and training lane (host.py): a shape's hosts share the base's weights.
+    hosts: dict[tuple[str | None, int], ModelHost] = field(default_factory=dict)
 
 
 class BaseModels:
@@ -43,9 +45,11 @@ class BaseModels:
         host_options: dict[str, Any],
         budget_bytes: int | None = None,
         estimate: Callable[[str], int | None] | None = None,
+        lanes: int = 1,
     ) -> None:
         self._load = load
         self._host_options = host_options
+        self._lanes = lanes  # training passes side by side on a base (host.py's SharedBase)
         self._budget = budget_bytes
         self._estimate = estimate or (lambda name: None)
         self._lock = threading.Lock()
@@ -85,17 +89,17 @@ class BaseModels:
     def _host(self, base: LoadedBase, config: Any) -> ModelHost:
         signature = None if config is None else lora.adapter_signature(config)
         with self._lock:
-            host = base.hosts.get(signature)
-            if host is not None:
-                host.acquire()
-                return host
+            lane = self._lane_for(base, signature)
+            if isinstance(lane, ModelHost):
+                lane.acquire()
+                return lane
         if config is None:
             model = base.model
         else:
             # Made outside the lock (a copy of the module tree); the first one made is kept.
             model = lora.wrap_with_config(lora.shared_copy(base.model), config, seed=0)
         with self._lock:
-            host = base.hosts.get(signature)
+            host = base.hosts.get((signature, lane))
             if host is None:
                 host = ModelHost(
                     base.name,
@@ -103,12 +107,30 @@ class BaseModels:
                     base.tokenizer,
                     shared=base.shared,
                     on_unused=self._unused,
+                    lane=lane,
                     **self._host_options,
                 )
-                base.hosts[signature] = host
+                base.hosts[(signature, lane)] = host
                 self._bases.setdefault(base.name, base)
             host.acquire()
             return host
+
+    @staticmethod
+    def _lane_for(base: LoadedBase, signature: str | None) -> ModelHost | int:
+        """The host of this LoRA shape a new user joins (the least used one, unless a lane of
+        the base has none of this shape yet while each one it has is in use), or the lane to
+        make one on. The base model alone (no adapter, nothing to train) keeps to one lane."""
+        hosts = [h for (s, _), h in base.hosts.items() if s == signature]
+        least = min(hosts, key=lambda h: h.users, default=None)
+        lanes = 1 if signature is None else len(base.shared.lanes)
+        if least is not None and (least.users == 0 or len(hosts) >= lanes):
+            return least
+        taken = {h.lane for h in hosts}
+        load = [0] * lanes
+        for host in base.hosts.values():
+            if host.lane < lanes:
+                load[host.lane] += host.users
+        return min((lane for lane in range(lanes) if lane not in taken), key=load.__getitem__)
 
     def _unused(self, host: ModelHost) -> None:
         with self._lock:
@@ -116,9 +138,9 @@ class BaseModels:
                 return  # acquired again meanwhile
             base = self._bases.get(host.base_model)
             if base is not None:
-                for signature, known in list(base.hosts.items()):
+                for key, known in list(base.hosts.items()):
                     if known is host:
-                        del base.hosts[signature]
+                        del base.hosts[key]
                 if not base.hosts:
                     del self._bases[base.name]
         host.close()
@@ -133,7 +155,8 @@ class BaseModels:
                 return found
             self._check_budget(name, self._estimate(name))
             model, tokenizer = self._load(name)
-            base = LoadedBase(name, model, tokenizer, model_bytes(model), SharedBase(name))
+            shared = SharedBase(name, self._lanes)
+            base = LoadedBase(name, model, tokenizer, model_bytes(model), shared)
             try:
                 self._check_budget(name, base.nbytes)
             except ModelRefused:

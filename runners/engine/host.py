@@ -1,11 +1,12 @@
 """One loaded model shared by training clients and their samplers, with a lock and adapter swaps.
 
 Each training client owns its LoRA tensors (a LiveAdapter); the host's LoRA parameters point
-at the tensors of the client that last worked (`training`), so clients of one LoRA shape share
-one model. Sampling clients hold frozen copies of the LoRA tensors only (never of the base
-model), which the base's one decode scheduler applies by layer name, whatever their shape;
-a forward pass of the trainer's model under `use(adapter)` points the LoRA parameters at
-that copy for its duration.
+at the tensors of the client that last worked (`training`), so clients of one LoRA shape on
+one training lane share one model (the base's lanes, SharedBase, train side by side).
+Sampling clients hold frozen copies of the LoRA tensors only (never of the base model), which
+the base's one decode scheduler applies by layer name, whatever their shape; a forward pass
+of the trainer's model under `use(adapter)` points the LoRA parameters at that copy for its
+duration.
 """
 
 from __future__ import annotations
@@ -50,13 +51,34 @@ class AdapterWeights:
 
 
 class SharedBase:
-    """What every host built on one base model shares: the lock its forward passes take
-    (granted in arrival order, so training clients take turns first come, first served) and
-    the one decode scheduler that samples every adapter on it (see scheduler.scheduler_for)."""
+    """What every host built on one base model shares: its training lanes, a lock each (granted
+    in arrival order, so the clients of a lane take turns first come, first served), a count of
+    the passes running on them, and the one decode scheduler that samples every adapter on it
+    (see scheduler.scheduler_for)."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, lanes: int = 1) -> None:
         self.name = name
-        self.lock = FairLock()
+        self.lanes = [FairLock() for _ in range(lanes)]
+        self._passes = 0
+        self._passes_lock = threading.Lock()
+
+    @contextmanager
+    def training_pass(self, budget: int, lengths: list[int]) -> Iterator[int]:
+        """A forward (+ backward) pass of datums of `lengths` tokens: its micro-batch token
+        budget, `budget` alone; while another lane's pass runs, its rows in as many
+        micro-batches as there are lanes, so two passes side by side hold about one and a half
+        passes' activations, not two."""
+        with self._passes_lock:
+            self._passes += 1
+            beside_another = self._passes > 1
+        try:
+            if beside_another and lengths:
+                rows_each = -(-len(lengths) // len(self.lanes))
+                budget = min(budget, max(lengths) * rows_each)
+            yield budget
+        finally:
+            with self._passes_lock:
+                self._passes -= 1
 
 
 class LiveAdapter:
@@ -86,15 +108,18 @@ class ModelHost:
         max_lora_rank: int = 128,
         cpu_adapter_kernel: bool = True,
         on_unused: Callable[[ModelHost], None] | None = None,
+        lane: int = 0,
     ) -> None:
         self.base_model = base_model
         self.model = model
         self.tokenizer = tokenizer
         self.device = next(model.parameters()).device
-        # One forward or backward at a time on the trainer's model (hosts built on one base
-        # model share its lock, so their clients' steps never interleave, and take turns).
+        # One forward or backward at a time on each of the base's training lanes (hosts on one
+        # lane share its lock, so their clients' steps never interleave, and take turns);
+        # the lanes' passes run side by side (bases.py gives a LoRA shape a host per lane).
         self.shared = shared or SharedBase(base_model)
-        self.lock = self.shared.lock
+        self.lane = lane
+        self.lock = self.shared.lanes[lane]
         self.active: LiveAdapter | None = None  # whose tensors the LoRA parameters hold
         # Clients and samplers using this host; the last one's release calls `on_unused`. A
         # lock of its own: a new sampler (a step's snapshot) must not wait for the base's lock,

@@ -37,7 +37,8 @@ class LocalServiceClient:
     stable_reinforce (a day's lifetime, 512 MiB by default; recorded_sequences.py).
     `adapter_slots`: adapters the sampler of a base model decodes side by side (1: one at a
     time); `max_lora_rank`: the largest LoRA rank it takes (sample/packed_group.py);
-    `cpu_adapter_kernel`: a bf16 CPU sampler's updates through the fused kernel (lora_rows.py)."""
+    `cpu_adapter_kernel`: a bf16 CPU sampler's updates through the fused kernel (lora_rows.py);
+    `training_lanes`: training passes of different clients on one base side by side (host.py)."""
 
     def __init__(
         self,
@@ -55,6 +56,7 @@ class LocalServiceClient:
         adapter_slots: int = 8,
         max_lora_rank: int = 128,
         cpu_adapter_kernel: bool = True,
+        training_lanes: int = 1,
     ) -> None:
         validate_device_dtype(device, dtype)
         validate_device_dtype(device, sampling_dtype)
@@ -72,7 +74,9 @@ class LocalServiceClient:
             "cpu_adapter_kernel": cpu_adapter_kernel,
         }
         self.max_lora_rank = max_lora_rank
-        self.bases = BaseModels(self._load, host_options, memory_budget_bytes, self._estimate)
+        self.bases = BaseModels(
+            self._load, host_options, memory_budget_bytes, self._estimate, training_lanes
+        )
         self._tokens_per_microbatch = tokens_per_microbatch
         # Session-scoped: every client of this service records into and reads from it.
         self.sequences = SequenceStore() if sequences is None else sequences

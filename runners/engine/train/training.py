@@ -2,9 +2,10 @@
 
 Requests run one at a time on the client's own worker thread, in submission order, so a loop
 can submit forward_backward and optim_step back to back before waiting on either. Clients on
-one base model share its host; each holds its own adapter, gradients and optimizer state, and
-its requests on the model run under the base's lock, a whole step's in one turn (turns.py):
-two clients' steps never interleave.
+one base model share its weights; each holds its own adapter, gradients and optimizer state,
+and its requests on the model run under its training lane's lock, a whole step's in one turn
+(turns.py): two clients' steps on a lane never interleave, and the base's lanes train side by
+side (host.py).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import math
 import time
 import uuid
 from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -258,7 +260,7 @@ class LocalTrainingClient:
     def _run_forward(
         self, batch: DatumBatch, loss_fn: str, config: dict[str, float], backward: bool
     ) -> types.ForwardBackwardOutput:
-        with self._host.training(self._adapter) as model:
+        with self._host.training(self._adapter) as model, self._pass(batch) as budget:
             out = run_loss(
                 model,
                 batch,
@@ -266,7 +268,7 @@ class LocalTrainingClient:
                 config,
                 backward=backward,
                 pad_id=int(self._host.tokenizer.pad_token_id or 0),
-                token_budget=self._tokens_per_microbatch,
+                token_budget=budget,
             )
             if backward:
                 self.forward_backward_calls += 1
@@ -279,8 +281,7 @@ class LocalTrainingClient:
         backward: bool,
     ) -> types.ForwardBackwardOutput:
         pad_id = int(self._host.tokenizer.pad_token_id or 0)
-        budget = self._tokens_per_microbatch
-        with self._host.training(self._adapter) as model:
+        with self._host.training(self._adapter) as model, self._pass(batch) as budget:
             out = run_loss(
                 model,
                 batch,
@@ -315,6 +316,11 @@ class LocalTrainingClient:
             loss_fn_outputs=out.loss_fn_outputs,
             metrics={"loss:sum": float(value.detach()), **metrics},
         )
+
+    def _pass(self, batch: DatumBatch) -> AbstractContextManager[int]:
+        """This client's pass on its lane, and the pass's micro-batch budget (host.py)."""
+        lengths = [len(tokens) for tokens in batch.tokens]
+        return self._host.shared.training_pass(self._tokens_per_microbatch, lengths)
 
     def _run_optim_step(self, params: types.AdamParams) -> types.OptimStepResponse:
         host = self._host
