@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# Issues 38 and 42's GPU figures in one run on a device machine (an H100 or H200; at most 10
-# minutes):
+# Issues 38, 42 and 43's GPU figures on a device machine (an H100 or H200; at most 10 minutes
+# a call):
 # the gpu tests, then for the 135M, 1.5B and 7B (Qwen2.5-7B) shapes with random weights our
 # decode step at 64 rows (with a rank-8 adapter and on the base model) against compiled
 # static-cache `generate` on the plain model, training's share of the measured bf16 rate at the
-# device's default micro-batch budget, the RL step (64 x 64) and sampler-vs-trainer logprobs.
+# device's default micro-batch budget, the RL step (64 x 64) and sampler-vs-trainer logprobs;
+# issue 43's sweep: 8 RL runs of the 1.5B shape all at once in one engine against two at a
+# time in private processes (part `sweep`, not in the default call).
 #
 # Here, once (the device image lacks tinker and pydantic; .whl is git-ignored):
 #     mkdir -p .git/info && echo /.whl/ >> .git/info/exclude && bash benchmarks/gpu_check.sh wheels
@@ -12,8 +14,11 @@
 # took 352 s on an H200 with 2 mixed rounds and no profiles, the call 6 minutes with the
 # machine's start; expect about 7 now):
 #     run(command="bash benchmarks/gpu_check.sh", carry=[".whl"], timeout_s=600)
+# and, in a second call while the machine is warm (its runs load the 1.5B shape 9 times; not
+# yet timed on a GPU, expect about 3 minutes):
+#     run(command="bash benchmarks/gpu_check.sh sweep", carry=[".whl"], timeout_s=400)
 # Logs come back under $OUT (gpu_tests.log, random-135m.log, random-1.5b.log, random-7b.log,
-# multi-adapter-random-135m.log, multi-adapter-random-1.5b.log).
+# multi-adapter-random-135m.log, multi-adapter-random-1.5b.log, sweep-random-1.5b.log).
 set -uo pipefail
 
 if [ "${1:-}" = wheels ]; then
@@ -55,6 +60,12 @@ if wants mixed; then
     mixed 90 random-135m
     mixed 120 random-1.5b
 fi
+
+# Issue 43: a sweep of 8 runs x 3 RL steps (64 x 64) at 1.5B, all at once on one engine's
+# training lanes against two at a time in processes of their own (goal: at least 2x sooner).
+wants sweep && timeout 380 python3 -m benchmarks.training_lanes --device cuda \
+    --model random-1.5b --runs 8 --at-once 2 --steps 3 2>&1 | grep -v "Loading weights" \
+    | tee "$OUT/sweep-random-1.5b.log"
 
 # Each shape in its own process (its memory goes back); 64 rows x 64 tokens, as the goals say.
 bench() {

@@ -8,6 +8,7 @@ few hundredths, and a row's numbers depend on the kernels its batch size picks."
 from __future__ import annotations
 
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -297,3 +298,30 @@ def test_mixed_adapters_in_captured_steps_equal_each_alone(cuda_trainer):
     _drain(batch, grown)
     assert batch.captures > captures
     assert [r.tokens for r in grown[:9]] == [r.tokens for r in together]
+
+
+def test_two_training_lanes_on_one_gpu_train_as_each_alone(tmp_path: Path):
+    """Two clients' passes side by side on one GPU (a thread each, on lanes over the same
+    weights) give each the losses it gets alone (float32, where kernels do not vary by batch)."""
+    from tests.backend.test_shared_base import steps
+
+    def losses(lanes: int, together: bool) -> list[list[float]]:
+        service = local_service(
+            tmp_path / f"{lanes}-{together}", device="cuda", training_lanes=lanes
+        )
+        try:
+            clients = [
+                service.create_lora_training_client("tiny-random", rank=8, seed=s).result()
+                for s in (1, 2)
+            ]
+            if not together:
+                return [steps(c, 3) for c in clients]
+            assert clients[0]._host.lane != clients[1]._host.lane
+            with ThreadPoolExecutor(2) as pool:
+                return list(pool.map(lambda c: steps(c, 3), clients))
+        finally:
+            service.close()
+
+    alone, side_by_side = losses(1, together=False), losses(2, together=True)
+    for got, want in zip(side_by_side, alone, strict=True):
+        assert got == pytest.approx(want, rel=1e-4)
