@@ -17,7 +17,6 @@ import argparse
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -51,21 +50,8 @@ def all_at_once(model: str, args: argparse.Namespace, folder: Path) -> float:
     started = time.perf_counter()
     engine = service(args, folder / "shared", args.lanes)
     try:
-        failures: list[BaseException] = []
-
-        def run(seed: int) -> None:
-            try:
-                one_run(engine, model, seed, args)
-            except BaseException as exc:  # reported after the others end
-                failures.append(exc)
-
-        threads = [threading.Thread(target=run, args=(seed,)) for seed in range(args.runs)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-        if failures:
-            raise failures[0]
+        with ThreadPoolExecutor(args.runs) as pool:
+            list(pool.map(lambda seed: one_run(engine, model, seed, args), range(args.runs)))
     finally:
         engine.close()
     return time.perf_counter() - started

@@ -89,10 +89,11 @@ class BaseModels:
     def _host(self, base: LoadedBase, config: Any) -> ModelHost:
         signature = None if config is None else lora.adapter_signature(config)
         with self._lock:
-            lane = self._lane_for(base, signature)
-            if isinstance(lane, ModelHost):
-                lane.acquire()
-                return lane
+            joined = self._joinable(base, signature)
+            if joined is not None:
+                joined.acquire()
+                return joined
+            lane = self._free_lane(base, signature)
         if config is None:
             model = base.model
         else:
@@ -116,20 +117,24 @@ class BaseModels:
             return host
 
     @staticmethod
-    def _lane_for(base: LoadedBase, signature: str | None) -> ModelHost | int:
-        """The host of this LoRA shape a new user joins (the least used one, unless a lane of
-        the base has none of this shape yet while each one it has is in use), or the lane to
-        make one on. The base model alone (no adapter, nothing to train) keeps to one lane."""
+    def _joinable(base: LoadedBase, signature: str | None) -> ModelHost | None:
+        """The least used host of this LoRA shape, unless a lane of the base has none of this
+        shape yet while each one it has is in use (the base model alone keeps to one lane)."""
         hosts = [h for (s, _), h in base.hosts.items() if s == signature]
         least = min(hosts, key=lambda h: h.users, default=None)
         lanes = 1 if signature is None else len(base.shared.lanes)
         if least is not None and (least.users == 0 or len(hosts) >= lanes):
             return least
-        taken = {h.lane for h in hosts}
-        load = [0] * lanes
+        return None
+
+    @staticmethod
+    def _free_lane(base: LoadedBase, signature: str | None) -> int:
+        """The least used lane with no host of this LoRA shape, for a new one."""
+        lanes = 1 if signature is None else len(base.shared.lanes)
+        taken = {lane for (s, lane) in base.hosts if s == signature}
+        load = [0] * len(base.shared.lanes)
         for host in base.hosts.values():
-            if host.lane < lanes:
-                load[host.lane] += host.users
+            load[host.lane] += host.users
         return min((lane for lane in range(lanes) if lane not in taken), key=load.__getitem__)
 
     def _unused(self, host: ModelHost) -> None:

@@ -28,6 +28,12 @@ def steps(trainer: LocalTrainingClient, count: int) -> list[float]:
     return [*losses, trainer.forward(data, "cross_entropy").result().metrics["loss:sum"]]
 
 
+def base_storages(trainer: LocalTrainingClient) -> set[int]:
+    """Where the base model's weights of a client's host live (its LoRA parameters aside)."""
+    lora = {id(p) for p in trainer._host.params.values()}
+    return {p.data_ptr() for p in trainer._host.model.parameters() if id(p) not in lora}
+
+
 def test_two_clients_at_once_train_as_each_would_alone(tmp_path: Path) -> None:
     alone = local_service(tmp_path / "alone")
     try:
@@ -110,11 +116,6 @@ def test_other_lora_shapes_share_the_base_weights(service) -> None:
     a = service.create_lora_training_client("tiny-random", rank=4, seed=1).result()
     b = service.create_lora_training_client("tiny-random", rank=2, train_mlp=False).result()
     assert a._host is not b._host and a._host.lock is b._host.lock
-
-    def base_storages(trainer: LocalTrainingClient) -> set[int]:
-        lora = {id(p) for p in trainer._host.params.values()}
-        model = trainer._host.model
-        return {p.data_ptr() for p in model.parameters() if id(p) not in lora}
 
     assert base_storages(a) == base_storages(b)
     ((name, nbytes, users),) = service.bases.loaded()

@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from runners.engine.host import SharedBase
-from runners.engine.local import LocalServiceClient, LocalTrainingClient
+from runners.engine.local import LocalServiceClient
 from tests.backend.test_local_backend import ce_batch
-from tests.backend.test_shared_base import steps
+from tests.backend.test_shared_base import base_storages, steps
 from tests.support.local_backend import local_service
 
 
@@ -25,18 +25,13 @@ def two_lanes(tmp_path: Path):
     service.close()
 
 
-def _base_storages(trainer: LocalTrainingClient) -> set[int]:
-    lora = {id(p) for p in trainer._host.params.values()}
-    return {p.data_ptr() for p in trainer._host.model.parameters() if id(p) not in lora}
-
-
 def test_two_clients_train_at_the_same_time_on_two_lanes(two_lanes: LocalServiceClient) -> None:
     """One client's pass holds its lane (its loss waits) while the other's pass runs to its end
     on the other lane; on one lane it would wait for the first (test_shared_base.py)."""
     a = two_lanes.create_lora_training_client("tiny-random", rank=4, seed=1).result()
     b = two_lanes.create_lora_training_client("tiny-random", rank=4, seed=2).result()
     assert {a._host.lane, b._host.lane} == {0, 1}
-    assert _base_storages(a) == _base_storages(b)  # one copy of the base's weights
+    assert base_storages(a) == base_storages(b)  # one copy of the base's weights
     inside, b_trained = threading.Event(), threading.Event()
     saw_b_end: list[bool] = []
 
