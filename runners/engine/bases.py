@@ -3,7 +3,7 @@ training lane in use, users spread over them), every host on that base built on 
 weight tensors; a memory budget for new bases.
 
 A host is handed out acquired (ModelHost.users); when its last client or sampler releases it,
-it is closed, and a base with no host left is forgotten, its memory freed.
+it is closed, and a base with no host left is forgotten, its weights freed at once.
 """
 
 from __future__ import annotations
@@ -14,9 +14,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch import nn
 
-from runners.engine import lora
+from runners.engine import heap, lora
 from runners.engine.host import ModelHost, SharedBase
 
 MIB = 1 << 20
@@ -36,6 +37,7 @@ class LoadedBase:
     shared: SharedBase  # its lock and its one decode scheduler, whatever the LoRA shape
     # By LoRA signature and training lane (host.py): a shape's hosts share the base's weights.
     hosts: dict[tuple[str | None, int], ModelHost] = field(default_factory=dict)
+    forgotten: bool = False  # its last host closed: its weights are freed, a new load serves
 
 
 class BaseModels:
@@ -60,16 +62,26 @@ class BaseModels:
 
     def lora_host(self, name: str, spec: lora.LoraSpec) -> ModelHost:
         """An acquired host for LoRA adapters of shape `spec` on base model `name`."""
-        base = self._base(name)
-        return self._host(base, lora.lora_config(base.model, spec, name))
+        return self._acquired(name, lambda base: lora.lora_config(base.model, spec, name))
 
     def host_for_config(self, name: str, config: Any) -> ModelHost:
         """An acquired host for adapters saved with peft LoraConfig `config` on `name`."""
-        return self._host(self._base(name), config)
+        return self._acquired(name, lambda base: config)
 
     def bare_host(self, name: str) -> ModelHost:
         """An acquired host of the base model alone (no adapter)."""
-        return self._host(self._base(name), None)
+        return self._acquired(name, lambda base: None)
+
+    def lanes(self) -> list[dict[str, Any]]:
+        """Each loaded base's training lanes: whether a client trains on it now, and how many
+        wait for their turn."""
+        with self._lock:
+            bases = list(self._bases.values())
+        return [
+            {"base": base.name, "lane": i, "training": lock.held(), "waiting": lock.waiting()}
+            for base in bases
+            for i, lock in enumerate(base.shared.lanes)
+        ]
 
     def loaded(self) -> list[tuple[str, int, int]]:
         """(name, bytes, users) of each loaded base model."""
@@ -84,11 +96,23 @@ class BaseModels:
             hosts = [h for b in self._bases.values() for h in b.hosts.values()]
             self._bases.clear()
         for host in hosts:
-            host.close()
+            host.close(for_good=True)
 
-    def _host(self, base: LoadedBase, config: Any) -> ModelHost:
+    def _acquired(self, name: str, config_of: Callable[[LoadedBase], Any]) -> ModelHost:
+        """A host of the LoRA config `config_of(base)` on base `name`, loaded again if the base
+        was forgotten (its last host closed) while this call reached it."""
+        while True:
+            base = self._base(name)
+            host = self._host(base, config_of(base))
+            if host is not None:
+                return host
+
+    def _host(self, base: LoadedBase, config: Any) -> ModelHost | None:
+        """An acquired host on `base`; None if `base` is forgotten meanwhile."""
         signature = None if config is None else lora.adapter_signature(config)
         with self._lock:
+            if base.forgotten:
+                return None
             joined = self._joinable(base, signature)
             if joined is not None:
                 joined.acquire()
@@ -100,6 +124,8 @@ class BaseModels:
             # Made outside the lock (a copy of the module tree); the first one made is kept.
             model = lora.wrap_with_config(lora.shared_copy(base.model), config, seed=0)
         with self._lock:
+            if base.forgotten:
+                return None
             host = base.hosts.get((signature, lane))
             if host is None:
                 host = ModelHost(
@@ -138,6 +164,9 @@ class BaseModels:
         return min((lane for lane in range(lanes) if lane not in taken), key=load.__getitem__)
 
     def _unused(self, host: ModelHost) -> None:
+        """`host`'s last user left: it closes (its lane's copy of the module tree goes), and
+        with the base's last host, the base."""
+        forgotten = None
         with self._lock:
             if host.users > 0:
                 return  # acquired again meanwhile
@@ -148,7 +177,12 @@ class BaseModels:
                         del base.hosts[key]
                 if not base.hosts:
                     del self._bases[base.name]
-        host.close()
+                    base.forgotten = True
+                    forgotten = base
+        host.close(for_good=True)  # its decode scheduler too, with the base's last host
+        if forgotten is not None:
+            free_weights(forgotten.model)
+        heap.give_back_free_memory()
 
     # Bases -------------------------------------------------------------------------------
 
@@ -184,9 +218,19 @@ class BaseModels:
         )
         raise ModelRefused(
             f"loading {name} ({needed / MIB:.0f} MiB) would pass the memory budget of "
-            f"{self._budget / MIB:.0f} MiB (RLCS_TINKER_MEMORY_BUDGET_GB); loaded now: {held}. "
-            "Finish the sessions using another model, use a loaded one, or raise the budget."
+            f"{self._budget / MIB:.0f} MiB (this engine host's share of "
+            f"RLCS_ENGINE_MEMORY_BUDGET_GB); loaded now: {held}. Finish the sessions using "
+            "another model, use a loaded one, or raise the budget."
         )
+
+
+def free_weights(model: nn.Module) -> None:
+    """Empty every parameter and buffer of a forgotten base. Its hosts share these very
+    tensors, and a closed client or sampler (still held by its caller for a while) holds its
+    host: emptied here, the weights go now rather than with the last of those."""
+    with torch.no_grad():
+        for tensor in [*model.parameters(), *model.buffers()]:
+            tensor.data = tensor.data.new_empty(0)
 
 
 def model_bytes(model: nn.Module) -> int:

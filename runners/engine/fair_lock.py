@@ -46,6 +46,11 @@ class FairLock:
             else:
                 self._owner = None
 
+    def held(self) -> bool:
+        """Whether a thread holds it now."""
+        with self._mutex:
+            return self._owner is not None
+
     def waiting(self) -> int:
         """Threads waiting for it now."""
         with self._mutex:

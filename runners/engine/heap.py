@@ -1,5 +1,6 @@
-"""Freed heap memory given back to the system after a training pass (glibc's `malloc_trim`;
-nothing where the C library lacks it)."""
+"""Freed heap memory given back to the system after a training pass, and when a client, a
+sampler, a host or a base goes (glibc's `malloc_trim`; nothing where the C library lacks
+it)."""
 
 from __future__ import annotations
 

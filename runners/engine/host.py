@@ -152,6 +152,7 @@ class ModelHost:
         # scheduler.scheduler_for): the host itself does not know schedulers.
         self._closers: list[Callable[[], None]] = []
         self._closers_lock = threading.Lock()
+        self.closed = False  # for good: its owner let it go (its weights may be freed)
 
     @property
     def max_positions(self) -> int | None:
@@ -235,12 +236,33 @@ class ModelHost:
                 for name, tensor in live.items():
                     self.params[name].data = tensor
 
-    def on_close(self, closer: Callable[[], None]) -> None:
-        with self._closers_lock:
-            self._closers.append(closer)
+    def leave(self, adapter: LiveAdapter) -> None:
+        """`adapter`'s client is gone: its tensors and gradients leave the LoRA parameters
+        (which would hold them as long as the host lives), stand-ins of no memory in their place
+        until the next client's turn."""
+        if self.active is not adapter:
+            return  # swapped out already, and never swapped in again: its client is gone
+        with self.lock:
+            if self.active is not adapter:
+                return
+            for param in self.params.values():
+                param.data = param.data.new_zeros(()).expand(param.shape)
+                param.grad = None
+            self.active = None
 
-    def close(self) -> None:
+    def on_close(self, closer: Callable[[], None]) -> bool:
+        """Run `closer` when the host closes; False (and nothing kept) if it is closed already."""
         with self._closers_lock:
+            if self.closed:
+                return False
+            self._closers.append(closer)
+            return True
+
+    def close(self, for_good: bool = False) -> None:
+        """End what runs on the host (its closers); `for_good`: nothing may start on it again
+        (its owner let it go), else a later use starts afresh."""
+        with self._closers_lock:
+            self.closed = self.closed or for_good
             closers, self._closers = self._closers, []
         for closer in closers:
             closer()

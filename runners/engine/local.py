@@ -38,7 +38,9 @@ class LocalServiceClient:
     `adapter_slots`: adapters the sampler of a base model decodes side by side (1: one at a
     time); `max_lora_rank`: the largest LoRA rank it takes (sample/packed_group.py);
     `cpu_adapter_kernel`: a bf16 CPU sampler's updates through the fused kernel (lora_rows.py);
-    `training_lanes`: training passes of different clients on one base side by side (host.py)."""
+    `training_lanes`: training passes of different clients on one base side by side (host.py);
+    `device_share`: engines sharing the device (engine hosts on one GPU), whose memory each
+    sizes its micro-batches from a share of."""
 
     def __init__(
         self,
@@ -57,6 +59,7 @@ class LocalServiceClient:
         max_lora_rank: int = 128,
         cpu_adapter_kernel: bool = True,
         training_lanes: int = 1,
+        device_share: int = 1,
     ) -> None:
         validate_device_dtype(device, dtype)
         validate_device_dtype(device, sampling_dtype)
@@ -78,6 +81,7 @@ class LocalServiceClient:
             self._load, host_options, memory_budget_bytes, self._estimate, training_lanes
         )
         self._tokens_per_microbatch = tokens_per_microbatch
+        self._device_share = device_share
         # Session-scoped: every client of this service records into and reads from it.
         self.sequences = SequenceStore() if sequences is None else sequences
         self._lock = threading.Lock()
@@ -227,9 +231,10 @@ class LocalServiceClient:
             return self._tokens_per_microbatch
         device = torch.device(self.device)
         weight = host.model.get_output_embeddings().weight
+        memory = microbatch_budget.device_memory_bytes(device)
         return microbatch_budget.default_tokens_per_microbatch(
             device.type,
-            microbatch_budget.device_memory_bytes(device),
+            None if memory is None else memory // self._device_share,
             microbatch_budget.model_shape(getattr(host.model, "config", None), weight.dtype),
         )
 

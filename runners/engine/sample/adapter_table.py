@@ -9,7 +9,8 @@ up to `slots` (after that a wanted one is evicted all the same), so the slots th
 memory follow the most adapters that decoded at once (the model rounds up to a power of two),
 not the setting. When all are open and held, the request waits. The base model needs no slot
 on a model whose rows can skip the adapter products (slot -1); a one-slot model (transformers'
-copy) loads it like an adapter.
+copy) loads it like an adapter. An adapter whose sampler closed leaves its slot once no request
+holds it (`empty`), and empty slots at the end close, their memory with them (`shrink`).
 """
 
 from __future__ import annotations
@@ -37,12 +38,15 @@ class AdapterTable:
         load: Callable[[int, AdapterWeights | None], None],
         *,
         base_takes_slot: bool,
+        shrink: Callable[[int], None] | None = None,
     ) -> None:
         """`load(slot, adapter)`: copy an adapter (None: the base model) into a slot of the
-        model; it may raise ValueError (the adapter does not fit), and the slot is then empty."""
+        model; it may raise ValueError (the adapter does not fit), and the slot is then empty.
+        `shrink(open)`: the model keeps only its first `open` slots (the others closed)."""
         self._limit = max(1, slots)
         self._slots: list[_Slot] = []  # the open ones
         self._load = load
+        self._shrink = shrink
         self._base_takes_slot = base_takes_slot
         self._ticks = count(1)
 
@@ -89,6 +93,23 @@ class AdapterTable:
         slot.holds += 1
         slot.used = next(self._ticks)
         return index
+
+    def empty(self, adapters: Collection[int]) -> set[int]:
+        """Empty the slots of `adapters` (ids whose samplers closed) that no request holds, and
+        close the empty slots at the end; the ids still held (to empty once let go)."""
+        held = set()
+        for slot in self._slots:
+            if slot.adapter is not None and slot.adapter in adapters:
+                if slot.holds:
+                    held.add(slot.adapter)
+                else:
+                    slot.adapter = None
+        opened = len(self._slots)
+        while self._slots and self._slots[-1].adapter is None and not self._slots[-1].holds:
+            self._slots.pop()
+        if len(self._slots) < opened and self._shrink is not None:
+            self._shrink(len(self._slots))
+        return held
 
     def resident(self) -> list[tuple[int | None, int]]:
         """(adapter id or None, holds) per open slot; id 0 is the base model."""

@@ -17,8 +17,8 @@ Two routes for the adapters, the same numbers:
 Ranks are interleaved (row j * members + i holds rank j of member i), so an adapter of rank r
 fills the first r * members rows of its slot and a product over those rows covers it. Lower
 ranks and layers an adapter does not target stay zero, which adds nothing: one copy of the base
-serves adapters of every rank and target set. There are as many slots as the model has opened
-so far, as wide as the largest rank loaded so far (`reserve`).
+serves adapters of every rank and target set. There are as many slots as the model has open,
+as wide as the largest rank loaded so far (`reserve`; `shrink` closes the last ones).
 """
 
 from __future__ import annotations
@@ -123,6 +123,25 @@ class PackedGroup:
         b_t[: self.slots, :old] = self.b_t
         self.b_t = b_t
         self.slots, self.rank = slots, rank
+        self._copy_low(slice(None))
+        self._views.clear()
+        return True
+
+    def shrink(self, slots: int) -> bool:
+        """Only the first `slots` slots kept (what they hold too), the others' memory given
+        back; whether the tensors changed."""
+        if slots >= self.slots:
+            return False
+        width = self.rank * self.members
+        if self.masked:
+            self.weight = self.weight[: self.out + slots * width].clone()
+            self.base = self.weight[: self.out]
+            if self.bias is not None:
+                self.bias = self.bias[: len(self.weight)].clone()
+        else:
+            self.a_t = self.a_t[:slots].clone()
+        self.b_t = self.b_t[:slots].clone()
+        self.slots = slots
         self._copy_low(slice(None))
         self._views.clear()
         return True

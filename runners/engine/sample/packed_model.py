@@ -13,7 +13,8 @@ query heads grouped under their key/value head.
 
 Loading an adapter copies its A and B into a slot (no new tensors unless the slots must grow,
 for a larger rank or a slot not yet allocated, which `layout` counts, so captured CUDA graphs
-stay valid; slots are allocated as loads reach them, up to `slots`); nothing is
+stay valid; slots are allocated as loads reach them, up to `slots`, and given back as the
+adapter table closes them, `shrink`); nothing is
 merged into the base weights, so updates smaller than a bf16 step of a weight still reach the
 sampler. On a CPU with native bf16 products, the base products go through oneDNN on weights
 packed once, and a decode step's threads follow `cpu_products.Threads`.
@@ -259,6 +260,15 @@ class PackedModel:
             for g in self._groups():
                 g.load(slot, layers, scale)
         self.slot_ranks[slot] = adapter.rank if adapter is not None and layers else 0
+
+    def shrink(self, slots: int) -> None:
+        """Keep the first `slots` slots allocated (the adapter table closed the others)."""
+        with torch.no_grad():
+            shrunk = [g.shrink(slots) for g in self._groups()]
+        if any(shrunk):
+            self.layout += 1  # new tensors: graphs captured on the old ones must go
+        for slot in range(slots, self.slots):
+            self.slot_ranks[slot] = 0
 
     def rows(self, adapters: AdapterIndex) -> RowAdapters:
         """A pass's rows and their slots, as the product groups read them."""

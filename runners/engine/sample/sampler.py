@@ -18,13 +18,14 @@ from typing import Any
 import numpy as np
 from tinker import types
 
+from runners.engine import heap
 from runners.engine.futures import LocalFuture
 from runners.engine.host import AdapterWeights, ModelHost
 from runners.engine.recorded_sequences import RecordedSequence, SequenceStore
 from runners.engine.sample import prompt_scores
 from runners.engine.sample.batch import Row
 from runners.engine.sample.prompt_scores import PromptScoring
-from runners.engine.sample.scheduler import SampleRequest, scheduler_for
+from runners.engine.sample.scheduler import SampleRequest, adapter_closed, scheduler_for
 
 # Used when SamplingParams.max_tokens is None (tinker advises always setting it).
 DEFAULT_MAX_TOKENS = 1024
@@ -110,6 +111,7 @@ class LocalSamplingClient:
         self._sequences = sequences
         self._recording = sequences if record_stability_info else None
         self._release = release  # gives back the host this sampler holds (close)
+        self._closed = False
         self._tag = f"local{next(_client_ids)}"
         self._client = client or self._tag
         self._vocab = int(host.model.get_output_embeddings().weight.shape[0])
@@ -239,6 +241,8 @@ class LocalSamplingClient:
         ignore_eos: bool = False,
         client: str | None = None,
     ) -> LocalFuture[types.SampleResponse]:
+        if self._closed:
+            raise RuntimeError("this sampling client is closed")
         tokens = _prompt_tokens(prompt, self._vocab)
         limit = self._host.max_positions
         if limit is not None and len(tokens) >= limit:
@@ -321,10 +325,17 @@ class LocalSamplingClient:
 
     def close(self) -> None:
         """Stop using the host (requests already submitted still finish): its last user's
-        close frees it. A sampler is never used after its close."""
+        close frees it. The adapter goes too, from this sampler (its caller may keep it a
+        while) and from the slot it holds in the sampling copy. A closed sampler samples no
+        more."""
+        self._closed = True
+        if self._adapter is not None:
+            adapter_closed(self._host, self._adapter.id)
+            self._adapter = None
         release, self._release = self._release, None
         if release is not None:
             release()
+            heap.give_back_free_memory()
 
     def sampling_stats(self) -> dict[str, int]:
         """Batches decoded and sequences sampled by this model's scheduler so far."""

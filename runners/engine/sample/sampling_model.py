@@ -89,12 +89,15 @@ class SamplingModel:
         self.module = module.eval()
         self.dtype = dtype
         self.shares_weights = shared
-        self._loaded: AdapterWeights | None | bool = False  # False: nothing loaded yet
+        # The id of the adapter loaded (0: the base model, -1: nothing yet), not the adapter:
+        # that would keep a closed sampler's tensors.
+        self._loaded = -1
 
     def load(self, slot: int, adapter: AdapterWeights | None) -> None:
         if slot != 0:
             raise ValueError(f"slot {slot}: this sampling copy holds one adapter, in slot 0")
-        if adapter is self._loaded:
+        key = 0 if adapter is None else adapter.id
+        if key == self._loaded:
             return
         with torch.no_grad():
             for lora in self.lora:
@@ -103,7 +106,7 @@ class SamplingModel:
                     continue
                 lora.module.down.copy_(adapter.tensors[lora.down_name])
                 lora.module.up.copy_(adapter.tensors[lora.up_name] * lora.scale)
-        self._loaded = adapter
+        self._loaded = key
 
     def score(self, ids: list[int], slot: int) -> torch.Tensor:
         """The logits [len(ids), vocab] at every position of `ids` with the loaded adapter."""

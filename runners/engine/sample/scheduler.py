@@ -8,7 +8,9 @@ rows of other adapters; turns between clients are fair (`admission.py`); each re
 answered the step its last row finishes. What a request asks of its prompt (logprobs, top-k,
 targets) is scored as it joins, on the same copy with its adapter, never on the trainer's
 model. A model the packed forward does not take decodes through transformers with one slot:
-rows of another adapter wait until the batch drains.
+rows of another adapter wait until the batch drains. A scheduler ends with the last host that
+used it, and its thread lets go of everything it built (the sampling copy, its slots, the batch
+and its cache) before it ends.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import numpy as np
 import torch
 from tinker import types
 
-from runners.engine import openmp
+from runners.engine import heap, openmp
 from runners.engine.futures import LocalFuture
 from runners.engine.host import AdapterWeights, ModelHost, SharedBase
 from runners.engine.sample import admission, prompt_scores
@@ -42,8 +44,16 @@ from runners.engine.sample.slot_batch import SlotBatch
 from runners.engine.sample.slot_cache import supports as supports_slots
 
 _STOP = object()
+CLOSED = "this sampling client's model has been closed"
 _sequence_ids = count(1)
 _arrivals = count(1)
+
+
+@dataclass(frozen=True)
+class _Closed:
+    """An adapter whose sampler closed (its slot empties once no request holds it)."""
+
+    adapter: int
 
 
 @dataclass
@@ -95,6 +105,8 @@ def scheduler_for(host: ModelHost) -> DecodeScheduler:
     """The decode scheduler of the host's base model (of the host alone where the model is not
     packed: transformers' copy holds one LoRA shape), started on first use and closed with the
     last host that used it."""
+    if host.closed:
+        raise RuntimeError(CLOSED)
     key: SharedBase | ModelHost = host.shared if packing_wanted(host) else host
     with _schedulers_lock:
         scheduler = _schedulers.get(key)
@@ -105,9 +117,30 @@ def scheduler_for(host: ModelHost) -> DecodeScheduler:
                 batch_window_s=host.batch_window_s,
             )
             _schedulers[key] = scheduler
-        if scheduler.attach(host):
-            host.on_close(lambda: scheduler.detach(host))
-        return scheduler
+        new = scheduler.attach(host)
+    # Outside the lock: a detach may close the scheduler, whose thread takes the lock to end.
+    if new and not host.on_close(lambda: scheduler.detach(host)):
+        scheduler.detach(host)  # the host closed meanwhile: it would never detach
+        raise RuntimeError(CLOSED)
+    return scheduler
+
+
+def adapter_closed(host: ModelHost, adapter: int) -> None:
+    """The sampler of adapter `adapter` (its id) on `host` closed: the scheduler that may hold
+    it in a slot (if one runs) empties that slot."""
+    key: SharedBase | ModelHost = host.shared if packing_wanted(host) else host
+    with _schedulers_lock:
+        scheduler = _schedulers.get(key)
+    if scheduler is not None and not scheduler.closed:
+        scheduler.forget(adapter)
+
+
+def _unregister(scheduler: DecodeScheduler) -> None:
+    """A closed scheduler out of the registry (it would hold its key, and so itself, alive)."""
+    with _schedulers_lock:
+        for key, known in list(_schedulers.items()):
+            if known is scheduler:
+                del _schedulers[key]
 
 
 def loads() -> tuple[int, int]:
@@ -156,7 +189,8 @@ class DecodeScheduler:
         self._table: AdapterTable | None = None
         self._batch: DecodeBatch | None = None
         self._live: Counter[str] = Counter()  # rows of admitted requests, by client
-        self._hosts: set[int] = set()  # the hosts using it (ids): the last one's close ends it
+        self._closed_adapters: set[int] = set()  # their samplers closed: their slots empty
+        self._hosts: dict[int, ModelHost] = {}  # the hosts using it: the last one's close ends it
         self._hosts_lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="local-sampler", daemon=True)
         self._thread.start()
@@ -165,21 +199,28 @@ class DecodeScheduler:
         """Count `host` as a user; whether it is new."""
         with self._hosts_lock:
             new = id(host) not in self._hosts
-            self._hosts.add(id(host))
+            self._hosts[id(host)] = host
             return new
 
     def detach(self, host: ModelHost) -> None:
-        """`host` closed: the scheduler closes with its last user."""
+        """`host` closed: the scheduler closes with its last user. Until then it reads another
+        host on the base (the same weights): a closed host, a lane's, goes."""
         with self._hosts_lock:
-            self._hosts.discard(id(host))
+            self._hosts.pop(id(host), None)
+            if self.host is host and self._hosts:
+                self.host = next(iter(self._hosts.values()))
             last = not self._hosts
         if last:
             self.close()
 
     def submit(self, request: SampleRequest) -> None:
         if self._closed:
-            raise RuntimeError("this sampling client's model has been closed")
+            raise RuntimeError(CLOSED)
         self._queue.put(request)
+
+    def forget(self, adapter: int) -> None:
+        """Adapter `adapter`'s sampler closed: its slot empties (after the requests before)."""
+        self._queue.put(_Closed(adapter))
 
     @property
     def closed(self) -> bool:
@@ -201,6 +242,20 @@ class DecodeScheduler:
         return self._table.resident() if self._table is not None else []
 
     def _run(self) -> None:
+        try:
+            self._serve()
+        finally:
+            self._let_go_of_everything()
+
+    def _let_go_of_everything(self) -> None:
+        """The thread's end: the sampling copy, its slots and the batch go, and their memory."""
+        self._closed = True  # were it to end on an error: no request waits for it in vain
+        _unregister(self)
+        self._model, self._table, self._batch = None, None, None
+        self._backlog.clear()
+        heap.give_back_free_memory()
+
+    def _serve(self) -> None:
         in_flight: list[SampleRequest] = []
         while True:
             batch = self._batch
@@ -208,6 +263,7 @@ class DecodeScheduler:
             if not self._pull(block=idle and not self._backlog and not in_flight):
                 self._fail(in_flight, RuntimeError("the decode scheduler was closed"))
                 return self._fail_backlog()
+            self._empty_closed_slots()
             if idle and not self._backlog and not in_flight:
                 continue
             try:
@@ -238,6 +294,8 @@ class DecodeScheduler:
                 for request in done:
                     in_flight.remove(request)
                     self._answer(request)
+                if done:
+                    self._empty_closed_slots()  # a closed adapter's last request may be over
             except Exception as exc:
                 for request in in_flight:
                     self._let_go(request)
@@ -294,6 +352,19 @@ class DecodeScheduler:
         if self._live[request.client] <= 0:
             del self._live[request.client]
 
+    def _empty_closed_slots(self) -> None:
+        """The slots of adapters whose samplers closed empty, and the memory of the slots that
+        close with them goes; an adapter a request holds, or one still waits on (it was sent
+        before the close), waits for that request to be over."""
+        if not self._closed_adapters or self._table is None:
+            return
+        waiting = {r.adapter.id for r in self._backlog if r.adapter is not None}
+        wanted = self._closed_adapters & waiting
+        opened = len(self._table.resident())
+        self._closed_adapters = self._table.empty(self._closed_adapters - wanted) | wanted
+        if len(self._table.resident()) < opened:
+            heap.give_back_free_memory()
+
     def _answer(self, request: SampleRequest) -> None:
         self._let_go(request)
         response = self._response(request)
@@ -308,7 +379,7 @@ class DecodeScheduler:
             item = self._queue.get()
             if item is _STOP:
                 return False
-            self._backlog.append(item)
+            self._take(item)
             # A short wait lets callers that fire together (asyncio.gather) share a prefill.
             time.sleep(self.batch_window_s)
         while True:
@@ -318,6 +389,12 @@ class DecodeScheduler:
                 return True
             if item is _STOP:
                 return False
+            self._take(item)
+
+    def _take(self, item: SampleRequest | _Closed) -> None:
+        if isinstance(item, _Closed):
+            self._closed_adapters.add(item.adapter)
+        else:
             self._backlog.append(item)
 
     def _fail(self, requests: list[SampleRequest], error: BaseException) -> None:
@@ -339,7 +416,10 @@ class DecodeScheduler:
             with host.lock:  # a consistent read of the weights while they are copied
                 model = sampling_model(host, dtype)
             self._table = AdapterTable(
-                model.slots, model.load, base_takes_slot=isinstance(model, SamplingModel)
+                model.slots,
+                model.load,
+                base_takes_slot=isinstance(model, SamplingModel),
+                shrink=model.shrink if isinstance(model, PackedModel) else None,
             )
             self._model = model
         return self._model
@@ -354,9 +434,10 @@ class DecodeScheduler:
     def _make_batch(self, sampling: SamplingModel | PackedModel) -> DecodeBatch:
         host = self.host
         pad_id = int(host.tokenizer.pad_token_id or 0)
+        tokenizer = host.tokenizer  # not the host: the batch outlives a lane's host
 
         def decode(tokens: list[int]) -> str:
-            return host.tokenizer.decode(tokens, skip_special_tokens=False)
+            return tokenizer.decode(tokens, skip_special_tokens=False)
 
         # No host lock when decoding: the copy's own buffers hold the adapter, and the base
         # weights it may share with the trainer are frozen.

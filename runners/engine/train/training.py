@@ -22,7 +22,7 @@ import torch
 from tinker import types
 
 from runners.engine import checkpoints as ckpt
-from runners.engine import lora
+from runners.engine import heap, lora
 from runners.engine.futures import LocalFuture
 from runners.engine.host import AdapterWeights, LiveAdapter, ModelHost
 from runners.engine.recorded_sequences import SequenceStore
@@ -253,7 +253,16 @@ class LocalTrainingClient:
         self._worker.shutdown(wait=True, cancel_futures=cancel_pending)
         if not self._closed:
             self._closed = True
+            self._let_go_of_tensors()
             self._host.release()
+            heap.give_back_free_memory()
+
+    def _let_go_of_tensors(self) -> None:
+        """Free the adapter, its gradients and its optimizer state now, whoever still holds
+        this closed client (its caller may, for a while)."""
+        self._host.leave(self._adapter)
+        self._adapter = LiveAdapter({})
+        self._optimizer.state.clear()
 
     # ----- work done on the worker thread ----------------------------------------------------
 
