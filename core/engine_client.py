@@ -1,9 +1,9 @@
-"""A client's connection to its var/ folder's engine host (core/engine_host.py starts or finds
-it): the handshake (`Hello`, answered by `Welcome`), then, once `start`ed, a beat every BEAT_S so
-the host knows the client is alive, and the host's lines handed on by kind: Tinker replies to
-`on_tinker`, inference replies to `on_infer`, status answers to whoever asked. `on_end` hears
-once that the host is gone (it died, or closed this connection); a new `EngineClient`
-connects again.
+"""A client's connection to one engine host of its machine (core/engine_host.py starts or finds
+it; core/engine_placement.py chooses it): the handshake (`Hello`, answered by `Welcome`), then,
+once `start`ed, a beat every BEAT_S so the host knows the client is alive, and the host's lines
+handed on by kind: Tinker replies to `on_tinker`, inference replies to `on_infer`, status answers
+(to an `Ask` or a `Claim`) to whoever asked. `on_end` hears once that the host is gone (it died,
+or closed this connection); a new `EngineClient` connects again.
 """
 
 from __future__ import annotations
@@ -18,11 +18,13 @@ from pathlib import Path
 from typing import Any, Literal
 
 from core import engine_host
+from core.engine_slots import Slot, plan
 from core.engine_wire import (
     FROM_HOST,
     WIRE,
     Ask,
     Beat,
+    Claim,
     FromHost,
     Hello,
     InferCall,
@@ -50,12 +52,12 @@ class EngineLost(RuntimeError):
 
 
 def _connect(
-    settings: Settings, hello: Hello, start_timeout_s: float
+    settings: Settings, slot: Slot, hello: Hello, start_timeout_s: float
 ) -> tuple[engine_host.HostRecord, LineSocket[FromHost], Welcome]:
-    """A welcomed connection to the host (started if none runs). A host that goes as this
-    client arrives (it was idle, it died) is met by starting or finding the next one."""
+    """A welcomed connection to the host of `slot` (started if none runs). A host that goes as
+    this client arrives (it was idle, it died) is met by starting or finding the next one."""
     for attempt in range(CONNECT_TRIES):
-        record = engine_host.ensure(settings, start_timeout_s)
+        record = engine_host.ensure(settings, slot, start_timeout_s)
         try:
             channel: LineSocket[FromHost] = LineSocket.connect(
                 Path(record.socket), FROM_HOST, f"engine host (pid {record.pid})"
@@ -89,12 +91,15 @@ class EngineClient:
         self,
         settings: Settings,
         client: str,
-        role: Literal["server", "run", "tool"],
+        role: Literal["server", "run", "inference", "tool"],
+        slot: Slot | None = None,
         *,
         start_timeout_s: float = 120.0,
     ) -> None:
-        """Connects at once (starting the host if none runs): HostUnavailable when it cannot."""
+        """Connects at once to the host of `slot` (None: the machine's first), starting it if
+        none runs: HostUnavailable when it cannot."""
         self._settings = settings
+        self.slot = slot = slot if slot is not None else plan(settings)[0]
         self._on_tinker: Callable[[Reply], None] = lambda reply: None
         self._on_infer: Callable[[FromWorker], None] = lambda message: None
         self._on_end: Callable[[str], None] = lambda why: None
@@ -103,7 +108,10 @@ class EngineClient:
         self._lock = threading.Lock()
         self._gone = threading.Event()
         self.record, self._channel, self.welcome = _connect(
-            settings, Hello(wire=WIRE, client=client, role=role, pid=os.getpid()), start_timeout_s
+            settings,
+            slot,
+            Hello(wire=WIRE, client=client, role=role, pid=os.getpid()),
+            start_timeout_s,
         )
 
     def start(
@@ -134,12 +142,20 @@ class EngineClient:
         return self._channel.send(InferCall(message=message))
 
     def status(self, timeout_s: float = 10.0) -> Status:
+        return self._ask(lambda ask_id: Ask(id=ask_id), timeout_s)
+
+    def claim(self, base: str, timeout_s: float = 10.0) -> Status:
+        """Count `base` against this host's room from now (this client was placed here for it);
+        the host's state once it is. Call it on a started client."""
+        return self._ask(lambda ask_id: Claim(id=ask_id, base=base), timeout_s)
+
+    def _ask(self, message: Callable[[int], Ask | Claim], timeout_s: float) -> Status:
         ask_id = next(self._ask_ids)
         future: Future[Status] = Future()
         with self._lock:
             self._asks[ask_id] = future
         try:
-            if not self._channel.send(Ask(id=ask_id)):
+            if not self._channel.send(message(ask_id)):
                 raise engine_host.HostUnavailable("the engine host is gone")
             return future.result(timeout=timeout_s)
         finally:
@@ -152,11 +168,11 @@ class EngineClient:
         self._channel.close()
 
     def why_gone(self) -> str:
-        log_path = engine_host.folder(self._settings.var_dir) / engine_host.LOG
+        log_path = engine_host.log_path(self._settings.var_dir, self.slot)
         tail = "\n".join(tail_lines(log_path, 10))
         return (
-            f"the engine host (pid {self.pid}) exited or closed the connection. Last lines of "
-            f"its log ({log_path}):\n{tail}"
+            f"the engine host {self.slot.name} (pid {self.pid}) exited or closed the connection. "
+            f"Last lines of its log ({log_path}):\n{tail}"
         )
 
     def _take(self, message: FromHost) -> None:

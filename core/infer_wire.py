@@ -51,3 +51,13 @@ ToWorker = Annotated[Job | Cancel, Field(discriminator="kind")]
 FromWorker = Annotated[Partial | Done, Field(discriminator="kind")]
 TO_WORKER: TypeAdapter[ToWorker] = TypeAdapter(ToWorker)
 FROM_WORKER: TypeAdapter[FromWorker] = TypeAdapter(FromWorker)
+
+
+def error_answer(exc: BaseException) -> dict[str, Any]:
+    """A failed job's answer: its error, and its kind where the server maps it to a status."""
+    kind = {
+        "ModelNotAvailable": "model",
+        "TinkerUnavailable": "backend",
+        "TinkerUnreachable": "backend",
+    }.get(type(exc).__name__, "error")
+    return {"ok": False, "kind": kind, "error": f"{type(exc).__name__}: {exc}"}

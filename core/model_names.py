@@ -105,6 +105,16 @@ def context_length(name: str, models_dir: Path) -> int | None:
     return None
 
 
+def weight_bytes(name: str, models_dir: Path) -> int | None:
+    """The size of a model's weight files where they are on disk already (SmolLM2 converted, a
+    local folder): what loading it takes at least; None when nothing says."""
+    folder = smollm2_converted_dir(models_dir) if name == SMOLLM2 else local_folder(name)
+    if folder is None or not (folder / "config.json").is_file():
+        return None
+    files = [*folder.glob("*.safetensors"), *folder.glob("*.bin")]
+    return sum(f.stat().st_size for f in files) if files else None
+
+
 def not_available_message(name: str, why: str) -> str:
     return (
         f"model {name!r} cannot be resolved offline: {why}. Usable here: "

@@ -9,6 +9,7 @@ import json
 import math
 import os
 import re
+import socket
 import sys
 from functools import cached_property
 from pathlib import Path
@@ -191,19 +192,45 @@ class Settings(BaseSettings):
         "activations fit in a third of the GPU's memory (16384 for a 1.5B model on an H200)",
     )
 
-    # The Tinker API (server.tinker_api): Tinker SDK scripts trained by the local engine, in
-    # the Tinker worker process (runners.tinker_worker).
-    engine_memory_budget_gb: float = Field(
-        8.0,
+    # The engine hosts (runners.engine_host): one per device, holding the models of runs, Tinker
+    # sessions, /v1 and test inference (core/engine_slots.py places them).
+    engine_hosts: str | None = Field(
+        None,
+        description="Engine hosts on this machine: unset, one per visible GPU (one on a machine "
+        "without a GPU); N, that many (at most the GPUs, or on a CPU-only machine its cores, "
+        "which the hosts split); or the GPU of each host, comma-separated (0,0,1: two hosts "
+        "share GPU 0, each with half its budget)",
+    )
+    engine_memory_budget_gb: float | None = Field(
+        None,
         gt=0,
         validation_alias=AliasChoices(
             "RLCS_ENGINE_MEMORY_BUDGET_GB",
             "RLCS_TINKER_MEMORY_BUDGET_GB",
             "engine_memory_budget_gb",
         ),
-        description="Weights of the base models the engine host may hold at once (GiB); a "
-        "session or run asking for one more model past it waits or is refused, saying what is "
-        "loaded (RLCS_TINKER_MEMORY_BUDGET_GB, its former name, still works)",
+        description="Weights of the base models one device's engine hosts may hold at once "
+        "(GiB; hosts sharing a device split it); unset: 8 on the CPU, 45% of a GPU's memory "
+        "(a base costs about twice its weights there: the sampler's packed copy beside the "
+        "trainer's). A run, session or request asking for one more model past it waits or is "
+        "refused, saying what is loaded (RLCS_TINKER_MEMORY_BUDGET_GB, its former name, still "
+        "works)",
+    )
+    engine_slot: str | None = Field(
+        None,
+        description="(set by whoever starts an engine host, in its environment) which host of "
+        "its machine it is, as JSON",
+    )
+    node_name: str = Field(
+        default_factory=socket.gethostname,
+        description="This machine's name: its engine hosts' folders under var_dir/engine are "
+        "keyed by it, so a var/ shared between machines stays correct",
+    )
+    cuda_visible_devices: str | None = Field(
+        None,
+        validation_alias=AliasChoices("CUDA_VISIBLE_DEVICES", "cuda_visible_devices"),
+        description="(CUDA's own variable) the GPUs this process may use; engine hosts are "
+        "pinned to one each",
     )
     tinker_session_timeout_s: float = Field(
         60.0,
@@ -369,11 +396,12 @@ class Settings(BaseSettings):
     @field_validator("database_url")
     @classmethod
     def _a_database_url(cls, value: str | None) -> str | None:
+        if value is None:
+            return value
+        # Imported only for a URL to check: an engine host has none, and no sqlalchemy need.
         from sqlalchemy.engine import make_url
         from sqlalchemy.exc import ArgumentError
 
-        if value is None:
-            return value
         try:
             make_url(value)
         except ArgumentError:
@@ -535,7 +563,6 @@ class Settings(BaseSettings):
             "RLCS_TRAINING_LANES": str(self.training_lanes),
             "RLCS_ENGINE_HOST_MODULE": self.engine_host_module,
             "RLCS_RUN_ENGINE": self.run_engine,
-            "RLCS_ENGINE_MEMORY_BUDGET_GB": str(self.engine_memory_budget_gb),
             "RLCS_ENGINE_CLIENT_TIMEOUT_S": str(self.engine_client_timeout_s),
             "RLCS_ENGINE_ADMISSION_WAIT_S": str(self.engine_admission_wait_s),
             "RLCS_ENGINE_IDLE_S": str(self.engine_idle_s),
@@ -553,6 +580,10 @@ class Settings(BaseSettings):
         }
         if self.tokens_per_microbatch is not None:
             env["RLCS_TOKENS_PER_MICROBATCH"] = str(self.tokens_per_microbatch)
+        if self.engine_hosts is not None:
+            env["RLCS_ENGINE_HOSTS"] = self.engine_hosts
+        if self.engine_memory_budget_gb is not None:
+            env["RLCS_ENGINE_MEMORY_BUDGET_GB"] = str(self.engine_memory_budget_gb)
         if self.tinker_base_url:
             env["TINKER_BASE_URL"] = self.tinker_base_url
         if self.wandb_base_url:

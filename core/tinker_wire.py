@@ -114,6 +114,13 @@ class Released(_Line):
     held: list[HeldModel]
 
 
+class Cancelled(_Line):
+    """Samples of a cancel group told to stop at their next decode step."""
+
+    kind: Literal["cancelled"] = "cancelled"
+    samples: int
+
+
 class Failed(_Line):
     """The request failed: `user` for what its caller can fix, `server` for the rest;
     `failure`: the run failure's kind behind it, when it was one (core/failures.py: "model",
@@ -135,6 +142,7 @@ Answer = Annotated[
     | LossReady
     | Sampled
     | Released
+    | Cancelled
     | Failed,
     Field(discriminator="kind"),
 ]
@@ -274,6 +282,19 @@ class Sample(Op[Sampled]):
     target_prompt_logprobs: dict[str, Any] | None = None
     prompt_alt_tokens_k: int = 0
     prompt_logprobs_last_n: int | None = None
+    # A client of ours (the inference client) may bound it: sampling stops `deadline_s` after
+    # the host takes it, or once its `cancel_group` is cancelled (CancelSamples), as if it ran
+    # out of tokens.
+    deadline_s: float | None = None
+    cancel_group: str | None = None
+
+
+class CancelSamples(Op[Cancelled]):
+    """Stop this client's samples of a cancel group at their next decode step (its job's
+    caller went away); they answer with what they sampled so far."""
+
+    op: Literal["cancel_samples"] = "cancel_samples"
+    group: str
 
 
 class CreateLoss(Op[LossReady]):
@@ -309,6 +330,7 @@ Request = Annotated[
     | Snapshot
     | OpenSampler
     | Sample
+    | CancelSamples
     | CreateLoss
     | Release,
     Field(discriminator="op"),

@@ -9,6 +9,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import SQLAlchemyError
 
 from core.db import make_engine
+from core.engine_slots import SlotsRefused, plan
 from core.settings import Settings
 from server.runs.pricing import PriceTableError, Pricing
 
@@ -23,6 +24,7 @@ def main() -> None:
     settings.check_bind()
     check_database(settings)
     check_prices(settings)
+    check_engine_hosts(settings)
     # On SIGTERM uvicorn waits for requests in flight before shutting down; inference may be
     # one of them, so the wait is bounded (runs are separate processes and carry on).
     uvicorn.run(
@@ -48,6 +50,14 @@ def check_database(settings: Settings) -> None:
             if isinstance(exc, ModuleNotFoundError)
             else f"rlcs: RLCS_DATABASE_URL: cannot use {shown}: {reason}"
         ) from None
+
+
+def check_engine_hosts(settings: Settings) -> None:
+    """One line, not a traceback, when RLCS_ENGINE_HOSTS asks for hosts this machine lacks."""
+    try:
+        plan(settings)
+    except SlotsRefused as exc:
+        raise SystemExit(f"rlcs: {exc}") from None
 
 
 def check_prices(settings: Settings) -> None:

@@ -29,7 +29,8 @@ from core.settings import PROJECT_ROOT, Settings
 from server import __version__
 from server.deps import Services, require_token
 from server.engine import routes as engine_routes
-from server.engine.link import EngineLink
+from server.engine.hosts import EngineHosts
+from server.engine.room import EngineRoom
 from server.engine.service import EngineService
 from server.environments import routes as environment_routes
 from server.environments.atropos_config import describe_atropos
@@ -98,19 +99,19 @@ def build_services(settings: Settings) -> Services:
     models = ModelCheck.from_settings(settings)
     configs = ConfigService(engine, catalog, models)
     metrics = MetricsService(engine, WandbReader.from_settings(settings))
-    supervisor = Supervisor(settings, engine)
+    hosts = EngineHosts(settings)
+    supervisor = Supervisor(settings, engine, EngineRoom(settings).wait_reason)
     runs_service = RunService(
         settings, engine, configs, metrics, supervisor.launchers, supervisor.wake
     )
-    link = EngineLink(settings)
-    worker = InferenceWorker(link)
+    worker = InferenceWorker(settings, hosts)
     inference = InferenceService(settings, engine, configs, runs_service, worker, models)
     streams = StreamSlots(settings.max_streams_per_client)
     sweeps = SweepService(runs_service, configs, metrics)
     hooks = WebhookService(settings, engine, signing_key(settings))
     fanout = FanOut(engine, RunViews(settings, metrics), utcnow, sweep_view=sweeps.get)
     dispatch = WebhookDispatcher(settings, engine, supervisor.leadership, fanout, hooks.secret)
-    tinker = TinkerService(settings, engine, link)
+    tinker = TinkerService(settings, engine, hosts)
     rollouts = RolloutService(engine, runs_service)
     supervisor.launchers.register(TinkerLauncher(engine, tinker))
     return Services(
@@ -142,8 +143,8 @@ def build_services(settings: Settings) -> Services:
         webhook_dispatch=dispatch,
         tinker=tinker,
         tinker_rest=TinkerRest(tinker.records),
-        engine_link=link,
-        engine_status=EngineService(link),
+        engine_hosts=hosts,
+        engine_status=EngineService(settings, hosts.slots),
     )
 
 
@@ -170,7 +171,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             await svc.webhook_dispatch.stop()
             await svc.supervisor.stop()
             svc.inference.worker.stop()
-            svc.engine_link.close()
+            svc.engine_hosts.close()
             svc.catalog.close()
             svc.metrics.close()
             svc.engine.dispose()

@@ -9,7 +9,7 @@ from fastapi import Request
 from sqlalchemy.engine import Engine
 
 from core.settings import Settings
-from server.engine.link import EngineLink
+from server.engine.hosts import EngineHosts
 from server.engine.service import EngineService
 from server.environments.catalog import Catalog
 from server.environments.configs import ConfigService
@@ -52,7 +52,7 @@ class Services:
     chat: ChatService
     tinker: TinkerService
     tinker_rest: TinkerRest
-    engine_link: EngineLink
+    engine_hosts: EngineHosts
     engine_status: EngineService
 
 

@@ -46,8 +46,13 @@ def _engine_hosts_end_with_the_session(
 
 
 def stop_engine_hosts(folder: Path) -> None:
-    for record in folder.glob(f"**/engine/{engine_host.RECORD}"):
-        engine_host.stop(record.parent.parent)
+    """Every engine host recorded under `folder` (var/engine/<node>/<index>/host.json, or the
+    former var/engine/host.json)."""
+    records = [*folder.glob(f"**/engine/*/*/{engine_host.RECORD}")]
+    var_dirs = {record.parents[3] for record in records}
+    var_dirs |= {record.parents[1] for record in folder.glob(f"**/engine/{engine_host.RECORD}")}
+    for var_dir in var_dirs:
+        engine_host.stop(var_dir)
 
 
 @pytest.fixture(scope="session")

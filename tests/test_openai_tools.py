@@ -13,7 +13,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from core.spec import ChatJob, ChatMessage
-from runners.infer.chat import ChatCompletion
+from runners.engine_host.chat import ChatCompletion
 from runners.models.tiny import build_tiny_tokenizer
 from server.app import create_app
 from tests.support.scripted_sampler import HERMES_TEMPLATE, Scripted

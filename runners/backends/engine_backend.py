@@ -1,8 +1,9 @@
-"""The local backend through the engine host (the default for runs, issue 43): the tinker-shaped
+"""The local backend through an engine host (the default for runs, issue 43): the tinker-shaped
 surface (runners/backends/surface.py) over the host's socket, so that a run holds no copy of the
-model and decodes in the host's shared batches. Requests are the Tinker API's own
-(core.tinker_wire; bodies in the SDK's protobuf, encoded and decoded with the SDK's converters),
-named under the run's id: what the run made goes when its connection does.
+model and decodes in the host's shared batches. The host is the one placement chooses for the
+run's base model (core/engine_placement.py), for the run's life. Requests are the Tinker API's
+own (core.tinker_wire; bodies in the SDK's protobuf, encoded and decoded with the SDK's
+converters), named under the run's id: what the run made goes when its connection does.
 
 If the host goes (it died, or cut this run off), every waiting future fails with `EngineLost`,
 and the runner resumes itself from its last checkpoint on a new host (runners/train/loop.py).
@@ -13,10 +14,11 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import threading
+import time
 import weakref
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from tinker import types
 from tinker.proto.request_conv import forward_backward_request_to_proto
@@ -27,10 +29,12 @@ from tinker.proto.response_conv import (
 
 from core.checkpoint_check import CheckpointUnusable
 from core.engine_client import EngineClient, EngineLost
+from core.engine_placement import placing
 from core.model_names import ModelNotAvailable
 from core.settings import Settings
 from core.tinker_wire import (
     Accepted,
+    CancelSamples,
     CreateModel,
     Done,
     Failed,
@@ -54,6 +58,7 @@ from core.tinker_wire import (
     Stepped,
     Trained,
 )
+from runners.backends.cancel import CancelEvent
 from runners.engine.disk_full import DiskFull
 from runners.engine.futures import LocalFuture
 
@@ -143,19 +148,37 @@ def _expect(kind: type[Any]) -> Callable[[Any], Any]:
 
 
 class EngineService:
-    """ServiceClient: training and sampling clients for one run, in the engine host."""
+    """ServiceClient: training and sampling clients for one run (or the inference client), in
+    the engine host placement chose for `base_model` (its base is claimed there at once)."""
 
-    def __init__(self, settings: Settings, run_id: str, checkpoint_dir: Path) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        run_id: str,
+        checkpoint_dir: Path,
+        base_model: str | None = None,
+        role: Literal["run", "inference"] = "run",
+    ) -> None:
         self.run_id = run_id
         self.checkpoint_dir = Path(checkpoint_dir)
         self.models_dir = settings.models_dir
-        self._calls = _Calls(EngineClient(settings, f"run {run_id}", "run"))
+        name = f"run {run_id}" if role == "run" else run_id
+        with placing(settings, base_model) as placed:
+            self._calls = _Calls(EngineClient(settings, name, role, placed.slot))
+            if placed.claim and base_model is not None:
+                self._calls.client.claim(base_model)
         self.device = self._calls.client.welcome.device
+        self.host = placed.slot.name
         self._names = itertools.count()
 
     @property
     def host_pid(self) -> int:
         return self._calls.client.pid
+
+    @property
+    def lost(self) -> bool:
+        """Whether its host went (what it made there went too)."""
+        return self._calls.lost is not None
 
     def name(self, kind: str) -> str:
         """An id of this run's (`r-…:train:0`): the host releases them with the run."""
@@ -350,6 +373,7 @@ class EngineSampling:
         self._record = record
         self._opened = opened  # a sampler still opening: its failure is its requests'
         self._sequences = itertools.count()
+        self._groups = itertools.count()
         # Forgotten here, gone there: a run makes a sampler a step, the host must not keep them.
         weakref.finalize(self, service.release_sampler, sampler_id)
 
@@ -359,11 +383,17 @@ class EngineSampling:
         num_samples: int,
         sampling_params: types.SamplingParams,
         include_prompt_logprobs: bool = False,
+        *,
+        deadline: float | None = None,
+        cancel: CancelEvent | None = None,
         **extra: Any,
     ) -> LocalFuture[types.SampleResponse]:
+        """tinker's sample(), and the local engine's `deadline` (a time.monotonic() value) and
+        `cancel` (set: the host stops the samples at their next decode step)."""
         if extra:
             raise ValueError(
-                f"the engine host's samplers take tinker's sample() only, not {sorted(extra)}"
+                "the engine host's samplers take tinker's sample(), deadline and cancel only, "
+                f"not {sorted(extra)}"
             )
         if self._opened is not None and self._opened.done() and self._opened.exception():
             raise self._opened.exception()  # type: ignore[misc]
@@ -371,6 +401,7 @@ class EngineSampling:
             f"{self._service.run_id}:seq:{self.sampler_id}:{next(self._sequences)}"
             for _ in range(num_samples)
         ]
+        group = None if cancel is None else f"{self.sampler_id}:cancel:{next(self._groups)}"
         request = Sample(
             sampler_id=self.sampler_id,
             sequence_ids=sequence_ids,
@@ -379,8 +410,17 @@ class EngineSampling:
             prompt=prompt.model_dump(mode="json"),
             sampling_params=sampling_params.model_dump(mode="json", exclude_none=True),
             prompt_logprobs=include_prompt_logprobs or None,
+            deadline_s=None if deadline is None else max(0.0, deadline - time.monotonic()),
+            cancel_group=group,
         )
-        return self._service.call(request, lambda answer: _sampled(answer, sequence_ids))
+        sampled = self._service.call(request, lambda answer: _sampled(answer, sequence_ids))
+        if cancel is not None and group is not None:
+            cancel.on_set(lambda: self._cancel(group, sampled))
+        return sampled
+
+    def _cancel(self, group: str, sampled: LocalFuture[Any]) -> None:
+        if not sampled.done():
+            self._service.call(CancelSamples(group=group), lambda answer: answer)
 
     def compute_logprobs(self, prompt: types.ModelInput) -> LocalFuture[list[float | None]]:
         """Logprobs of each prompt token given the ones before it (None for the first)."""

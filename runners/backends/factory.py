@@ -27,10 +27,13 @@ def create_service(
     *,
     engine: str = "private",
     client: str = "",
+    base_model: str | None = None,
+    role: Literal["run", "inference"] = "run",
 ) -> Any:
     """A tinker-shaped service client; heavy imports happen only for the backend chosen. On
-    the local backend, `engine` "shared" is the engine host (`client` names what it holds
-    there: a run's id), "private" a copy of the engine in this process."""
+    the local backend, `engine` "shared" is an engine host, the one placed for `base_model`
+    (`client` names what it holds there: a run's id, as `role`), "private" a copy of the
+    engine in this process."""
     if backend == "tinker":
         from runners.backends.tinker_backend import create_tinker_service
 
@@ -41,14 +44,18 @@ def create_service(
     if engine == "shared":
         from runners.backends.engine_backend import EngineService
 
-        return EngineService(settings, client, checkpoint_dir)
+        return EngineService(settings, client, checkpoint_dir, base_model, role)
     return local_service(settings, checkpoint_dir)
 
 
 def local_service(
-    settings: Settings, checkpoint_dir: Path, memory_budget_bytes: int | None = None
+    settings: Settings,
+    checkpoint_dir: Path,
+    memory_budget_bytes: int | None = None,
+    device_share: int = 1,
 ) -> LocalServiceClient:
-    """The local engine as the settings configure it (a private run's, or the engine host's)."""
+    """The local engine as the settings configure it (a private run's, or an engine host's:
+    `device_share` hosts on its device)."""
     from runners.engine.local import LocalServiceClient
 
     return LocalServiceClient(
@@ -63,6 +70,7 @@ def local_service(
         training_lanes=settings.training_lanes,
         tokens_per_microbatch=settings.tokens_per_microbatch,
         memory_budget_bytes=memory_budget_bytes,
+        device_share=device_share,
     )
 
 

@@ -1,4 +1,4 @@
-"""Chat completions in the inference worker: messages through the model's chat template, `n`
+"""Chat completions in the engine host: messages through the model's chat template, `n`
 samples, stop strings, per-token logprobs, and (local backend, `stream`) new text as decoded.
 """
 

@@ -1,7 +1,9 @@
-"""One client of the engine host (the server, a run): its handshake, then each line it sends
-dispatched by its kind: Tinker operations to its own `TinkerOps`, inference jobs to the host's
-inference loop, asks answered with the host's status, beats noted. When the client goes (its
-socket closes, or it stays silent past the timeout), everything it made goes with it.
+"""One client of an engine host (the server, a run, the inference client): its handshake, then
+each line it sends dispatched by its kind: Tinker operations to its own `TinkerOps`, chat jobs to
+the host's inference loop, asks answered with the host's status, claims noted (a base it was
+placed here for), beats noted. When the client goes (its socket closes, or it stays silent past
+the timeout), everything it made goes with it. A connection whose first line is an `Ask` is a
+probe: answered, then closed.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from core.engine_wire import (
     WIRE,
     Ask,
     Beat,
+    Claim,
     ClientSeen,
     Hello,
     InferCall,
@@ -36,6 +39,7 @@ from runners.engine_host.tinker_ops import TinkerOps
 
 log = logging.getLogger("engine-host")
 HELLO_TIMEOUT_S = 10.0
+CLAIM_TTL_S = 600.0  # a claim whose base never loaded here stops counting after this long
 
 
 class Connection:
@@ -58,6 +62,8 @@ class Connection:
         self.last_seen = time.monotonic()
         self.tinker = TinkerOps(service, self._send_tinker)
         self._ended = threading.Event()
+        self._claims: dict[str, float] = {}  # base -> when claimed (time.monotonic())
+        self._claims_lock = threading.Lock()
 
     def start(self) -> bool:
         """Read the client's Hello and answer it; then serve its lines on a thread. False
@@ -69,6 +75,10 @@ class Connection:
             return False
         if first is None:
             self.channel.close()  # closed without a word: someone looking whether we listen
+            return False
+        if isinstance(first, Ask):  # a probe (core/engine_placement.py): the state, no client
+            self.channel.send(self._status(first.id))
+            self.channel.close()
             return False
         if not isinstance(first, Hello):
             self._turn(f"the first line must be a hello on wire {WIRE}")
@@ -100,8 +110,19 @@ class Connection:
             seconds_silent=round(time.monotonic() - self.last_seen, 1),
             models=models,
             samplers=samplers,
+            bases=self.tinker.bases(),
             jobs=self._inference.jobs_of(self),
         )
+
+    def claims(self, loaded: set[str]) -> list[str]:
+        """The bases this client claimed that still count: not loaded yet (a loaded one counts
+        for itself) and claimed within CLAIM_TTL_S."""
+        now = time.monotonic()
+        with self._claims_lock:
+            for base, since in list(self._claims.items()):
+                if base in loaded or now - since > CLAIM_TTL_S:
+                    del self._claims[base]
+            return list(self._claims)
 
     def close(self) -> None:
         """Cut the client off (silent too long, or the host is ending): its end follows."""
@@ -115,6 +136,10 @@ class Connection:
             case InferCall(message=job):
                 self._inference.take(self, job)
             case Ask(id=ask_id):
+                self.channel.send(self._status(ask_id))
+            case Claim(id=ask_id, base=base):
+                with self._claims_lock:
+                    self._claims[base] = time.monotonic()
                 self.channel.send(self._status(ask_id))
             case Beat():
                 pass

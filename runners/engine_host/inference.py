@@ -1,8 +1,9 @@
-"""Test inference and chat completions in the engine host: the jobs of core.infer_wire (from the
-server's /test/inference and /v1), each in a task of one event loop on a thread of its own, so
-that concurrent requests reach the engine together (it decodes them as one batch); answers go
-back to the connection that asked, by its job id. A cancel, or the client's going, stops a
-job's sampling at the next decode step.
+"""Chat completions and warm-ups in the engine host: the jobs of core.infer_wire (from the
+server's /v1) it answers itself (jobs.py), each in a task of one event loop on a thread of its
+own, so that concurrent requests reach the engine together (it decodes them as one batch);
+answers go back to the connection that asked, by its job id. A cancel, or the client's going,
+stops a job's sampling at the next decode step. A test inference scored by an environment is
+not served here (environment code runs in the inference client, runners/infer).
 """
 
 from __future__ import annotations
@@ -14,10 +15,11 @@ import traceback
 from typing import Any, Protocol
 
 from core.engine_wire import InferReply
-from core.infer_wire import Cancel, Done, Job, Partial, ToWorker
+from core.infer_wire import Cancel, Done, Job, Partial, ToWorker, error_answer
 from core.settings import Settings
+from core.spec import InferenceJob
 from runners.engine.local import LocalServiceClient
-from runners.infer.worker import Worker, error_answer
+from runners.engine_host.jobs import ChatJobs
 
 log = logging.getLogger("engine-host.inference")
 
@@ -39,7 +41,7 @@ class InferenceLoop:
         self._lock = threading.Lock()
         self._cancels: dict[tuple[int, int], threading.Event] = {}  # (connection, job id)
         self._tasks: set[asyncio.Task[None]] = set()
-        self._worker: Worker | None = None  # made on the loop's thread, at its first job
+        self._jobs: ChatJobs | None = None  # made on the loop's thread, at its first job
         threading.Thread(target=self._loop.run_forever, daemon=True, name="inference").start()
 
     def take(self, connection: Connection, message: ToWorker) -> None:
@@ -73,8 +75,8 @@ class InferenceLoop:
         task.add_done_callback(self._tasks.discard)
 
     async def _answer(self, connection: Connection, job: Job, cancel: threading.Event) -> None:
-        if self._worker is None:
-            self._worker = Worker(self._settings, local=self._service)
+        if self._jobs is None:
+            self._jobs = ChatJobs(self._settings, self._service)
         body: dict[str, Any]
         try:
 
@@ -83,7 +85,12 @@ class InferenceLoop:
                     InferReply(message=Partial(id=job.id, index=index, delta=delta))
                 )
 
-            body = await self._worker.handle(job.job, cancel, emit)
+            if isinstance(job.job, InferenceJob):
+                raise ValueError(
+                    "an engine host runs no environment code: test inference goes to the "
+                    "inference client (runners.infer)"
+                )
+            body = await self._jobs.handle(job.job, cancel, emit)
         except Exception as exc:
             log.error("job %s of %s failed:\n%s", job.id, connection.name, traceback.format_exc())
             body = error_answer(exc)

@@ -28,6 +28,8 @@ from core.model_names import ModelNotAvailable
 from core.tinker_wire import (
     Accepted,
     Answer,
+    Cancelled,
+    CancelSamples,
     CreateLoss,
     CreateModel,
     Done,
@@ -56,7 +58,7 @@ from core.tinker_wire import (
     Stepped,
     Trained,
 )
-from runners.engine.futures import LocalFuture
+from runners.engine.futures import LocalFuture, resolved
 from runners.engine.local import LocalServiceClient
 from runners.engine.recorded_sequences import UnknownSequence
 from runners.engine.sample.sampler import LocalSamplingClient
@@ -98,6 +100,9 @@ class TinkerOps:
         self._samplers: dict[str, LocalFuture[LocalSamplingClient]] = {}
         self._last_done: dict[str, float] = {}  # when each model's last request ended
         self._losses: dict[str, custom_loss.CustomLoss] = {}  # by loss id (session-prefixed)
+        # Samples running now: what stops each at its next decode step, by request id, with
+        # its cancel group.
+        self._stops: dict[int, tuple[str | None, threading.Event]] = {}
         # Closing a client waits for the request it runs: never on the reading thread.
         self._closer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="worker-release")
         self._answering = ThreadPoolExecutor(max_workers=1, thread_name_prefix="worker-answers")
@@ -135,6 +140,14 @@ class TinkerOps:
         with self._lock:
             return len(self._models), len(self._samplers)
 
+    def bases(self) -> list[str]:
+        """The base models of the training clients and samplers this client holds (ready)."""
+        with self._lock:
+            models, samplers = list(self._models.values()), list(self._samplers.values())
+        names = {m.result().get_info().model_name for m in models if _ready(m)}
+        names |= {s.result().get_base_model() for s in samplers if _ready(s)}
+        return sorted(str(name) for name in names)
+
     def release_everything(self) -> None:
         """The client is gone: its models and samplers go (requests still queued on them
         never run, the one running finishes), and the sequences and losses of its sessions."""
@@ -144,6 +157,9 @@ class TinkerOps:
             samplers, self._samplers = list(self._samplers.values()), {}
             self._last_done.clear()
             self._losses.clear()
+            stops, self._stops = list(self._stops.values()), {}
+        for _, stop in stops:  # nobody is left to read them
+            stop.set()
         for session in sessions:
             self._service.sequences.forget(f"{session}:")
         self._closer.submit(self._close_all, models, samplers)
@@ -174,6 +190,8 @@ class TinkerOps:
                 return self._open_sampler(request)
             case Sample():
                 return self._sample(request)
+            case CancelSamples():
+                return self._cancel_samples(request)
             case CreateLoss():
                 return self._create_loss(request)
             case Release():
@@ -351,6 +369,11 @@ class TinkerOps:
         result: LocalFuture[types.SampleResponse] = LocalFuture()
         # Set once it starts: its prompt, and the sampler's tokenizer (its rollouts' text).
         started: list[tuple[types.ModelInput, Any]] = []
+        stop = threading.Event()
+        deadline = None if request.deadline_s is None else time.monotonic() + request.deadline_s
+        with self._lock:
+            self._stops[request.id] = (request.cancel_group, stop)
+        result.add_done_callback(lambda _: self._stopped(request.id))
 
         def start(ready: Future[LocalSamplingClient]) -> None:
             try:
@@ -371,6 +394,8 @@ class TinkerOps:
                     sequence_ids=request.sequence_ids,
                     record_stability_info=request.record_stability_info,
                     client=session_of(request.sampler_id),  # turns are fair between sessions
+                    deadline=deadline,
+                    cancel=stop,
                 )
             except BaseException as exc:
                 result.set_exception(exc)
@@ -389,6 +414,17 @@ class TinkerOps:
             )
 
         return Work(result, sampled)
+
+    def _cancel_samples(self, request: CancelSamples) -> Work[int]:
+        with self._lock:
+            stops = [stop for group, stop in self._stops.values() if group == request.group]
+        for stop in stops:
+            stop.set()
+        return Work(resolved(len(stops)), lambda count: Cancelled(samples=count))
+
+    def _stopped(self, request_id: int) -> None:
+        with self._lock:
+            self._stops.pop(request_id, None)
 
     # Ending ------------------------------------------------------------------------------
 
@@ -460,7 +496,10 @@ class TinkerOps:
             # Encoding the answer (protobuf, rollouts' text) is not the engine's thread's work:
             # one thread does it, in the order requests finished (a step after its
             # forward_backward, as the session counts them).
-            self._answering.submit(answer, finished, max(0.0, now - started))
+            try:
+                self._answering.submit(answer, finished, max(0.0, now - started))
+            except RuntimeError:  # the client went while this ran: nobody to answer
+                pass
 
         def answer(finished: Future[Any], run_s: float) -> None:
             answer: Answer
@@ -503,6 +542,10 @@ def _guard(call: Callable[[], LocalFuture[Any]]) -> LocalFuture[Any]:
         failed: LocalFuture[Any] = LocalFuture()
         failed.set_exception(exc)
         return failed
+
+
+def _ready(future: Future[Any]) -> bool:
+    return future.done() and future.exception() is None
 
 
 def _relay(source: Future[Any], target: LocalFuture[Any]) -> None:

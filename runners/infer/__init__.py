@@ -1,2 +1,2 @@
-"""Test inference and chat completions on a model: the jobs the engine host answers for the
-server's /test/inference and /v1 (runners/engine_host/inference.py runs them)."""
+"""Test inference scored by an environment: `python -m runners.infer`, the inference client the
+server starts, where environment code runs (never in an engine host)."""

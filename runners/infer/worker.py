@@ -1,6 +1,7 @@
-"""Inference jobs (core.spec): an environment's prompts answered and scored, a chat completion,
-a warm-up, on the local engine the engine host holds (or on Tinker). Samplers and renderers are
-kept between jobs. A job may carry a `deadline` (epoch seconds): local sampling stops there and
+"""Test inference jobs (core.spec `InferenceJob`): an environment's prompts answered and scored,
+in the inference client (main.py), sampling from the engine host placed for the job's model as
+a run does (or from Tinker). Environment code runs here, never in a host. Samplers and renderers
+are kept between jobs. A job may carry a `deadline` (epoch seconds): sampling stops there and
 the answer says which responses were cut short, so a client with its own timeout gets an
 answer; a cancel event stops it the same way.
 """
@@ -15,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from core.settings import Settings
-from core.spec import ChatJob, InferenceJob, WarmJob
+from core.spec import InferenceJob
 from environments.base import BaseEnv, EnvConfig, EnvContext, SingleTurnEnv, Unscorable
 from environments.support.loader import load_env_class
 from runners.backends.factory import create_service, resolve_backend
@@ -23,35 +24,24 @@ from runners.episodes.policy import Completion, SamplerPolicy
 from runners.episodes.render import Renderer
 from runners.episodes.rollouts import EpisodeSpec, run_episode
 from runners.episodes.sources import env_context
-from runners.infer.chat import ChatCompletion, Emit
 
 log = logging.getLogger("infer")
 MAX_CACHED_SAMPLERS = 4
 
 
 class Worker:
-    def __init__(self, settings: Settings, local: Any = None) -> None:
-        """`local`: the engine host's LocalServiceClient (its models, shared with every
-        client); without one, jobs on the local backend get a service of their own."""
+    def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.context: EnvContext = env_context(settings)
-        self._services: dict[str, Any] = {} if local is None else {"local": local}
+        # By backend and model: on the local backend, a connection to the host of that model.
+        self._services: dict[tuple[str, str], Any] = {}
         self._samplers: dict[tuple[str, str, str | None], Any] = {}
         self._renderers: dict[str, Renderer] = {}
         self._loading = asyncio.Lock()
 
     async def handle(
-        self,
-        job: InferenceJob | ChatJob | WarmJob,
-        cancel: threading.Event | None = None,
-        emit: Emit | None = None,
+        self, job: InferenceJob, cancel: threading.Event | None = None
     ) -> dict[str, Any]:
-        if isinstance(job, WarmJob):
-            return await self.warm(job.model, job.backend)
-        if isinstance(job, ChatJob):
-            sampler = await self._sampler(job.backend, job.model, job.adapter)
-            tokenizer = self._renderer(job.model, EnvConfig(model_name=job.model)).tokenizer
-            return await ChatCompletion(job, sampler, tokenizer).run(cancel, emit)
         started = time.monotonic()
         if job.source.framework == "atropos":
             return await self.atropos(job, started)
@@ -226,25 +216,15 @@ class Worker:
             "turns": turns,
         }
 
-    async def warm(self, model: str, backend: str) -> dict[str, Any]:
-        """Load `model` and its tokenizer and sample one token, so a first request is warm."""
-        started = time.monotonic()
-        sampler = await self._sampler(backend, model, None)
-        renderer = self._renderer(model, EnvConfig(model_name=model))
-        policy = SamplerPolicy(
-            sampler, max_tokens=1, temperature=0.0, top_p=1.0, top_k=-1, stop=[], seed=0
-        )
-        await policy.sample(renderer.prompt_tokens("Hello"))
-        return {"ok": True, "model": model, "latency_s": round(time.monotonic() - started, 3)}
-
     async def _sampler(self, backend: str, model: str, adapter: str | None) -> Any:
         async with self._loading:  # concurrent first requests load a model once
             return await self._sampler_now(backend, model, adapter)
 
     async def _sampler_now(self, backend: str, model: str, adapter: str | None) -> Any:
         key = (backend, model, adapter)
+        self._lost(backend, model)
         if key not in self._samplers:
-            service = self._service(backend)
+            service = await asyncio.to_thread(self._service, backend, model)
             if adapter:
                 sampler = await service.create_sampling_client(model_path=adapter)
             else:
@@ -257,12 +237,31 @@ class Worker:
             self._samplers[key] = sampler
         return self._samplers[key]
 
-    def _service(self, backend: str) -> Any:
-        if backend not in self._services:
-            self._services[backend] = create_service(
-                backend, self.settings, self.settings.var_dir / "inference"
+    def _service(self, backend: str, model: str) -> Any:
+        """The backend's service for `model`: on the local backend, a connection to the engine
+        host placed for it (connecting may start the host: keep it off the event loop)."""
+        if (backend, model) not in self._services:
+            self._services[(backend, model)] = create_service(
+                backend,
+                self.settings,
+                self.settings.var_dir / "inference",
+                engine="shared",
+                client="inference",
+                base_model=model,
+                role="inference",
             )
-        return self._services[backend]
+        return self._services[(backend, model)]
+
+    def _lost(self, backend: str, model: str) -> bool:
+        """Whether the host of `model`'s service went (then it and its samplers are forgotten:
+        the next job connects again)."""
+        service = self._services.get((backend, model))
+        if service is None or not getattr(service, "lost", False):
+            return False
+        del self._services[(backend, model)]
+        for key in [k for k in self._samplers if k[:2] == (backend, model)]:
+            del self._samplers[key]
+        return True
 
     def _renderer(self, model: str, config: EnvConfig) -> Renderer:
         from runners.models.loading import load_tokenizer
@@ -318,12 +317,3 @@ class Budget:
             f"the time budget of this request ({self.budget_s:g} s, RLCS_INFERENCE_BUDGET_S) "
             "ran out during the episode: later turns were cut short"
         )
-
-
-def error_answer(exc: BaseException) -> dict[str, Any]:
-    kind = {
-        "ModelNotAvailable": "model",
-        "TinkerUnavailable": "backend",
-        "TinkerUnreachable": "backend",
-    }.get(type(exc).__name__, "error")
-    return {"ok": False, "kind": kind, "error": f"{type(exc).__name__}: {exc}"}

@@ -145,7 +145,14 @@ class RunnerBase(Generic[D]):
         checkpoints = self.folder.path / "checkpoints"
         where = run_engine(cfg.engine, self.settings) if backend == "local" else "private"
         service = reporter.meter.wrap(
-            create_service(backend, self.settings, checkpoints, engine=where, client=self.run_id),
+            create_service(
+                backend,
+                self.settings,
+                checkpoints,
+                engine=where,
+                client=self.run_id,
+                base_model=cfg.model_name,
+            ),
             backend,
         )
         exits.callback(reporter.settle_cost)  # the run's last seconds, however it ends

@@ -1,2 +1,3 @@
-"""The engine host as the server sees it: one connection for the Tinker API, /v1 and test
-inference (link.py), and GET /engine (the host's pid, bases, adapters, clients and queues)."""
+"""This machine's engine hosts as the server sees them: a connection to each for the Tinker API,
+/v1 and test inference, and placement by base model (hosts.py, link.py), and GET /engine (each
+host's device, memory, bases, lanes, clients and queues)."""

@@ -1,6 +1,7 @@
-"""The server's one connection to the engine host, made on first need (starting the host if none
-runs) and made again after the host died. The Tinker API and inference subscribe to what comes
-back: each hears its own replies, and that the host is gone."""
+"""The server's connection to one engine host (one per slot of this machine, server/engine/
+hosts.py holds them), made on first need (starting the host if none runs) and made again after
+the host died. The Tinker API and inference subscribe to what comes back: each hears its own
+replies, and that the host is gone."""
 
 from __future__ import annotations
 
@@ -8,9 +9,12 @@ import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
+from core import engine_host
 from core.engine_client import EngineClient
 from core.engine_host import HostUnavailable
+from core.engine_slots import Slot
 from core.engine_wire import Status
 from core.infer_wire import FromWorker
 from core.settings import Settings
@@ -28,8 +32,9 @@ class Listener:
 
 
 class EngineLink:
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, slot: Slot) -> None:
         self._settings = settings
+        self.slot = slot
         self.var_dir = settings.var_dir
         self._lock = threading.Lock()
         self._client: EngineClient | None = None
@@ -39,6 +44,10 @@ class EngineLink:
 
     def listen(self, listener: Listener) -> None:
         self._listeners.append(listener)
+
+    @property
+    def log_path(self) -> Path:
+        return engine_host.log_path(self.var_dir, self.slot)
 
     @property
     def pid(self) -> int | None:
@@ -55,7 +64,7 @@ class EngineLink:
             if client is not None and client.alive:
                 return client
             try:
-                made = EngineClient(self._settings, "server", "server")
+                made = EngineClient(self._settings, "server", "server", self.slot)
             except HostUnavailable as exc:
                 raise Unavailable(str(exc)) from None
             self._client = client = made.start(
@@ -64,7 +73,7 @@ class EngineLink:
                 on_end=lambda why: self._end(made, why),
             )
             self.connects += 1
-            log.info("connected to the engine host (pid %s)", client.pid)
+            log.info("connected to the engine host %s (pid %s)", self.slot.name, client.pid)
             return client
 
     def status(self) -> Status:

@@ -12,7 +12,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from core.model_names import model_available
+from core.engine_slots import GIB, plan
+from core.model_names import model_available, weight_bytes
 from core.settings import Settings
 from server.errors import DomainError, InvalidValue
 
@@ -132,6 +133,26 @@ class ModelCheck:
                 f"field 'lora_rank': {rank} is above the largest rank the local engine takes, "
                 f"{limit} (RLCS_MAX_LORA_RANK). Use lora_rank <= {limit}, or raise the setting."
             )
+
+    def check_fits(self, model: str, backend: str, engine: str) -> None:
+        """422 naming `model_name` when a local run's base is larger than every engine host's
+        budget (it would wait for room forever); a size or a budget not known here passes."""
+        settings = self._settings
+        if self.backend_for(backend) == "tinker":
+            return
+        if (settings.run_engine if engine == "auto" else engine) != "shared":
+            return
+        needed = weight_bytes(model, settings.models_dir)
+        budgets = [slot.budget_bytes(settings, None) for slot in plan(settings)]
+        if needed is None or any(b is None or needed <= b for b in budgets):
+            return
+        largest = max(b for b in budgets if b is not None)
+        raise InvalidValue(
+            f"field 'model_name': {model} ({needed / GIB:.2f} GiB of weights) fits no engine "
+            f"host: each may hold {largest / GIB:.2f} GiB (RLCS_ENGINE_MEMORY_BUDGET_GB, split "
+            "between the hosts of a device). Raise the budget, give a device fewer hosts "
+            '(RLCS_ENGINE_HOSTS), train a smaller model, or set engine "private".'
+        )
 
     def _check_tinker(self, model: str, field: str, purpose: str, error: type[DomainError]) -> None:
         if self._tinker is None:

@@ -1,8 +1,9 @@
-"""Test inference and chat completions as the server sends them to the engine host (its one
-connection, server/engine/link.py): up to MAX_IN_FLIGHT requests at once (answers routed by
-request id), each with a deadline; a request whose client went away, or whose deadline passed,
-is cancelled in the host at its next decode step. The host is shared with runs: a late request
-is given up on, never answered by restarting the host.
+"""Test inference and chat completions as the server sends them: a chat or a warm-up to the engine
+host placed for its model (server/engine/hosts.py), a test inference scored by an environment to
+the inference client (client_process.py, where environment code runs). Up to MAX_IN_FLIGHT
+requests at once (answers routed by request id), each with a deadline; a request whose client
+went away, or whose deadline passed, is cancelled at its next decode step. The hosts are shared
+with runs: a late request is given up on, never answered by restarting a host.
 """
 
 from __future__ import annotations
@@ -14,47 +15,58 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
-from core import engine_host
 from core.engine_client import EngineClient
-from core.infer_wire import Cancel, Done, FromWorker, Job, Partial
-from core.spec import WorkerJob
-from server.engine.link import EngineLink, Listener
+from core.infer_wire import Cancel, Done, FromWorker, Job, Partial, ToWorker
+from core.settings import Settings
+from core.spec import InferenceJob, WorkerJob
+from server.engine.hosts import EngineHosts
+from server.engine.link import Listener
 from server.errors import Unavailable
+from server.inference.client_process import ClientLife, InferenceClient
 
 log = logging.getLogger(__name__)
 POLL_S = 0.2  # how often a waiting request looks at whether its client gave up
 
-# Requests in the host at once: its engine decodes concurrent requests on the same model as
-# one batch (two /v1 clients' n=8 share each step); past this many a request waits its turn.
+# Requests out at once: a host decodes concurrent requests on the same model as one batch (two
+# /v1 clients' n=8 share each step); past this many a request waits its turn.
 MAX_IN_FLIGHT = 8
+
+
+class Carrier(Protocol):
+    """What a request goes out on: a connection to an engine host, or a life of the inference
+    client."""
+
+    def send_infer(self, message: ToWorker) -> bool: ...
+
+    def why_gone(self) -> str: ...
 
 
 @dataclass
 class _Waiting:
-    client: EngineClient  # the connection the request went out on
-    lines: queue.Queue[FromWorker | None]  # its partial lines and answer; None: host gone
+    carrier: Carrier  # what the request went out on
+    lines: queue.Queue[FromWorker | None]  # its partial lines and answer; None: carrier gone
 
 
 class InferenceWorker:
-    def __init__(self, link: EngineLink) -> None:
-        self._link = link
+    def __init__(self, settings: Settings, hosts: EngineHosts) -> None:
+        self._hosts = hosts
         self._lock = threading.Lock()  # the waiting table
         self._slots = threading.BoundedSemaphore(MAX_IN_FLIGHT)
         self._waiting: dict[int, _Waiting] = {}
         self._ids = itertools.count(1)
-        self.log_path: Path = engine_host.folder(link.var_dir) / engine_host.LOG
-        link.listen(Listener(on_infer=self._route, on_end=self._ended))
+        self.client = InferenceClient(settings, self._route, self._ended)
+        hosts.listen(Listener(on_infer=self._route, on_end=self._host_ended))
 
     @property
     def pid(self) -> int | None:
-        return self._link.pid
+        """The inference client's pid while it runs."""
+        return self.client.pid
 
     @property
     def starts(self) -> int:
-        return self._link.connects
+        return self.client.starts
 
     def request(
         self,
@@ -66,11 +78,10 @@ class InferenceWorker:
     ) -> dict[str, Any]:
         """Send one request and wait for its answer.
 
-        Up to MAX_IN_FLIGHT requests are in the host at once; `queue_s` bounds the wait for
-        a place while that many are (or while the model loads at start-up); past it the
-        request is refused rather than left waiting. Once `abandoned` is set (the client went
-        away), the host is told to stop it. `on_partial` gets the request's partial lines
-        (a streamed chat's new text)."""
+        Up to MAX_IN_FLIGHT requests are out at once; `queue_s` bounds the wait for a place
+        while that many are (or while the model loads at start-up); past it the request is
+        refused rather than left waiting. Once `abandoned` is set (the client went away), the
+        request is stopped. `on_partial` gets its partial lines (a streamed chat's new text)."""
         if not self._slots.acquire(timeout=None if queue_s is None else max(0.0, queue_s)):
             raise Unavailable(
                 f"inference is still busy after {queue_s:.0f} s (loading the model at "
@@ -79,34 +90,42 @@ class InferenceWorker:
         try:
             if abandoned is not None and abandoned.is_set():
                 raise Unavailable("the client went away before the request was sent")
-            return self._request(job, timeout_s, abandoned, on_partial)
+            return self._request(self._carrier(job), job, timeout_s, abandoned, on_partial)
         finally:
             self._slots.release()
 
+    def _carrier(self, job: WorkerJob) -> Carrier:
+        """Environment code to the inference client; a chat or warm-up to its model's host
+        (a hosted-Tinker chat to the first host, which only relays it)."""
+        if isinstance(job, InferenceJob):
+            return self.client.life()
+        local = job.backend == "local"
+        return self._hosts.place(job.model if local else None).client()
+
     def _request(
         self,
+        carrier: Carrier,
         job: WorkerJob,
         timeout_s: float,
         abandoned: threading.Event | None,
         on_partial: Callable[[Partial], None] | None = None,
     ) -> dict[str, Any]:
-        client = self._link.client()
         job_id = next(self._ids)
-        waiting = _Waiting(client, queue.Queue())
+        waiting = _Waiting(carrier, queue.Queue())
         with self._lock:
             self._waiting[job_id] = waiting
         try:
-            if not client.send_infer(Job(id=job_id, job=job)):
-                raise Unavailable(client.why_gone())
+            if not carrier.send_infer(Job(id=job_id, job=job)):
+                raise Unavailable(carrier.why_gone())
             deadline = time.monotonic() + timeout_s
             cancelled = False
             while True:
                 if abandoned is not None and abandoned.is_set() and not cancelled:
-                    cancelled = client.send_infer(Cancel(id=job_id))
+                    cancelled = carrier.send_infer(Cancel(id=job_id))
                     log.info("inference request %s cancelled: its client went away", job_id)
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    client.send_infer(Cancel(id=job_id))
+                    carrier.send_infer(Cancel(id=job_id))
                     raise Unavailable(
                         f"inference did not finish within {timeout_s:.0f} s (it was cancelled); "
                         "send fewer prompts or a smaller max_tokens, or raise "
@@ -118,7 +137,7 @@ class InferenceWorker:
                     continue
                 match message:
                     case None:
-                        raise Unavailable(client.why_gone())
+                        raise Unavailable(carrier.why_gone())
                     case Done(body=body):
                         return body
                     case Partial() if on_partial is not None:
@@ -127,24 +146,30 @@ class InferenceWorker:
             with self._lock:
                 self._waiting.pop(job_id, None)
 
-    def _route(self, client: EngineClient, message: FromWorker) -> None:
-        """On the connection's reading thread: a line to the request it answers (a late line
-        of a request given up on goes nowhere)."""
+    def _route(self, carrier: Carrier, message: FromWorker) -> None:
+        """On a reading thread: a line to the request it answers (a late line of a request
+        given up on goes nowhere)."""
         with self._lock:
             waiting = self._waiting.get(message.id) if message.id is not None else None
-        if waiting is not None and waiting.client is client:
+        if waiting is not None and waiting.carrier is carrier:
             waiting.lines.put(message)
 
-    def _ended(self, client: EngineClient, _why: str) -> None:
-        """The host (or the connection) is gone: its requests hear it."""
+    def _host_ended(self, client: EngineClient, _why: str) -> None:
+        self._ended(client)
+
+    def _ended(self, carrier: Carrier | ClientLife) -> None:
+        """A host (or the connection to it), or the inference client, is gone: its requests
+        hear it."""
         with self._lock:
-            mine = [w for w in self._waiting.values() if w.client is client]
+            mine = [w for w in self._waiting.values() if w.carrier is carrier]
         for waiting in mine:
             waiting.lines.put(None)
 
     def stop(self) -> None:
-        """The server stops: requests still waiting give up (the host goes on)."""
+        """The server stops: requests still waiting give up (the hosts go on), and the
+        inference client ends."""
         with self._lock:
             waiting = list(self._waiting.values())
         for entry in waiting:
             entry.lines.put(None)
+        self.client.stop()

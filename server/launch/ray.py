@@ -34,13 +34,19 @@ def job_id_for(run: Run) -> str:
 
 def resources_for(config: dict[str, Any], settings: Settings) -> Resources:
     """What the job asks of the cluster: the config's num_gpus/num_cpus, else 1 GPU for a
-    local backend told to use CUDA, none for Tinker (its GPUs are remote), and 1 CPU."""
+    local run that holds its own model on CUDA (engine private), none for a run on its node's
+    engine hosts (they own the node's GPUs: docs/scale-out.md) or on Tinker (its GPUs are
+    remote), and 1 CPU."""
     num_gpus = config.get("num_gpus")
     if num_gpus is None:
         backend = config.get("backend", "auto")
         if backend == "auto":
             backend = settings.default_backend
-        num_gpus = 1 if backend == "local" and settings.device == "cuda" else 0
+        engine = config.get("engine", "auto")
+        if engine == "auto":
+            engine = settings.run_engine
+        own_gpu = backend == "local" and engine == "private" and settings.device == "cuda"
+        num_gpus = 1 if own_gpu else 0
     num_cpus = config.get("num_cpus")
     return Resources(num_cpus=1.0 if num_cpus is None else float(num_cpus), num_gpus=num_gpus)
 

@@ -13,6 +13,7 @@ import asyncio
 import logging
 import threading
 from collections import defaultdict
+from collections.abc import Callable
 
 from sqlalchemy.engine import Engine
 from sqlmodel import col, select
@@ -21,17 +22,26 @@ from core import lifecycle
 from core.db import read_session
 from core.models import Run, RunStatus
 from core.settings import Settings
-from server.launch.launcher import LauncherHealth, launcher_of
+from server.launch.launcher import LOCAL_LAUNCHER, LauncherHealth, launcher_of
 from server.launch.launchers import Launchers
 from server.launch.leadership import Leadership
 
 log = logging.getLogger(__name__)
+WAITING = "waiting for room"  # how a wait reason starts (server/engine/room.py)
 
 
 class Supervisor:
-    def __init__(self, settings: Settings, engine: Engine) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        engine: Engine,
+        wait_reason: Callable[[Run], str | None] = lambda run: None,
+    ) -> None:
+        """`wait_reason`: why a queued run cannot start yet where it would run (its engine
+        host has no room for its base), or None; asked of the local launcher's runs."""
         self._settings = settings
         self._engine = engine
+        self._wait_reason = wait_reason
         self._lock = threading.Lock()
         self._event: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -163,5 +173,17 @@ class Supervisor:
             ).all()
         launcher = self.launchers.configured()
         for run in queued:
+            if launcher.kind == LOCAL_LAUNCHER and self._waits(run):
+                continue  # a run behind it on another base may fit
             if not launcher.start(run):
                 return  # it cannot start runs now (Ray unreachable): the queue waits, in order
+
+    def _waits(self, run: Run) -> bool:
+        """Whether `run` waits for room, its details saying why (written when that changes)."""
+        reason = self._wait_reason(run)
+        if reason is not None and reason != run.details:
+            lifecycle.record_fields(self._engine, run.id, details=reason)
+            log.info("run %s waits: %s", run.id, reason)
+        elif reason is None and run.details is not None and run.details.startswith(WAITING):
+            lifecycle.record_fields(self._engine, run.id, details=None)
+        return reason is not None

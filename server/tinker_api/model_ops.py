@@ -58,6 +58,7 @@ class TinkerModels:
         lora = body.lora_config
         model = Model(model_id, body.model_seq_id, body.base_model, lora.rank, body.user_metadata)
         session.add_model(model)
+        await self._hub.place(session, body.base_model)
         request = CreateModel(
             model_id=model_id,
             base_model=body.base_model,
@@ -223,6 +224,7 @@ class TinkerModels:
         rank = (record.get("lora") or {}).get("rank")
         model = Model(model_id, body.model_seq_id, base, rank, body.user_metadata)
         session.add_model(model)
+        await self._hub.place(session, base or None)
         reply = {"path": body.path, "model_id": model_id, "type": "load_weights"}
         request = LoadModel(
             model_id=model_id,

@@ -42,6 +42,7 @@ class TinkerSampling:
                 "create_sampling_session: give model_path (a tinker:// path that "
                 "save_weights_for_sampler returned) or base_model"
             )
+        await self._hub.place(session, base or None)
         await self._hub.call(session, request)  # it loads meanwhile; samples asked wait for it
         session.add_sampler(Sampler(sampler_id, base, body.model_path))
         return {"type": "create_sampling_session", "sampling_session_id": sampler_id}

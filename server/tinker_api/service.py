@@ -16,7 +16,7 @@ from sqlalchemy.engine import Engine
 from core.model_names import context_length, known_models
 from core.models import RunStatus
 from core.settings import Settings
-from server.engine.link import EngineLink
+from server.engine.hosts import EngineHosts
 from server.errors import Gone, NotFound
 from server.tinker_api import schemas
 from server.tinker_api.billing import TinkerBilling
@@ -53,11 +53,11 @@ class TinkerService:
         self,
         settings: Settings,
         engine: Engine,
-        link: EngineLink,
+        hosts: EngineHosts,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._settings = settings
-        self._hub = SessionHub(settings, engine, link, clock)
+        self._hub = SessionHub(settings, engine, hosts, clock)
         self.records: SessionRecords = self._hub.records
         self.signer = DownloadSigner()
         self.weights = TinkerWeights(self.records, self.signer)

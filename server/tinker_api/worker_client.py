@@ -1,10 +1,11 @@
-"""The Tinker API's side of the engine host (server/engine/link.py: the server's one connection,
-the host started on first use and outliving the server).
+"""The Tinker API's side of the engine hosts (server/engine/hosts.py: the server's connection to
+each, a host started on first use and outliving the server). A session is placed on one host at
+its first model or sampler (`place`) and sends every request there.
 
 Each request (core.tinker_wire) gets an acknowledgement, awaited by the POST that sent it, and
 once accepted its answer later, handed to the request's `on_answer` on the event loop; if the
 host (or the connection to it) goes first, `on_answer` gets a `Failed` (category server) in its
-place, and `on_exit` hears why: the sessions' models went with it.
+place, and `on_exit` hears which host and why: the models of its sessions went with it.
 """
 
 from __future__ import annotations
@@ -17,10 +18,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from core import engine_host
 from core.engine_client import EngineClient
 from core.tinker_wire import Accepted, Answer, Done, Failed, Op, Refused, Reply
-from server.engine.link import EngineLink, Listener
+from server.engine.hosts import EngineHosts
+from server.engine.link import Listener
 from server.errors import Unavailable
 
 log = logging.getLogger(__name__)
@@ -45,32 +46,43 @@ class _Pending:
 
 
 class EngineTinker:
-    def __init__(self, link: EngineLink, on_exit: Callable[[str], None]) -> None:
-        self._link = link
-        self._on_exit = on_exit  # told (on the event loop) when the host died
+    def __init__(self, hosts: EngineHosts, on_exit: Callable[[int, str], None]) -> None:
+        self._hosts = hosts
+        self._on_exit = on_exit  # told (on the event loop) which host died, and why
         self._pending: dict[int, _Pending] = {}  # by id() of the connection
         self._ids = itertools.count(1)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
-        self.log_path: Path = engine_host.folder(link.var_dir) / engine_host.LOG
-        link.listen(
+        hosts.listen(
             Listener(
                 on_tinker=lambda client, reply: self._hand_over(self._dispatch, client, reply),
                 on_end=lambda client, why: self._hand_over(self._exited, client, why),
             )
         )
 
-    @property
-    def pid(self) -> int | None:
-        return self._link.pid
+    def alive(self, host: int | None) -> bool:
+        """Whether the server is connected to host `host` (its sessions' models are there)."""
+        return host is not None and self._hosts.links[host].pid is not None
 
-    async def call(self, request: Op[Any], on_answer: OnAnswer | None = None) -> Refusal | None:
-        """Send one request; once acknowledged, None or why it was refused. `on_answer` gets
-        its answer later (a refused request has none)."""
+    def log_path(self, host: int) -> Path:
+        return self._hosts.links[host].log_path
+
+    async def place(self, base: str | None) -> int:
+        """The host a new session on `base` goes to (connected: it may start the host)."""
         self._loop = asyncio.get_running_loop()
         if self._closed:
             raise Unavailable("the server is shutting down")
-        client = await asyncio.to_thread(self._link.client)  # may start the host: seconds
+        link = await asyncio.to_thread(self._hosts.place, base)
+        return link.slot.index
+
+    async def call(self, request: Op[Any], on_answer: OnAnswer | None, host: int) -> Refusal | None:
+        """Send one request to host `host`; once acknowledged, None or why it was refused.
+        `on_answer` gets its answer later (a refused request has none)."""
+        self._loop = asyncio.get_running_loop()
+        if self._closed:
+            raise Unavailable("the server is shutting down")
+        link = self._hosts.links[host]
+        client = await asyncio.to_thread(link.client)  # may start the host: seconds
         pending = self._pending.setdefault(id(client), _Pending())
         request = request.model_copy(update={"id": next(self._ids)})
         ack: asyncio.Future[Refusal | None] = self._loop.create_future()
@@ -85,8 +97,8 @@ class EngineTinker:
         except TimeoutError:
             pending.answers.pop(request.id, None)
             raise Unavailable(
-                f"the engine host did not take the request within {ACK_TIMEOUT_S:.0f} s; "
-                f"see {self.log_path}"
+                f"the engine host {link.slot.name} did not take the request within "
+                f"{ACK_TIMEOUT_S:.0f} s; see {link.log_path}"
             ) from None
         except BaseException:
             pending.answers.pop(request.id, None)
@@ -136,7 +148,7 @@ class EngineTinker:
             _settle(ack, Refusal(503, why))
         for on_answer in pending.answers.values():
             on_answer(Failed(error=why, category="server"), 0.0)
-        self._on_exit(why)
+        self._on_exit(client.slot.index, why)
 
 
 def _settle(ack: asyncio.Future[Refusal | None] | None, refusal: Refusal | None) -> None:

@@ -116,14 +116,14 @@ def test_two_runs_on_one_node_share_its_engine_host(
         try:
 
             def both_attached() -> dict | None:
-                engine = server.api.get("/engine").json()
-                names = {c["client"] for c in engine.get("clients", [])}
+                (host,) = server.api.get("/engine").json()["hosts"]
+                names = {c["client"] for c in host["clients"]}
                 # A client says hello before its base is loaded: wait for both.
-                attached = {f"run {r}" for r in runs} <= names and engine.get("bases")
-                return engine if attached else None
+                attached = {f"run {r}" for r in runs} <= names and host["bases"]
+                return host if attached else None
 
-            engine = wait_for(both_attached, 180, every=0.5)
-            assert engine["running"] and [b["name"] for b in engine["bases"]] == ["tiny-random"]
+            host = wait_for(both_attached, 180, every=0.5)
+            assert host["running"] and [b["name"] for b in host["bases"]] == ["tiny-random"]
         finally:
             for run_id in runs:
                 server.api.post(f"/runs/{run_id}/stop")

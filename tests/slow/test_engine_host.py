@@ -17,6 +17,7 @@ import httpx
 import pytest
 
 from core import engine_host
+from core.engine_slots import plan
 from core.engine_wire import FROM_HOST, WIRE, Hello
 from core.line_socket import LineSocket
 from tests.support.helpers import TINY_RUN, finish_run, run_of, start_run, wait_for
@@ -37,6 +38,11 @@ def server(tmp_path: Path) -> Iterator[LiveServer]:
 def steps_recorded(server: LiveServer, run_id: str) -> list[int]:
     rows = server.api.get(f"/runs/{run_id}/history").json()["rows"]
     return [row["step"] for row in rows if "time/step_s" in row]
+
+
+def first_host(server: LiveServer) -> dict:
+    """GET /engine's first host (the machine's one, where RLCS_ENGINE_HOSTS is unset)."""
+    return server.api.get("/engine").json()["hosts"][0]
 
 
 def host_pid(server: LiveServer) -> int:
@@ -65,13 +71,13 @@ def test_a_killed_run_is_released_at_once(server: LiveServer) -> None:
     name = f"run {run_id}"
 
     def clients() -> list[dict]:
-        return server.api.get("/engine").json()["clients"]
+        return first_host(server)["clients"]
 
     wait_for(lambda: any(c["client"] == name and c["models"] for c in clients()), 120)
     assert run_of(server.api, run_id)["pid"]
     os.kill(run_of(server.api, run_id)["pid"], signal.SIGKILL)
     wait_for(lambda: all(c["client"] != name for c in clients()), 30)
-    assert server.api.get("/engine").json()["bases"] == []  # its model (and base) freed
+    assert first_host(server)["bases"] == []  # its model (and base) freed
 
 
 def test_a_client_gone_silent_is_released_after_its_timeout(tmp_path: Path) -> None:
@@ -83,7 +89,7 @@ def test_a_client_gone_silent_is_released_after_its_timeout(tmp_path: Path) -> N
     said = time.monotonic()
     assert quiet.read_one(30) is None  # the host closed it
     assert time.monotonic() - said < 10
-    log = (engine_host.folder(settings.var_dir) / engine_host.LOG).read_text()
+    log = engine_host.log_path(settings.var_dir, plan(settings)[0]).read_text()
     assert "client quiet sent nothing" in log
 
 
@@ -99,7 +105,7 @@ def test_a_killed_server_leaves_runs_and_host_working_and_is_adopted(tmp_path: P
     wait_for(lambda: _step_in_db(var, run_id) > step + 1, 120, every=0.2)
     second = LiveServer(var).start()
     try:
-        engine = second.api.get("/engine").json()
+        engine = first_host(second)
         assert engine["pid"] == pid  # adopted, not started again
         assert any(c["client"] == f"run {run_id}" for c in engine["clients"])
         assert finish_run(second.api, run_id, timeout=300)["status"] == "succeeded"
@@ -126,8 +132,10 @@ def test_engine_lists_the_host(server: LiveServer) -> None:
     run_id = start_run(server.api, **RUN, total_steps=2)
     assert finish_run(server.api, run_id, timeout=120)["status"] == "succeeded"
     engine = server.api.get("/engine").json()
-    assert engine["running"] and engine["pid"] == host_pid(server)
-    assert engine["log"].endswith("engine/host.log")
+    (host,) = engine["hosts"]  # one on a machine without a GPU
+    assert engine["running"] and host["running"] and host["pid"] == host_pid(server)
+    assert host["device"] == "cpu" and host["name"] == f"{engine['node']}/0"
+    assert host["log"].endswith("/0/host.log") and host["rss_bytes"] > 0
     assert httpx.get(f"{server.url}/engine").status_code == 200
 
 

@@ -18,7 +18,7 @@ import tinker
 
 from core import engine_host
 from core.models import RunStatus
-from server.engine.link import EngineLink
+from server.engine.hosts import EngineHosts
 from server.tinker_api import schemas
 from server.tinker_api.service import TinkerService
 from tests.support.helpers import pid_alive, processes_with, wait_for
@@ -126,7 +126,7 @@ def test_a_quiet_session_is_settled_when_its_time_is_up(tmp_path: Path) -> None:
     engine = make_engine(settings.db_url)
     upgrade(engine)
     now = [1000.0]
-    service = TinkerService(settings, engine, EngineLink(settings), clock=lambda: now[0])
+    service = TinkerService(settings, engine, EngineHosts(settings), clock=lambda: now[0])
 
     async def scenario() -> tuple[str, str]:
         await service.start()

@@ -40,7 +40,7 @@ from core.tinker_wire import (
     SaveState,
     Snapshot,
 )
-from server.engine.link import EngineLink
+from server.engine.hosts import EngineHosts
 from server.errors import BadRequest, DomainError, NotFound, Unavailable
 from server.tinker_api import paths
 from server.tinker_api.schemas import JsonObject
@@ -59,7 +59,7 @@ class SessionHub:
         self,
         settings: Settings,
         engine: Engine,
-        link: EngineLink,
+        hosts: EngineHosts,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.settings = settings
@@ -67,7 +67,7 @@ class SessionHub:
         self.records = SessionRecords(engine, settings.runs_dir)
         self.recorder = Recorder(self.records)
         self.futures = FutureRegistry(clock, settings.tinker_future_ttl_s)
-        self.worker = EngineTinker(link, self._worker_exited)
+        self.worker = EngineTinker(hosts, self._worker_exited)
         self.sessions: dict[str, Session] = {}
 
     def close(self) -> None:
@@ -114,7 +114,7 @@ class SessionHub:
         if message is None:
             return
         self.futures.fail_session(session.id, message, category)
-        if release and session.uses_worker and self.worker.pid is not None:
+        if release and session.uses_worker and self.worker.alive(session.host):
             freed = Release(
                 models=[m.model_id for m in session.models.values()],
                 samplers=list(session.samplers),
@@ -132,9 +132,9 @@ class SessionHub:
             if session.ended_at is not None and now - session.ended_at > keep:
                 del self.sessions[session.id]
 
-    def _worker_exited(self, why: str) -> None:
+    def _worker_exited(self, host: int, why: str) -> None:
         for session in list(self.sessions.values()):
-            if session.uses_worker and session.ended is None:
+            if session.uses_worker and session.ended is None and session.host == host:
                 session.uses_worker = False  # its models went with the host
                 self.end(
                     session,
@@ -222,17 +222,25 @@ class SessionHub:
         """Send a request to the worker for `session`, answering its POST's refusal."""
         if session.ended is not None and not ended_ok:
             raise BadRequest(session.ended)
+        host = await self.place(session, None)
         session.uses_worker = True
         with session.busy():
-            refusal = await self.worker.call(request, on_answer)
+            refusal = await self.worker.call(request, on_answer, host)
         if refusal is None:
             return
         if refusal.status >= 500 and refusal.status != 500:
             raise Unavailable(refusal.detail)
         if refusal.status == 404:
             raise NotFound(refusal.detail)
-        suffix = "" if refusal.status < 500 else f" (a bug; see {self.worker.log_path})"
+        suffix = "" if refusal.status < 500 else f" (a bug; see {self.worker.log_path(host)})"
         raise BadRequest(refusal.detail + suffix)
+
+    async def place(self, session: Session, base: str | None) -> int:
+        """The engine host of `session`: where it was placed, else (its first model or sampler,
+        on `base`) the host placement chooses now, for the session's life."""
+        if session.host is None:
+            session.host = await self.worker.place(base)
+        return session.host
 
     def failed_now(
         self, session: Session, kind: str, outcome: Outcome, model_id: str | None = None

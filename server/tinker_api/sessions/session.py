@@ -87,7 +87,10 @@ class Session:
     tally: StepTally = field(default_factory=StepTally)
     ended: str | None = None  # what a request of an ended session is told
     ended_at: float | None = None
-    uses_worker: bool = False  # it has models or samplers in the Tinker worker
+    uses_worker: bool = False  # it has models or samplers in an engine host
+    # The engine host it was placed on at its first model or sampler (its index among this
+    # machine's hosts): every request of its goes there, its snapshots live there.
+    host: int | None = None
     # Its client's requests being answered now (a held poll, a POST waiting for the worker):
     # a client waiting on us is not quiet.
     waiting: int = 0
