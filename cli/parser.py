@@ -27,7 +27,12 @@ def build_parser() -> argparse.ArgumentParser:
     _global_options(parser)
     top = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     add(top, "health", commands.health, "server liveness, version, backend and counts")
-    add(top, "engine", engine.show, "the engine host: its models, slots, clients and queue")
+    add(
+        top,
+        "engine",
+        engine.show,
+        "the engine hosts: each one's device, memory, models, lanes, clients",
+    )
 
     envs = top.add_parser("envs", help="list, select and inspect environments")
     env_cmds = envs.add_subparsers(dest="envs_command", metavar="ACTION", required=True)

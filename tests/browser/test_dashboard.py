@@ -1,6 +1,6 @@
 """The dashboard in a real browser against a live server and real tiny-random runs: start a run
 from the form and stop it, the runs list, comparing two runs, a rejected config value, trying
-the model, and the connection indicator across a server restart.
+the model, the engine page's hosts, and the connection indicator across a server restart.
 
 Only the page's DOM contract is used (data-testid, data-page, data-col, data-metric, ...); the
 REST API sets up state and checks what the page did. The page is waited on through
@@ -12,13 +12,16 @@ from __future__ import annotations
 import json
 import re
 import signal
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
 
 import httpx
 import pytest
 
 from tests.browser.conftest import ConsoleErrors, screenshot, shut_down
+from tests.support.engine_answers import two_hosts
 from tests.support.helpers import FINISHED, TINY_RUN, finish_run, run_of, start_run, wait_for
 from tests.support.live_server import LiveServer
 
@@ -27,7 +30,7 @@ expect = pytest.importorskip(
 ).expect
 
 if TYPE_CHECKING:
-    from playwright.sync_api import Locator, Page
+    from playwright.sync_api import Locator, Page, Route
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -336,16 +339,75 @@ def test_the_engine_page_shows_the_host_its_models_and_a_running_run(
     run_id = create_run(api, total_steps=400)
     try:
         wait_for(lambda: run_of(api, run_id)["step"] >= 1, RUN_START_S)
+        hosts = api.get("/engine").json()["hosts"]
         root = open_route(page, live_server, "engine", "engine")
         expect(page.locator("a[data-testid=nav-engine]")).to_have_class(re.compile("active"))
-        expect(root.get_by_test_id("engine-summary")).to_contain_text("pid ")
-        expect(root.locator("[data-testid=engine-bases] tr[data-base=tiny-random]")).to_be_visible()
-        client = root.locator(f"[data-testid=engine-clients] tr[data-client='run {run_id}']")
+        expect(root.get_by_test_id("engine-host")).to_have_count(len(hosts))
+        expect(root.get_by_test_id("engine-node")).to_contain_text(f"{len(hosts)} host(s), ")
+        # The host the run was placed on (the machine's one on a CPU; a GPU machine has more).
+        placed = page.locator(f"tr[data-client='run {run_id}']")
+        host = root.locator("[data-testid=engine-host]", has=placed)
+        expect(host).to_have_attribute("data-running", "true")
+        expect(host).to_have_attribute("data-host", re.compile(r"^.+/\d+$"))
+        expect(host.get_by_test_id("engine-device")).to_have_text(re.compile(r"^(cpu|cuda:\d+)$"))
+        expect(host.get_by_test_id("engine-summary")).to_contain_text("pid ")
+        expect(host.get_by_test_id("engine-memory")).to_contain_text(
+            re.compile(r"\d+ [KMG]iB resident .*budget \d")
+        )
+        base = host.locator("[data-testid=engine-bases] tr[data-base=tiny-random]")
+        expect(base.locator("td[data-col=users]")).to_have_text(re.compile(r"^[1-9]\d*$"))
+        expect(base.locator("td[data-col=state]")).to_have_text("loaded")
+        lanes = host.locator("[data-testid=engine-lanes] tr[data-base=tiny-random]")
+        expect(lanes).to_have_count(2)  # RLCS_TRAINING_LANES: 2
+        client = host.locator(f"[data-testid=engine-clients] tr[data-client='run {run_id}']")
         expect(client).to_be_visible()
         expect(client.locator("a")).to_have_attribute("href", f"#/runs/{run_id}")
+        expect(client.locator("td[data-col=bases]")).to_have_text("tiny-random")
         screenshot(page, "engine")
     finally:
         stop(api, run_id)
+
+
+def test_the_engine_page_shows_every_host_its_lanes_and_gpu_memory(
+    page: Page, live_server: LiveServer
+) -> None:
+    # A machine with two GPUs, as tests/support/engine_answers.py answers: GET /engine
+    # is answered by the browser here, so the page's every part shows without a GPU.
+    def answer(route: Route) -> None:
+        route.fulfill(json=two_hosts(time.time()))
+
+    page.route(lambda url: urlsplit(url).path == "/engine", answer)
+    root = open_route(page, live_server, "engine", "engine")
+    expect(root.get_by_test_id("engine-node")).to_have_text("Machine box: 2 host(s), 1 running.")
+    hosts = root.get_by_test_id("engine-host")
+    expect(hosts).to_have_count(2)
+    assert [h.get_attribute("data-host") for h in hosts.all()] == ["box/0", "box/1"]
+
+    gpu = root.locator("[data-testid=engine-host][data-host='box/0']")
+    expect(gpu.get_by_test_id("engine-device")).to_have_text("cuda:0")
+    expect(gpu.get_by_test_id("engine-summary")).to_contain_text("pid 4242, up 13 min")
+    expect(gpu.get_by_test_id("engine-memory")).to_have_text(
+        "Memory: 2.5 GiB resident · GPU 140.0 GiB, 100.0 GiB free · budget 63.0 GiB"
+    )
+    bases = gpu.locator("[data-testid=engine-bases] tbody tr")
+    expect(bases).to_have_count(2)
+    expect(bases.nth(0)).to_have_attribute("data-base", "Qwen/Qwen3-8B")
+    expect(bases.nth(0).locator("td")).to_have_text(["Qwen/Qwen3-8B", "16.0 GiB", "3", "loaded"])
+    expect(bases.nth(1).locator("td")).to_have_text(["tiny-random", "354 KiB", "1", "loading"])
+    lanes = gpu.locator("[data-testid=engine-lanes] tbody tr")
+    expect(lanes).to_have_count(2)
+    expect(lanes.nth(0).locator("td")).to_have_text(["Qwen/Qwen3-8B", "0", "yes", "2"])
+    expect(lanes.nth(1).locator("td")).to_have_text(["Qwen/Qwen3-8B", "1", "no", "0"])
+    client = gpu.locator("[data-testid=engine-clients] tr[data-client='run r-0000abcd']")
+    expect(client.locator("td[data-col=samplers]")).to_have_text("2")
+
+    idle = root.locator("[data-testid=engine-host][data-host='box/1']")
+    expect(idle).to_have_attribute("data-running", "false")
+    expect(idle.get_by_test_id("engine-device")).to_have_text("gpu 1")
+    expect(idle.get_by_test_id("engine-summary")).to_contain_text("Not running")
+    expect(idle.get_by_test_id("engine-log")).to_contain_text("/srv/var/engine/box/1/host.log")
+    expect(idle.locator("table")).to_have_count(0)
+    screenshot(page, "engine-hosts")
 
 
 def test_connection_indicator_follows_the_server(
