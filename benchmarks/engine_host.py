@@ -1,15 +1,21 @@
-"""One engine per machine: runs on the shared engine host against runs that each hold their own
-copy of the engine (`engine: private`, the former default), through a live server, side by side
-in one run. SmolLM2-135M, a short `repeat_word` run (4 steps, group 4, batch 2, 16 tokens).
+"""Engine hosts through a live server, side by side in one run. SmolLM2-135M, a short
+`repeat_word` run (4 steps, group 4, batch 2, 16 tokens). Parts:
 
-- Memory: the peak, summed over every process the server started (runners, the engine host),
-  sampled every 0.1 s, for one run alone and for 4 runs at once.
-- Wall time: the 4 runs at once, against the same 4 one after another (private).
-- Step time: a run alone through the host against one alone in its own process (the median
-  `time/step_s` of its steps).
+- `shared` (issue 43): runs on the shared engine host against runs that each hold their own
+  copy of the engine (`engine: private`). Memory: the peak, summed over every process the
+  server started (runners, the engine hosts), sampled every 0.1 s, for one run alone and for 4
+  at once; wall time of the 4 at once against 4 one after another; a run's step alone through
+  the host against one in its own process (the median `time/step_s` of its steps).
+- `kept` (issue 52): one server kept up, 1 run, then 4 at once, then 1 again: each batch's
+  peak (every process of the server, the server included, and its hosts) against the first
+  one's, and the host's RSS after each batch against before it (what a host keeps after its
+  runs end counts against the next).
+- `hosts` (issue 52): runs on bases X, Y, X (SmolLM2 and a copy of it under another name) at
+  once on two engine hosts (RLCS_ENGINE_HOSTS=2, each on one core) against one host: the
+  hosts made, where each base loaded, wall time and peak memory.
 
-Run from the repo root (about 10 minutes on 2 CPU cores):
-    .venv/bin/python -m benchmarks.engine_host [--rounds 1]
+Run from the repo root (about 10 minutes a part on 2 CPU cores):
+    .venv/bin/python -m benchmarks.engine_host [--parts shared,kept,hosts] [--rounds 1]
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import shutil
 import statistics
 import tempfile
 import threading
@@ -28,8 +35,9 @@ import httpx
 import psutil
 
 from core import engine_host
-from core.model_names import SMOLLM2, smollm2_is_converted
-from tests.support.helpers import finish_run, start_run
+from core.model_names import SMOLLM2, smollm2_converted_dir, smollm2_is_converted
+from core.settings import Settings
+from tests.support.helpers import finish_run, start_run, wait_for
 from tests.support.live_server import LiveServer
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
@@ -48,12 +56,14 @@ RUN = {
 
 
 class PeakMemory:
-    """The summed memory of a server's processes and its engine host, at its peak: resident
+    """The summed memory of a server's processes and its engine hosts, at its peak: resident
     (RSS: pages shared between processes, torch's libraries and the mapped weights, counted in
-    each) and proportional (PSS: a shared page split between the processes that map it)."""
+    each) and proportional (PSS: a shared page split between the processes that map it); the
+    server itself counted with `with_server`."""
 
-    def __init__(self, server: LiveServer) -> None:
+    def __init__(self, server: LiveServer, with_server: bool = False) -> None:
         self._server = server
+        self._with_server = with_server
         self.peak = 0
         self.peak_pss = 0
         self._stop = threading.Event()
@@ -72,9 +82,10 @@ class PeakMemory:
         root = psutil.Process(self._server.proc.pid)
         while not self._stop.wait(0.1):
             processes = {p.pid: p for p in root.children(recursive=True)}
-            record = engine_host.read_record(self._server.var_dir)
-            if record is not None and psutil.pid_exists(record.pid):
-                processes.setdefault(record.pid, psutil.Process(record.pid))
+            if self._with_server:
+                processes[root.pid] = root
+            for pid in host_pids(self._server.var_dir):
+                processes.setdefault(pid, psutil.Process(pid))
             rss = pss = 0
             for process in processes.values():
                 try:
@@ -86,10 +97,23 @@ class PeakMemory:
             self.peak_pss = max(self.peak_pss, pss)
 
 
-def runs_at_once(api: httpx.Client, count: int, engine: str) -> float:
-    """`count` runs started together; seconds until the last ends."""
+def host_pids(var_dir: Path) -> list[int]:
+    """The live engine hosts of `var_dir` on this machine."""
+    records = [engine_host.read_record(home) for home in engine_host.recorded(var_dir)]
+    return [r.pid for r in records if r is not None and psutil.pid_exists(r.pid)]
+
+
+def runs_at_once(
+    api: httpx.Client, count: int, engine: str, models: list[str] | None = None
+) -> float:
+    """`count` runs started together (on `models` in turn, else SmolLM2); seconds until the
+    last ends."""
     started = time.perf_counter()
-    ids = [start_run(api, **RUN, seed=i, engine=engine) for i in range(count)]
+    bases = models or [SMOLLM2]
+    ids = [
+        start_run(api, **{**RUN, "model_name": bases[i % len(bases)]}, seed=i, engine=engine)
+        for i in range(count)
+    ]
     for run_id in ids:
         assert finish_run(api, run_id, timeout=1800)["status"] == "succeeded", run_id
     return time.perf_counter() - started
@@ -128,6 +152,7 @@ def best(values: list[Measured]) -> Measured:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--parts", default="shared,kept,hosts")
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--models-dir", type=Path, default=PROJECT_ROOT / "var" / "models")
     args = parser.parse_args()
@@ -139,8 +164,20 @@ def main() -> None:
         f"# {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs; SmolLM2, "
         f"repeat_word, 4 steps x group 4 x batch 2 x 16 tokens; best of {args.rounds}"
     )
+    parts = args.parts.split(",")
+    if "shared" in parts:
+        shared_against_private(models_dir, args.rounds)
+    if "kept" in parts:
+        for _ in range(args.rounds):
+            kept_up(models_dir)
+    if "hosts" in parts:
+        for _ in range(args.rounds):
+            two_hosts(models_dir)
+
+
+def shared_against_private(models_dir: Path, rounds: int) -> None:
     results: dict[tuple[str, int], list[Measured]] = {}
-    for _ in range(args.rounds):
+    for _ in range(rounds):
         for engine in ("private", "shared"):
             for count in (1, 4):
                 results.setdefault((engine, count), []).append(measure(models_dir, engine, count))
@@ -173,5 +210,106 @@ def main() -> None:
     )
 
 
-if __name__ == "__main__":
-    main()
+@dataclass(frozen=True)
+class Batch:
+    runs: int
+    peak_gb: float  # every process of the server, the server included, and its hosts
+    host_before_gb: float
+    host_after_gb: float
+
+
+def host_rss(var_dir: Path) -> float:
+    """The engine hosts' summed RSS, in GB."""
+    return sum(psutil.Process(pid).memory_info().rss for pid in host_pids(var_dir)) / 1e9
+
+
+def kept_up(models_dir: Path) -> None:
+    """1 run, then 4 at once, then 1 again, on one server and one host kept up."""
+    with tempfile.TemporaryDirectory() as tmp:
+        var = Path(tmp) / "var"
+        env = {"RLCS_MODELS_DIR": str(models_dir), "RLCS_MAX_CONCURRENT_RUNS": "8"}
+        with LiveServer(var, None, **env) as server:
+            api = httpx.Client(base_url=server.url, timeout=60)
+            engine_host.ensure(Settings(var_dir=var, models_path=models_dir))
+            batches = []
+            for count in (1, 4, 1):
+                before = host_rss(var)
+                with PeakMemory(server, with_server=True) as memory:
+                    runs_at_once(api, count, "shared")
+                wait_for(lambda: not any(h["bases"] for h in engine_of(api)), 60)
+                batches.append(Batch(count, memory.peak / 1e9, before, host_rss(var)))
+    first = batches[0].peak_gb
+    print(
+        "\n| batch | runs | peak GB (all) | x the first | host RSS before GB | after GB "
+        "| after/before |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for i, b in enumerate(batches, 1):
+        print(
+            f"| {i} | {b.runs} | {b.peak_gb:.2f} | {b.peak_gb / first:.2f}x | "
+            f"{b.host_before_gb:.2f} | {b.host_after_gb:.2f} | "
+            f"{b.host_after_gb / b.host_before_gb:.2f} |"
+        )
+    print("goals: the 4 at most 1.6x the first 1; the host after each batch within 10% of before")
+
+
+def engine_of(api: httpx.Client) -> list[dict]:
+    hosts: list[dict] = api.get("/engine").json()["hosts"]
+    return hosts
+
+
+def two_hosts(models_dir: Path) -> None:
+    """Runs on bases X, Y, X at once on two hosts against one host (X SmolLM2, Y a copy of
+    its folder: another base of the same size)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        copy = Path(tmp) / "smollm2-copy"
+        shutil.copytree(smollm2_converted_dir(models_dir), copy)
+        for hosts in ("1", "2"):
+            print(on_hosts(models_dir, Path(tmp) / f"var-{hosts}", hosts, [SMOLLM2, str(copy)]))
+
+
+def on_hosts(models_dir: Path, var: Path, hosts: str, bases: list[str]) -> str:
+    """3 runs on bases[0], bases[1], bases[0] at once on `hosts` engine hosts, in words."""
+    env = {
+        "RLCS_MODELS_DIR": str(models_dir),
+        "RLCS_MAX_CONCURRENT_RUNS": "8",
+        "RLCS_ENGINE_HOSTS": hosts,
+    }
+    with LiveServer(var, None, **env) as server:
+        api = httpx.Client(base_url=server.url, timeout=60)
+        with PeakMemory(server, with_server=True) as memory, BasesSeen(api) as seen:
+            seconds = runs_at_once(api, 3, "shared", [bases[0], bases[1], bases[0]])
+    where = "; ".join(
+        f"{name}: {', '.join(b.split('/')[-1] for b in held)}"
+        for name, held in sorted(seen.loaded.items())
+    )
+    return (
+        f"{hosts} host(s): {seconds:.1f} s, peak {memory.peak / 1e9:.2f} GB (all), "
+        f"{len(seen.loaded)} host(s) made; bases loaded: {where}"
+    )
+
+
+class BasesSeen:
+    """The bases each host had loaded at once at most, looked at every half second while the
+    block runs."""
+
+    def __init__(self, api: httpx.Client) -> None:
+        self._api = api
+        self.loaded: dict[str, list[str]] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+
+    def __enter__(self) -> BasesSeen:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _watch(self) -> None:
+        while not self._stop.wait(0.5):
+            for host in engine_of(self._api):
+                held = [b["name"] for b in host["bases"] if b["loaded"]]
+                if len(held) > len(self.loaded.get(host["name"], [])):
+                    self.loaded[host["name"]] = held

@@ -6,7 +6,9 @@
 # static-cache `generate` on the plain model, training's share of the measured bf16 rate at the
 # device's default micro-batch budget, the RL step (64 x 64) and sampler-vs-trainer logprobs;
 # issue 43's sweep: 8 RL runs of the 1.5B shape all at once in one engine against two at a
-# time in private processes (part `sweep`, not in the default call).
+# time in private processes (part `sweep`, not in the default call); issue 52's pair: two RL runs
+# on two bases (the 1.5B shape under two folder names) in two engine hosts sharing the GPU
+# (budgets halved) against both in one host (part `hosts`, not in the default call either).
 #
 # Here, once (the device image lacks tinker and pydantic; .whl is git-ignored):
 #     mkdir -p .git/info && echo /.whl/ >> .git/info/exclude && bash benchmarks/gpu_check.sh wheels
@@ -17,8 +19,14 @@
 # and, in a second call while the machine is warm (its runs load the 1.5B shape 9 times; not
 # yet timed on a GPU, expect about 3 minutes):
 #     run(command="bash benchmarks/gpu_check.sh sweep", carry=[".whl"], timeout_s=400)
+# and part `hosts` the same way (not yet timed on a GPU; expect about 3 minutes: the 1.5B shape
+# built and saved once, about 30 s; then per case about a minute to start the runs' processes
+# and the hosts (torch, CUDA), load both bases and take a warm-up step, and 8 steps of 96 rows x
+# 64 tokens per run, about 2 s each with both runs at once; cut off at 330 s):
+#     run(command="bash benchmarks/gpu_check.sh hosts", carry=[".whl"], timeout_s=400)
 # Logs come back under $OUT (gpu_tests.log, random-135m.log, random-1.5b.log, random-7b.log,
-# multi-adapter-random-135m.log, multi-adapter-random-1.5b.log, sweep-random-1.5b.log).
+# multi-adapter-random-135m.log, multi-adapter-random-1.5b.log, sweep-random-1.5b.log,
+# hosts-random-1.5b.log and the engine hosts' own logs, hosts-{one,two}-0-host*.log).
 set -uo pipefail
 
 if [ "${1:-}" = wheels ]; then
@@ -27,7 +35,9 @@ if [ "${1:-}" = wheels ]; then
         --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
         --platform manylinux2014_x86_64 -d .whl \
         tinker==0.38.0 pydantic==2.14.3 pydantic-core==2.50.4 annotated-types==0.8.0 \
-        typing-inspection==0.4.5 distro==1.9.0 orjson==3.13.0 zstandard==0.25.0 sniffio==1.3.1
+        typing-inspection==0.4.5 distro==1.9.0 orjson==3.13.0 zstandard==0.25.0 sniffio==1.3.1 \
+        pydantic-settings==2.16.3 python-dotenv==1.2.4
+    # (the last two for part hosts: its runs and engine hosts build core.settings.Settings)
     exit
 fi
 
@@ -66,6 +76,14 @@ fi
 wants sweep && timeout 380 python3 -m benchmarks.training_lanes --device cuda \
     --model random-1.5b --runs 8 --at-once 2 --steps 3 2>&1 | grep -v "Loading weights" \
     | tee "$OUT/sweep-random-1.5b.log"
+
+# Issue 52: two RL runs on two bases (the 1.5B shape twice, under two folder names), each in its
+# own process, in one engine host and then in two hosts sharing GPU 0 (budgets halved): both
+# finish, summed training tokens/s in two hosts at least 0.9x one host's. The hosts' own logs
+# (kept in the benchmark's temporary folder) are copied out: a failed host says why only there.
+wants hosts && timeout 330 python3 -m benchmarks.host_pair --device cuda --models random-1.5b \
+    --group 16 --batch 6 --tokens 64 --steps 8 --host-logs "$OUT" 2>&1 \
+    | grep -v "Loading weights\|Writing model" | tee "$OUT/hosts-random-1.5b.log"
 
 # Each shape in its own process (its memory goes back); 64 rows x 64 tokens, as the goals say.
 bench() {
