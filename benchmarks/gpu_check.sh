@@ -56,8 +56,8 @@ wants() { [[ " $PARTS " == *" $1 "* ]]; }
 # mcp, ...) the image lacks; the gpu tests need none of its fixtures. Without it no test carries
 # its lane's marker, so the file is named instead of `-m gpu`; -W default: the image's
 # transformers is another version than uv.lock's, whose warnings are not ours to fail on.
-wants tests && timeout 150 python3 -m pytest --noconftest -W default tests/backend/gpu/test_gpu.py \
-    -q -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.log"
+wants tests && timeout 210 python3 -m pytest --noconftest -W default tests/backend/gpu/test_gpu.py \
+    -q -rP -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.log"
 
 # Issue 42: 8 clients x 8 rows x 64 tokens on distinct adapters in mixed batches, against one
 # client alone, one adapter per batch and 8 on one shared adapter (goal: 8 at least 5x one).

@@ -45,13 +45,25 @@ def resolve_device(device: str = "auto") -> torch.device:
 
 
 def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
-    """`auto` is bfloat16 on CUDA and float32 on CPU (CPU bfloat16 matmuls are slow)."""
+    """`auto` is bfloat16 on CUDA and float32 on CPU (CPU bfloat16 matmuls are slow);
+    float16 is refused off CUDA (`refuse_float16_off_cuda`)."""
     import torch
 
     validate_device_dtype("auto", dtype)
+    refuse_float16_off_cuda(dtype, device, "dtype (RLCS_DTYPE)")
     if dtype == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
     return getattr(torch, dtype)
+
+
+def refuse_float16_off_cuda(dtype: str, device: torch.device, setting: str) -> None:
+    """float16 is a CUDA option (fp16 autocast and loss scaling for the trainer, an fp16
+    sampling copy): a CPU has no fp16 fast path here, so it would only be a silent slow path."""
+    if dtype == "float16" and device.type != "cuda":
+        raise ValueError(
+            f"{setting} float16 is a CUDA option (training under fp16 autocast with loss "
+            f"scaling, sampling in fp16); the device here is {device}: use float32 or bfloat16"
+        )
 
 
 def load_tokenizer(name: str, models_dir: Path) -> Any:

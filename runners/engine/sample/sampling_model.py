@@ -20,13 +20,18 @@ from torch import nn
 from runners.engine.host import AdapterWeights, ModelHost
 from runners.engine.lora import LanguageModel
 from runners.engine.sample.decode_attention import use_grouped_decode
+from runners.models.loading import refuse_float16_off_cuda
 
 _PEFT_PREFIX = "base_model.model."
 
 
-def resolve_sampling_dtype(requested: str, model_dtype: torch.dtype, device: torch.device):
+def resolve_sampling_dtype(
+    requested: str, model_dtype: torch.dtype, device: torch.device
+) -> torch.dtype:
     """`auto`: bfloat16 on a CPU with native bf16 matmuls (weight reads dominate decoding
-    there: 2.5-3x faster than float32 for SmolLM2), else the model's own dtype."""
+    there: 2.5-3x faster than float32 for SmolLM2), else the model's own dtype (on CUDA an
+    fp16 trainer's sampler is fp16 too). float16 is a CUDA option only."""
+    refuse_float16_off_cuda(requested, device, "sampling_dtype (RLCS_SAMPLING_DTYPE)")
     if requested != "auto":
         return getattr(torch, requested)
     if device.type == "cpu" and model_dtype == torch.float32 and _cpu_has_fast_bf16():

@@ -122,22 +122,38 @@ def _chunk_logprobs(hidden: torch.Tensor, targets: torch.Tensor, head: nn.Module
     return picked - torch.logsumexp(logits, dim=-1)
 
 
-def _bf16_autocast(device: torch.device, model: LanguageModel) -> bool:
-    """bf16 autocast on CUDA for a bf16 base: the float32 adapter (master weights) then runs
-    its matmuls in bf16 too; elsewhere none."""
+# Base dtypes that run under CUDA autocast in their own dtype: the float32 adapter (master
+# weights) then runs its matmuls in that dtype too. A float16 base also scales its loss
+# (loss_scale.py, training.py): fp16's range is narrow where bf16's is float32's.
+_AUTOCAST_DTYPES = (torch.bfloat16, torch.float16)
+
+
+def autocast_dtype(device: torch.device, model: LanguageModel) -> torch.dtype | None:
+    """The autocast dtype of `model`'s training passes: its base's half dtype on CUDA, else
+    None (no autocast)."""
     base_dtype = model.get_output_embeddings().weight.dtype
-    return device.type == "cuda" and base_dtype == torch.bfloat16
+    if device.type == "cuda" and base_dtype in _AUTOCAST_DTYPES:
+        return base_dtype
+    return None
 
 
 def _adapter_inputs_kept(model: LanguageModel, autocast: bool) -> contextlib.AbstractContextManager:
     """Under autocast, peft's cast of each LoRA layer's input to the adapter's float32 is
-    turned off: autocast casts it straight back to bf16 for the matmul, so those two copies of
-    every activation change no number (the operands are the same bf16 values)."""
+    turned off: autocast casts it straight back to the half dtype for the matmul, so those two
+    copies of every activation change no number (the operands are the same half values)."""
     if not autocast:
         return contextlib.nullcontext()
     from peft.helpers import disable_input_dtype_casting
 
     return disable_input_dtype_casting(model)
+
+
+def merged(key: str, before: torch.Tensor | None, value: torch.Tensor) -> torch.Tensor:
+    """A metric over micro-batches, by its name's reduction (as the SDK merges chunks): the
+    larger for a max, else the sum."""
+    if before is None:
+        return value
+    return torch.maximum(before, value) if key.endswith(":max") else before + value
 
 
 def run_loss(
@@ -149,22 +165,25 @@ def run_loss(
     backward: bool,
     pad_id: int,
     token_budget: int,
+    loss_scale: float = 1.0,
 ) -> types.ForwardBackwardOutput:
-    """Target logprobs and the summed loss; with `backward`, gradients are added to .grad."""
+    """Target logprobs and the summed loss; with `backward`, gradients are added to .grad,
+    times `loss_scale` (a float16 trainer's; the loss and metrics reported are unscaled)."""
     device = next(model.parameters()).device
     lengths = [len(t) for t in batch.tokens]
     logprobs: list[torch.Tensor | None] = [None] * len(lengths)
     total = torch.zeros((), device=device)
     sums: dict[str, torch.Tensor] = {}  # the loss's own metrics, summed over micro-batches
     decoder, head = model.get_decoder(), model.get_output_embeddings()
-    autocast = _bf16_autocast(device, model)
+    half = autocast_dtype(device, model)
+    autocast = half is not None
     with _adapter_inputs_kept(model, autocast):
         for group in microbatches(lengths, token_budget):
             ids, real = right_pad([batch.tokens[i] for i in group], pad_id)
             targets = torch.cat([batch.targets[i] for i in group]).to(device)
             with (
                 torch.set_grad_enabled(backward),
-                torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast),
+                torch.autocast("cuda", dtype=half or torch.bfloat16, enabled=autocast),
             ):
                 # Right padding needs no mask: causal attention keeps pads out of real positions.
                 hidden = decoder(input_ids=ids.to(device), use_cache=False).last_hidden_state
@@ -176,10 +195,11 @@ def run_loss(
                 }
                 loss = compute_loss(loss_fn, token_lp, inputs, config, [lengths[i] for i in group])
             if backward:
-                loss.backward()
+                # The scale goes on the loss, before any half-precision gradient exists.
+                (loss * loss_scale if loss_scale != 1.0 else loss).backward()
             total += loss.detach()
             for key, value in loss_metrics(loss_fn, token_lp, inputs, config).items():
-                sums[key] = sums[key] + value if key in sums else value
+                sums[key] = merged(key, sums.get(key), value)
             for i, piece in zip(
                 group, token_lp.detach().split([lengths[i] for i in group]), strict=True
             ):

@@ -26,7 +26,8 @@ from runners.engine import heap, lora
 from runners.engine.futures import LocalFuture
 from runners.engine.host import AdapterWeights, LiveAdapter, ModelHost
 from runners.engine.recorded_sequences import SequenceStore
-from runners.engine.train.forward import DatumBatch, run_loss, validate_data
+from runners.engine.train.forward import DatumBatch, autocast_dtype, run_loss, validate_data
+from runners.engine.train.loss_scale import DynamicLossScale
 from runners.engine.train.losses import resolve_config
 from runners.engine.train.microbatch_budget import SMALL_BUDGET
 from runners.engine.train.turns import Hold, TurnWorker
@@ -35,6 +36,8 @@ if TYPE_CHECKING:
     from runners.engine.sample.sampler import LocalSamplingClient
 
 OPTIMIZER_FILE = "optimizer.pt"
+# A float16 trainer's loss scale in OPTIMIZER_FILE (absent elsewhere and in older files).
+LOSS_SCALE_KEY = "loss_scale"
 # The service's sampler over an adapter snapshot (None: the base model alone) on this client's
 # host, recording for stable_reinforce or not, with this client as the sampler's client.
 NewSampler = Callable[[ModelHost, AdapterWeights | None, bool, str], "LocalSamplingClient"]
@@ -81,6 +84,8 @@ class LocalTrainingClient:
         self._optimizer = torch.optim.AdamW(
             list(host.params.values()), lr=1e-4, betas=(0.9, 0.95), eps=1e-12, weight_decay=0.0
         )
+        # A float16 base scales its loss (None elsewhere: nothing changes for bf16 or float32).
+        self._loss_scale = loss_scale_for(host)
         self._worker = TurnWorker(host.lock)
         self._closed = False
 
@@ -278,10 +283,18 @@ class LocalTrainingClient:
                 backward=backward,
                 pad_id=int(self._host.tokenizer.pad_token_id or 0),
                 token_budget=budget,
+                loss_scale=self._backward_scale(batch) if backward else 1.0,
             )
             if backward:
                 self.forward_backward_calls += 1
         return out
+
+    def _backward_scale(self, batch: DatumBatch) -> float:
+        """What this step's backward passes multiply the loss by (1: no loss scaling); the
+        client's first backward pass sets it from `batch`'s target tokens."""
+        if self._loss_scale is None:
+            return 1.0
+        return self._loss_scale.for_backward(sum(len(tokens) for tokens in batch.tokens))
 
     def _run_loss_of(
         self,
@@ -318,6 +331,7 @@ class LocalTrainingClient:
                     backward=True,
                     pad_id=pad_id,
                     token_budget=budget,
+                    loss_scale=self._backward_scale(batch),
                 )
                 self.forward_backward_calls += 1
         return types.ForwardBackwardOutput(
@@ -332,32 +346,36 @@ class LocalTrainingClient:
         return self._host.shared.training_pass(self._tokens_per_microbatch, lengths)
 
     def _run_optim_step(self, params: types.AdamParams) -> types.OptimStepResponse:
-        host = self._host
+        host, scaler = self._host, self._loss_scale
+        used_scale = None if scaler is None else scaler.scale  # None too: no backward pass yet
         with host.training(self._adapter):
             grads = [p for p in host.params.values() if p.grad is not None]
-            if not grads:
-                norm = 0.0
-            elif params.grad_clip_norm > 0:
-                norm = float(torch.nn.utils.clip_grad_norm_(grads, params.grad_clip_norm))
-            else:
-                norm = float(
-                    torch.nn.utils.get_total_norm([p.grad for p in grads if p.grad is not None])
-                )
-            for group in self._optimizer.param_groups:
-                group["lr"] = params.learning_rate
-                group["betas"] = (params.beta1, params.beta2)
-                group["eps"] = params.eps
-                group["weight_decay"] = params.weight_decay
-            self._optimizer.step()
+            if scaler is not None:  # unscaled before the norm, the clipping and AdamW
+                scaler.unscale_([p.grad for p in grads if p.grad is not None])
+            norm = _clipped_norm(grads, params.grad_clip_norm)
+            # A non-finite norm is an overflow (fp16) somewhere in the step's gradients: with
+            # loss scaling the step is skipped rather than writing inf/nan into the adapter.
+            if scaler is None or scaler.update(math.isfinite(norm)):
+                self._adam_step(params)
             self._optimizer.zero_grad(set_to_none=True)
             self.steps += 1
-        return types.OptimStepResponse(
-            metrics={
-                "grad_norm": norm if math.isfinite(norm) else float("nan"),
-                "learning_rate": params.learning_rate,
-                "step": float(self.steps),
-            }
-        )
+        metrics = {
+            "grad_norm": norm if math.isfinite(norm) else float("nan"),
+            "learning_rate": params.learning_rate,
+            "step": float(self.steps),
+        }
+        if scaler is not None:
+            metrics["loss_scale"] = float("nan") if used_scale is None else used_scale
+            metrics["skipped_steps"] = float(scaler.skipped_steps)
+        return types.OptimStepResponse(metrics=metrics)
+
+    def _adam_step(self, params: types.AdamParams) -> None:
+        for group in self._optimizer.param_groups:
+            group["lr"] = params.learning_rate
+            group["betas"] = (params.beta1, params.beta2)
+            group["eps"] = params.eps
+            group["weight_decay"] = params.weight_decay
+        self._optimizer.step()
 
     def _record(self, user_metadata: dict[str, str]) -> dict[str, Any]:
         return {
@@ -398,13 +416,13 @@ class LocalTrainingClient:
 
         def build(tmp: Path) -> None:
             lora.save_adapter(self._host.model, tmp, self._live_tensors())
-            torch.save(
-                {
-                    "optimizer": self._optimizer.state_dict(),
-                    "param_names": list(self._host.params),
-                },
-                tmp / OPTIMIZER_FILE,
-            )
+            saved = {
+                "optimizer": self._optimizer.state_dict(),
+                "param_names": list(self._host.params),
+            }
+            if self._loss_scale is not None:
+                saved[LOSS_SCALE_KEY] = self._loss_scale.state_dict()
+            torch.save(saved, tmp / OPTIMIZER_FILE)
             record = {"format": ckpt.STATE_FORMAT, **self._record(user_metadata)}
             ckpt.write_record(tmp, ckpt.STATE_RECORD, record)
 
@@ -441,9 +459,27 @@ class LocalTrainingClient:
                 if saved["param_names"] != list(self._host.params):
                     raise ValueError(f"{path}: optimizer state does not match this adapter")
                 self._optimizer.load_state_dict(saved["optimizer"])
+                if self._loss_scale is not None and LOSS_SCALE_KEY in saved:
+                    self._loss_scale.load_state_dict(saved[LOSS_SCALE_KEY])
                 self.steps = int(record.get("steps", 0))
                 self.forward_backward_calls = int(record.get("forward_backward_calls", 0))
             else:
                 # Weights only: forget the moments gathered for the weights just replaced.
                 self._optimizer.state.clear()
                 self._optimizer.zero_grad(set_to_none=True)
+
+
+def loss_scale_for(host: ModelHost) -> DynamicLossScale | None:
+    """Dynamic loss scaling where training runs under fp16 autocast (a float16 base on CUDA):
+    fp16's range is too narrow for unscaled gradients. None elsewhere."""
+    half = autocast_dtype(host.device, host.model)
+    return DynamicLossScale() if half == torch.float16 else None
+
+
+def _clipped_norm(grads: list[torch.nn.Parameter], max_norm: float) -> float:
+    """The gradients' total norm (inf or nan where any is), clipped to `max_norm` when > 0."""
+    if not grads:
+        return 0.0
+    if max_norm > 0:
+        return float(torch.nn.utils.clip_grad_norm_(grads, max_norm))
+    return float(torch.nn.utils.get_total_norm([p.grad for p in grads if p.grad is not None]))

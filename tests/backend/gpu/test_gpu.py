@@ -1,12 +1,15 @@
 """The local backend on CUDA: captured decode steps (the transformers path and the packed
 model, one step ahead), bf16 sampler against the bf16 trainer, min_tokens bans in captured
-steps, chunked training logprobs. Marked `gpu`; skipped where CUDA is not available.
+steps, chunked training logprobs, the float16 option (loss scaling, an fp16 sampler against
+the fp16 trainer). Marked `gpu`; skipped where CUDA is not available.
 
 Tolerances are those of bfloat16 (8 bits of mantissa): logprobs near -10 carry rounding of a
 few hundredths, and a row's numbers depend on the kernels its batch size picks."""
 
 from __future__ import annotations
 
+import itertools
+import math
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -26,11 +29,22 @@ from tests.backend.test_slot_batch import SPECS, _drain, _rows
 from tests.support.local_backend import local_service
 
 BF16_LOGPROB_ATOL = 0.1
+# Steps small enough that tiny-random's gradients hardly grow: a settled loss scale holds.
+SMALL_ADAM = types.AdamParams(learning_rate=1e-4, beta1=0.9, beta2=0.95, eps=1e-8)
 
 
 @pytest.fixture
 def cuda_trainer(tmp_path: Path):
     service = local_service(tmp_path, device="cuda", dtype="auto", sampling_dtype="auto")
+    trainer = service.create_lora_training_client("tiny-random", rank=8, seed=0).result()
+    yield service, trainer
+    service.close()
+
+
+@pytest.fixture
+def fp16_trainer(tmp_path: Path):
+    """RLCS_DTYPE=float16 with the sampler's `auto`: fp16 on both sides."""
+    service = local_service(tmp_path, device="cuda", dtype="float16", sampling_dtype="auto")
     trainer = service.create_lora_training_client("tiny-random", rank=8, seed=0).result()
     yield service, trainer
     service.close()
@@ -325,3 +339,143 @@ def test_two_training_lanes_on_one_gpu_train_as_each_alone(tmp_path: Path):
     alone, side_by_side = losses(1, together=False), losses(2, together=True)
     for got, want in zip(side_by_side, alone, strict=True):
         assert got == pytest.approx(want, rel=1e-4)
+
+
+# ----- the float16 option -------------------------------------------------------------------
+
+
+def _adapter(trainer) -> dict[str, torch.Tensor]:
+    return {name: t.detach().clone() for name, t in trainer.adapter_tensors().items()}
+
+
+def _head_input_dtypes(trainer, data: list[types.Datum]) -> set[torch.dtype]:
+    """The dtypes the unembedding's input has in a training forward pass."""
+    seen: set[torch.dtype] = set()
+    head = trainer._host.model.get_output_embeddings()
+    hook = head.register_forward_pre_hook(lambda _, args: seen.add(args[0].dtype))
+    try:
+        trainer.forward(data, "cross_entropy").result()
+    finally:
+        hook.remove()
+    return seen
+
+
+def _skips(metrics: list[dict[str, float]]) -> list[bool]:
+    """Which steps were skipped, from the running count each step reports."""
+    counts = [0.0, *(m["skipped_steps"] for m in metrics)]
+    return [after > before for before, after in itertools.pairwise(counts)]
+
+
+def test_fp16_training_scales_its_loss_trains_and_settles(fp16_trainer):
+    """An fp16 base trains its float32 adapter under fp16 autocast with a dynamic loss scale:
+    the steps change the weights, and once one is taken none is skipped."""
+    _, trainer = fp16_trainer
+    model = trainer._host.model
+    assert model.get_output_embeddings().weight.dtype == torch.float16
+    assert all(p.dtype == torch.float32 for p in trainer._host.params.values())
+    assert trainer._loss_scale is not None
+    before, data = _adapter(trainer), ce_batch(trainer)
+    # Under fp16 autocast the residual stream stays fp16 up to the head; under bf16 autocast
+    # on an fp16 base it would mix into float32.
+    assert _head_input_dtypes(trainer, data) == {torch.float16}
+    metrics, losses = [], []
+    for _ in range(8):
+        out = trainer.forward_backward(data, "cross_entropy")
+        metrics.append(trainer.optim_step(SMALL_ADAM).result().metrics)
+        losses.append(out.result().metrics["loss:sum"])
+    skipped = _skips(metrics)
+    print("fp16 loss scales", [m["loss_scale"] for m in metrics], "skipped", skipped)
+    taken = skipped.index(False)  # raises if every step was skipped
+    assert taken <= 3 and not any(skipped[taken:])
+    scales = [m["loss_scale"] for m in metrics]
+    assert all(math.log2(s).is_integer() for s in scales) and scales == sorted(scales, reverse=True)
+    assert all(
+        math.isfinite(m["grad_norm"]) for m, skip in zip(metrics, skipped, strict=True) if not skip
+    )
+    after = _adapter(trainer)
+    assert all(torch.isfinite(t).all() for t in after.values())
+    assert any(not torch.equal(after[n], before[n]) for n in before)
+    assert losses[-1] < losses[taken]
+
+
+def _sampler_gaps(trainer) -> np.ndarray:
+    """|sampler - trainer| logprob of every token the trainer's sampler draws (8 x 24)."""
+    sampler = trainer.save_weights_and_get_sampling_client().result()
+    tokens = trainer.get_tokenizer().encode("on the gpu")
+    params = types.SamplingParams(max_tokens=24, temperature=1.0, seed=3, stop=[])
+    sequences = sampler.sample(prompt(tokens), 8, params).result().sequences
+    out = trainer.forward([ce_datum(tokens + s.tokens) for s in sequences], "cross_entropy")
+    return np.concatenate(
+        [
+            np.abs(record["logprobs"].to_numpy()[-len(seq.logprobs) :] - seq.logprobs)
+            for record, seq in zip(out.result().loss_fn_outputs, sequences, strict=True)
+        ]
+    )
+
+
+def test_fp16_sampler_agrees_with_the_fp16_trainer_at_least_as_closely_as_bf16(tmp_path: Path):
+    """The same adapter training (seed, data, steps) in bf16 and in fp16, each pair's sampler
+    against its own trainer on the tokens it drew: fp16 (10 mantissa bits against 7) should
+    come closer, the point of the option (arXiv 2510.26788)."""
+    gaps: dict[str, np.ndarray] = {}
+    for dtype in ("bfloat16", "float16"):
+        service = local_service(tmp_path / dtype, device="cuda", dtype=dtype, sampling_dtype="auto")
+        try:
+            trainer = service.create_lora_training_client("tiny-random", rank=8, seed=0).result()
+            train_steps(trainer, ce_batch(trainer), 3)
+            gaps[dtype] = _sampler_gaps(trainer)
+            copy = scheduler.scheduler_for(trainer._host)._model
+            assert copy is not None and copy.dtype == getattr(torch, dtype)
+        finally:
+            service.close()
+    for dtype, gap in gaps.items():
+        print(f"{dtype} sampler vs trainer: mean |d| {gap.mean():.2e}, max {gap.max():.2e}")
+    assert gaps["float16"].mean() <= gaps["bfloat16"].mean()
+    assert gaps["float16"].max() < BF16_LOGPROB_ATOL
+
+
+def test_fp16_packed_captured_steps_replay_what_eager_steps_compute(fp16_trainer):
+    _, trainer = fp16_trainer
+    train_steps(trainer, ce_batch(trainer), 3)
+    packed = _packed(trainer, torch.float16)
+    eager, graphed = _on(0), _on(0)
+    _drain(_slot_batch(packed, trainer, graphs=False), eager)
+    batch = _slot_batch(packed, trainer, graphs=True)
+    _drain(batch, graphed)
+    assert batch.captures >= 1
+    for a, b in zip(eager, graphed, strict=True):
+        assert a.tokens == b.tokens
+        np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-3)
+
+
+def test_an_fp16_overflow_skips_the_step_and_lowers_the_scale(fp16_trainer):
+    """A scale no fp16 gradient survives: the step is skipped, its scale halved, the adapter
+    and AdamW's state left as they were (no inf or nan written); the next step trains."""
+    _, trainer = fp16_trainer
+    data = ce_batch(trainer)
+    trainer.forward_backward(data, "cross_entropy")
+    trainer.optim_step(SMALL_ADAM).result()
+    before, scale = _adapter(trainer), trainer._loss_scale
+    skipped, adam_steps = scale.skipped_steps, _adam_steps(trainer)
+    scale.scale = 2.0**40
+    trainer.forward_backward(data, "cross_entropy")
+    metrics = trainer.optim_step(SMALL_ADAM).result().metrics
+    print("forced overflow:", metrics)
+    assert metrics["loss_scale"] == 2.0**40 and metrics["skipped_steps"] == skipped + 1
+    assert math.isnan(metrics["grad_norm"])
+    assert scale.scale == 2.0**39
+    after = _adapter(trainer)
+    assert all(torch.equal(after[n], before[n]) for n in before)
+    assert _adam_steps(trainer) == adam_steps
+    scale.scale = 2.0**4
+    trainer.forward_backward(data, "cross_entropy")
+    metrics = trainer.optim_step(SMALL_ADAM).result().metrics
+    assert metrics["skipped_steps"] == skipped + 1 and math.isfinite(metrics["grad_norm"])
+    after = _adapter(trainer)
+    assert all(torch.isfinite(t).all() for t in after.values())
+    assert any(not torch.equal(after[n], before[n]) for n in before)
+
+
+def _adam_steps(trainer) -> list[float]:
+    """AdamW's step count per parameter (a skipped step must not advance it)."""
+    return [float(state["step"]) for state in trainer._optimizer.state.values()]
