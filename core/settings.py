@@ -170,6 +170,12 @@ class Settings(BaseSettings):
         "built by the machine's C compiler at first use (the torch products where none is "
         "found); false: the torch products always",
     )
+    cast_lm_head_to_fp32: bool = Field(
+        False,
+        description="A bf16 or fp16 sampler computes its logits from a float32 copy of the "
+        "unembedding (TRL's and PipelineRL's fix for the sampler-trainer gap: bf16 logits are "
+        "rounded to 8 bits); false: in the sampler's dtype",
+    )
     training_lanes: int = Field(
         2,
         ge=1,
@@ -560,6 +566,7 @@ class Settings(BaseSettings):
             "RLCS_ADAPTER_SLOTS": str(self.adapter_slots),
             "RLCS_MAX_LORA_RANK": str(self.max_lora_rank),
             "RLCS_CPU_ADAPTER_KERNEL": str(self.cpu_adapter_kernel).lower(),
+            "RLCS_CAST_LM_HEAD_TO_FP32": str(self.cast_lm_head_to_fp32).lower(),
             "RLCS_TRAINING_LANES": str(self.training_lanes),
             "RLCS_ENGINE_HOST_MODULE": self.engine_host_module,
             "RLCS_RUN_ENGINE": self.run_engine,

@@ -67,6 +67,7 @@ def local_service(
         adapter_slots=settings.adapter_slots,
         max_lora_rank=settings.max_lora_rank,
         cpu_adapter_kernel=settings.cpu_adapter_kernel,
+        cast_lm_head_to_fp32=settings.cast_lm_head_to_fp32,
         training_lanes=settings.training_lanes,
         tokens_per_microbatch=settings.tokens_per_microbatch,
         memory_budget_bytes=memory_budget_bytes,

@@ -107,6 +107,7 @@ class ModelHost:
         adapter_slots: int = 8,
         max_lora_rank: int = 128,
         cpu_adapter_kernel: bool = True,
+        cast_lm_head_to_fp32: bool = False,
         on_unused: Callable[[ModelHost], None] | None = None,
         lane: int = 0,
     ) -> None:
@@ -145,6 +146,8 @@ class ModelHost:
         self.adapter_slots = adapter_slots
         self.max_lora_rank = max_lora_rank
         self.cpu_adapter_kernel = cpu_adapter_kernel  # a bf16 CPU sampler's (lora_rows.py)
+        # A bf16 sampler's logits from a float32 unembedding (packed_model.py).
+        self.cast_lm_head_to_fp32 = cast_lm_head_to_fp32
         self.max_batch_sequences = max_batch_sequences
         self.batch_window_s = batch_window_s
         self.sampling_dtype = sampling_dtype  # see sampling_model.resolve_sampling_dtype

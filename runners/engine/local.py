@@ -38,6 +38,8 @@ class LocalServiceClient:
     `adapter_slots`: adapters the sampler of a base model decodes side by side (1: one at a
     time); `max_lora_rank`: the largest LoRA rank it takes (sample/packed_group.py);
     `cpu_adapter_kernel`: a bf16 CPU sampler's updates through the fused kernel (lora_rows.py);
+    `cast_lm_head_to_fp32`: a lower-precision sampler's logits from a float32 unembedding
+    (sample/packed_model.py);
     `training_lanes`: training passes of different clients on one base side by side (host.py);
     `device_share`: engines sharing the device (engine hosts on one GPU), whose memory each
     sizes its micro-batches from a share of."""
@@ -60,10 +62,14 @@ class LocalServiceClient:
         cpu_adapter_kernel: bool = True,
         training_lanes: int = 1,
         device_share: int = 1,
+        cast_lm_head_to_fp32: bool = False,
     ) -> None:
         validate_device_dtype(device, dtype)
         validate_device_dtype(device, sampling_dtype)
         torch_device = loading.resolve_device(device)
+        loading.refuse_float16_off_cuda(
+            sampling_dtype, torch_device, "sampling_dtype (RLCS_SAMPLING_DTYPE)"
+        )
         self.device = str(torch_device)
         self.dtype = str(loading.resolve_dtype(dtype, torch_device)).removeprefix("torch.")
         self.checkpoint_dir = Path(checkpoint_dir)
@@ -75,6 +81,7 @@ class LocalServiceClient:
             "adapter_slots": adapter_slots,
             "max_lora_rank": max_lora_rank,
             "cpu_adapter_kernel": cpu_adapter_kernel,
+            "cast_lm_head_to_fp32": cast_lm_head_to_fp32,
         }
         self.max_lora_rank = max_lora_rank
         self.bases = BaseModels(

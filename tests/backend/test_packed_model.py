@@ -194,6 +194,35 @@ def test_onednn_packed_products_are_the_same_numbers(model_type, extra, exact, m
     assert torch.get_num_threads() == threads
 
 
+def test_a_float32_head_brings_bf16_logits_nearer_the_trainers():
+    """cast_lm_head_to_fp32: a bf16 copy's logits come from a float32 unembedding (and its
+    adapter), so large logits are not rounded to bf16's 8 bits: nearer the float32 model's."""
+    host = _tiny_host("llama")
+    with torch.no_grad():  # logits of a trained model's size (tens), where bf16's spacing shows
+        host.model.get_output_embeddings().weight.mul_(24.0)
+    ids = [1, 5, 9, 2, 7]
+    want = _reference(host, ids, adapter=True)
+
+    def logits(fp32_head: bool) -> torch.Tensor:
+        host.cast_lm_head_to_fp32 = fp32_head
+        packed = PackedModel(host, torch.bfloat16, onednn=False)
+        packed.load(0, host.snapshot())
+        one = torch.tensor([ids], device=host.device)
+        cache = SlotCache(torch.zeros(1, 1, dtype=torch.long, device=host.device), 16)
+        packed.allocate(cache, 1)
+        rows = AdapterIndex.of([0], host.device)
+        with torch.no_grad():
+            out = packed.prefill(one, torch.ones_like(one), torch.tensor([4]), cache,
+                                 torch.tensor([0]), rows)  # fmt: skip
+        return out[0]
+
+    rounded, exact = logits(False), logits(True)
+    assert rounded.dtype == torch.bfloat16 and exact.dtype == torch.float32
+    assert float(want.abs().max()) > 8  # large enough for bf16 to round them coarsely
+    error = (exact - want).abs().mean()
+    assert error < 0.5 * (rounded.float() - want).abs().mean(), error
+
+
 def _groups(packed: PackedModel) -> list:
     groups = [g for layer in packed.layers for g in (layer.qkv, layer.o, layer.gate_up, layer.down)]
     return [*groups, packed.head]

@@ -175,10 +175,18 @@ class PackedModel:
                     )
                 )
             head_name = _module_name(model, model.get_output_embeddings()).rstrip(".")
-            self.head = group(head_name)
+            # Logits rounded to bf16 spread the sampler from the trainer: optionally the
+            # unembedding (its base and its adapter) computes in float32.
+            head_dtype = torch.float32 if host.cast_lm_head_to_fp32 else dtype
+            self.head = PackedGroup(
+                [base(head_name)], [head_name], head_dtype, 0, masked=self.masked
+            )
             embedding = model.get_input_embeddings().weight
-            # Tied: the unembedding's base rows are the embedding (one copy of the table).
-            self.tied = embedding.data_ptr() == base(head_name).weight.data_ptr()
+            # Tied: the unembedding's base rows are the embedding (one copy of the table, where
+            # both keep the sampler's dtype).
+            self.tied = (
+                embedding.data_ptr() == base(head_name).weight.data_ptr() and head_dtype == dtype
+            )
             self._embedding = None if self.tied else embedding.detach().to(dtype)
             self.norm_out = decoder.norm.weight.detach().to(dtype)
         self._layer_names = {name for g in self._groups() for name in g.names}
@@ -198,14 +206,15 @@ class PackedModel:
         # thread (a matrix product does, for milliseconds, on a loaded CPU).
         self.matrix_rotary = self.device.type == "cuda"
         self._threads = Threads(torch.get_num_threads() if self.onednn else 1)
+        same_dtype = [g for g in self._groups() if g.dtype == dtype]  # a float32 head apart
         if self.onednn:
-            for g in self._groups():
+            for g in same_dtype:
                 g.use_onednn(self._threads, keep_plain=g is self.head and self.tied)
         bf16_cpu = self.device.type == "cpu" and dtype == torch.bfloat16 and not self.masked
         wanted = host.cpu_adapter_kernel if kernel is None else kernel
         self.kernel = lora_rows.kernel() if bf16_cpu and wanted else None
         if self.kernel is not None:
-            for g in self._groups():
+            for g in same_dtype:
                 g.use_kernel(self.kernel, self._threads)
 
     def _groups(self) -> list[PackedGroup]:
@@ -468,7 +477,7 @@ class PackedModel:
     def _logits(self, hidden: torch.Tensor, rows: RowAdapters) -> torch.Tensor:
         # The final norm's weight stays a multiply: a tied unembedding is also the embedding.
         normed = _normalize(hidden, self.eps, self._eps)
-        return self.head(normed * self.norm_out, rows)
+        return self.head((normed * self.norm_out).to(self.head.dtype), rows)
 
 
 def _norm_weight(norm: nn.Module | None, dtype: torch.dtype) -> torch.Tensor | None:
