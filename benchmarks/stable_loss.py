@@ -178,7 +178,30 @@ def averaged(curves: list[Curve], name: str) -> list[float]:
     return [statistics.fmean(values) for values in zip(*series, strict=True)]
 
 
-def main() -> None:
+def service(
+    root: Path,
+    args: argparse.Namespace,
+    sampling_dtype: str = "float32",
+    cpu_adapter_kernel: bool = True,
+    cast_lm_head_to_fp32: bool = False,
+) -> LocalServiceClient:
+    """The local engine `run` trains on, checkpoints under `root`: a float32 trainer and, by
+    default, a float32 sampler (so sampler and trainer logprobs agree to float32 rounding);
+    `sampling_dtype`, `cpu_adapter_kernel` and `cast_lm_head_to_fp32` as LocalServiceClient
+    takes them (other benchmarks compare samplers: benchmarks/mismatch.py)."""
+    return LocalServiceClient(
+        checkpoint_dir=root / "checkpoints",
+        models_dir=Path(args.models_dir),
+        device=args.device,
+        dtype="float32",
+        sampling_dtype=sampling_dtype,
+        cpu_adapter_kernel=cpu_adapter_kernel,
+        cast_lm_head_to_fp32=cast_lm_head_to_fp32,
+    )
+
+
+def parser() -> argparse.ArgumentParser:
+    """The options `run` reads (with their defaults: `parser().parse_args([])`)."""
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--model", default="tiny-random")
     parser.add_argument("--steps", type=int, default=60)
@@ -194,7 +217,11 @@ def main() -> None:
     parser.add_argument("--stable-config", default="{}", help="stable_reinforce's config, JSON")
     parser.add_argument("--models-dir", default="var/models")
     parser.add_argument("--device", default="cpu")
-    args = parser.parse_args()
+    return parser
+
+
+def main() -> None:
+    args = parser().parse_args()
     args.model = ALIASES.get(args.model, args.model)
     seeds = [int(s) for s in args.seeds.split(",")]
     stable_config = json.loads(args.stable_config) or None
@@ -209,20 +236,13 @@ def main() -> None:
     )
     runs: dict[str, list[Curve]] = {"importance_sampling": [], "stable_reinforce": []}
     with tempfile.TemporaryDirectory() as tmp:
-        service = LocalServiceClient(
-            checkpoint_dir=Path(tmp) / "checkpoints",
-            models_dir=Path(args.models_dir),
-            device=args.device,
-            dtype="float32",
-            sampling_dtype="float32",
-        )
-        with service:
+        with service(Path(tmp), args) as engine:
             for seed in seeds:
                 runs["importance_sampling"].append(
-                    run(service, "importance_sampling", None, seed, args)
+                    run(engine, "importance_sampling", None, seed, args)
                 )
                 runs["stable_reinforce"].append(
-                    run(service, "stable_reinforce", stable_config, seed, args)
+                    run(engine, "stable_reinforce", stable_config, seed, args)
                 )
     base, stable = runs["importance_sampling"], runs["stable_reinforce"]
     print(f"\nMeans over the {len(seeds)} seeds, step by step (KL: the sampler's to the learner's)")

@@ -1,6 +1,7 @@
 """What `runs status` and `runs watch` show of a run's algorithm, when it has one: how far off
 policy its steps train (max_steps_off_policy), its KL to the reference, its teacher's reverse
-KL: the newest step's values, from its metric history."""
+KL, and how far its trainer is from its sampler (the mismatch, and what the rollout correction
+touched): the newest step's values, from its metric history."""
 
 from __future__ import annotations
 
@@ -15,6 +16,10 @@ KEYS = (
     "sampler/stale_groups_dropped",
     "kl/reference",
     "teacher/reverse_kl",
+    "mismatch/k3",
+    "mismatch/abs_max",
+    "mismatch/ratio_outside",
+    "mismatch/corrected",
 )
 # An evaluation's row has none of these: a few rows back always reach a step's.
 ROWS = 3
@@ -45,7 +50,24 @@ def items(values: dict[str, Any]) -> list[tuple[str, str]]:
         out.append(("KL to reference", fmt(values["kl/reference"])))
     if "teacher/reverse_kl" in values:
         out.append(("teacher reverse KL", fmt(values["teacher/reverse_kl"])))
+    if "mismatch/k3" in values:
+        out.append(("sampler mismatch", mismatch(values)))
     return out
+
+
+def mismatch(values: dict[str, Any]) -> str:
+    """k3, the largest |logprob difference|, the shares outside [0.5, 2] and corrected."""
+    text = (
+        f"k3 {fmt(values['mismatch/k3'])}, max |diff| {fmt(values.get('mismatch/abs_max'))}, "
+        f"{percent(values.get('mismatch/ratio_outside'))} of ratios outside [0.5, 2]"
+    )
+    if "mismatch/corrected" in values:
+        text += f", {percent(values['mismatch/corrected'])} of tokens corrected"
+    return text
+
+
+def percent(share: Any) -> str:
+    return "-" if share is None else f"{100 * float(share):.2f}%"
 
 
 def brief(values: dict[str, Any]) -> list[str]:
@@ -57,4 +79,6 @@ def brief(values: dict[str, Any]) -> list[str]:
         out.append(f"kl {fmt(values['kl/reference'])}")
     if "teacher/reverse_kl" in values:
         out.append(f"teacher-kl {fmt(values['teacher/reverse_kl'])}")
+    if "mismatch/k3" in values:
+        out.append(f"mismatch-k3 {fmt(values['mismatch/k3'])}")
     return out

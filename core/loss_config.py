@@ -57,13 +57,37 @@ STABLE_CLIP_HIGH = 2.0
 STABLE_MASK_LOW = 0.125
 STABLE_MASK_HIGH = 8.0
 STABLE_KL_COEFF = 0.05
+# importance_sampling's rollout correction (verl's names): off unless asked (Tinker's exact
+# objective); native runs on the local engine ask for token TIS at 2 with tokens outside
+# [1/8, 8] masked (core/training_config.py `rollout_correction`).
+ROLLOUT_IS_THRESHOLD = 2.0
+ROLLOUT_RS_THRESHOLD_LOWER = 0.125
+ROLLOUT_RS_THRESHOLD = 8.0
+ROLLOUT_CORRECTION = {
+    "rollout_is_threshold": ROLLOUT_IS_THRESHOLD,
+    "rollout_rs_threshold_lower": ROLLOUT_RS_THRESHOLD_LOWER,
+    "rollout_rs_threshold": ROLLOUT_RS_THRESHOLD,
+}
 
 # In the order a run's config offers them (its JSON schema's enum).
 LOSSES: dict[str, Loss] = {
     loss.name: loss
     for loss in (
         Loss("cross_entropy", rl=False),
-        Loss("importance_sampling"),
+        Loss(
+            "importance_sampling",
+            {
+                "rollout_is_threshold": ConfigKey(
+                    0.0, 0.0, 1e6, "each token's ratio truncated at it (token TIS); 0: none"
+                ),
+                "rollout_rs_threshold_lower": ConfigKey(
+                    0.0, 0.0, 1.0, "tokens whose ratio falls below it are masked; 0: none"
+                ),
+                "rollout_rs_threshold": ConfigKey(
+                    0.0, 0.0, 1e6, "tokens whose ratio rises above it are masked; 0: none"
+                ),
+            },
+        ),
         Loss("ppo", _clip(0.8, 1.2, "ratio")),
         Loss("cispo", _clip(0.0, 4.0, "ratio weight")),
         Loss(
@@ -100,6 +124,17 @@ def usable_losses(sequence_ids: bool) -> tuple[str, ...]:
     door's environments sample through the inference face: they cannot feed a loss that
     `reads_recorded`)."""
     return tuple(name for name in RL_LOSSES if sequence_ids or not LOSSES[name].reads_recorded)
+
+
+def with_rollout_correction(
+    loss_fn: str, config: Mapping[str, float], correction: str | None, backend: str
+) -> dict[str, float]:
+    """A run's loss_fn_config with its rollout correction (`rollout_correction`: token unless
+    none) filled in where the run's config sets no threshold of its own: for
+    importance_sampling on the local engine only (hosted Tinker takes no such keys)."""
+    if loss_fn != "importance_sampling" or backend != "local" or correction == "none":
+        return dict(config)
+    return {**ROLLOUT_CORRECTION, **config}
 
 
 def defaults(loss_fn: str) -> dict[str, float]:

@@ -93,6 +93,13 @@ class TrainingConfig(BaseModel):
     loss_fn_config: dict[str, float] = Field(
         default_factory=dict, description="e.g. clip_low_threshold/clip_high_threshold or beta"
     )
+    rollout_correction: Literal["token", "none"] | None = Field(
+        None,
+        description="For importance_sampling on the local engine, what bounds the ratio of "
+        "trainer to sampler: token (the default): each token's ratio truncated at 2 (token "
+        "TIS) and tokens outside [1/8, 8] masked, verl's rollout_is and rollout_rs; none: "
+        "Tinker's objective as is. loss_fn_config's rollout_* keys set other thresholds",
+    )
     advantage: Literal["grpo", "rebn"] = Field(
         "grpo", description="grpo: group-relative; rebn: discounted returns, batch-normalised"
     )

@@ -109,6 +109,22 @@ def test_the_losses_a_run_may_choose_are_the_declared_rl_ones() -> None:
         TrainingConfig(loss_fn="cross_entropy")
 
 
+def test_a_run_that_samples_ahead_trains_with_stable_reinforce_unless_it_chose(
+    aclient: TestClient, tmp_path: Path
+) -> None:
+    """tinker-cookbook's async runs default to stable_reinforce; so do ours (issue 53)."""
+
+    def loss_of(**body: object) -> str:
+        made = aclient.post("/runs", json={"total_steps": 1, **body})
+        assert made.status_code == 200, made.text
+        return str(frozen(tmp_path, made.json()["run_id"])["loss_fn"])
+
+    assert loss_of(max_steps_off_policy=2) == "stable_reinforce"
+    assert loss_of(max_steps_off_policy=2, loss_fn="cispo") == "cispo"
+    assert loss_of(max_steps_off_policy=0) == "importance_sampling"
+    assert loss_of() == "importance_sampling"
+
+
 def test_stable_reinforce_is_refused_for_an_atropos_environment() -> None:
     # Its groups carry no sampled sequence's id for the loss to read the sampler's record by.
     with pytest.raises(ValidationError, match="loss_fn\n.*carry no sequence ids"):

@@ -343,14 +343,21 @@ async def train_on(
     fwd_bwd = training.forward_backward(datums, loss_fn, dict(loss_fn_config))
     optim = training.optim_step(adam)
     result = await bounded(fwd_bwd, timeout_s, "forward_backward")
-    await bounded(optim, timeout_s, "optim_step")
+    stepped = await bounded(optim, timeout_s, "optim_step")
+    # fp16 training's loss scale and the steps it skipped on an overflow (local engine, CUDA).
+    scaling = {
+        f"train/{key}": float(value)
+        for key, value in (getattr(stepped, "metrics", None) or {}).items()
+        if key in ("loss_scale", "skipped_steps")
+    }
     tokens = sum(sum(s.trained[1:]) for s in kept)
     loss_sum = float(result.metrics.get("loss:sum", 0.0))
-    # The loss's own counts (stable_reinforce: its masked and truncated tokens).
+    # The loss's own counts (stable_reinforce's masked and truncated tokens, importance
+    # sampling's rollout correction's); the mismatch's are shown as mismatch/*, below.
     own = {
         f"train/{key.removesuffix(':sum')}": float(value)
         for key, value in result.metrics.items()
-        if key.endswith(":sum") and key != "loss:sum"
+        if key.endswith(":sum") and key != "loss:sum" and not key.startswith(MISMATCH_KEYS)
     }
     return {
         "train/loss": loss_sum / max(1, tokens),
@@ -358,14 +365,21 @@ async def train_on(
         "train/num_datums": float(len(datums)),
         "train/num_action_tokens": float(tokens),
         **own,
+        **scaling,
         **kl_metrics(kept, result.loss_fn_outputs),
+        **corrected_share(result.metrics),
     }
 
 
+# The loss's metrics this module reports as shares of the sampled tokens instead.
+MISMATCH_KEYS = ("mismatch_", "corrected_tokens")
+
+
 def kl_metrics(sequences: list[Sequence], outputs: list[dict[str, Any]]) -> dict[str, float]:
-    """Sampler vs learner logprobs on the trained targets (as the reference script computes),
-    and the sampler's entropy estimate over them."""
-    diffs: list[float] = []
+    """Sampler vs learner logprobs on the trained targets: the reference script's KL estimates
+    and the sampler's entropy estimate, and the mismatch as prime-rl and TRL show it (k3, the
+    largest and mean |difference|, the share of ratios outside [0.5, 2])."""
+    diffs: list[float] = []  # sampler minus learner, as the cookbook's v1 takes it
     sampled: list[float] = []
     for sequence, output in zip(sequences, outputs, strict=True):
         assert sequence.logprobs is not None
@@ -376,8 +390,23 @@ def kl_metrics(sequences: list[Sequence], outputs: list[dict[str, Any]]) -> dict
                 sampled.append(q)
     if not diffs:
         return {}
+    ratios = [math.exp(-d) for d in diffs]  # learner over sampler
+    n = len(diffs)
     return {
-        "train/kl_sample_train_v1": sum(diffs) / len(diffs),
-        "train/kl_sample_train_v2": 0.5 * sum(d * d for d in diffs) / len(diffs),
+        "train/kl_sample_train_v1": sum(diffs) / n,
+        "train/kl_sample_train_v2": 0.5 * sum(d * d for d in diffs) / n,
         "sampler/token_entropy": -sum(sampled) / len(sampled),
+        "mismatch/k3": sum(r - 1 + d for r, d in zip(ratios, diffs, strict=True)) / n,
+        "mismatch/abs_max": max(abs(d) for d in diffs),
+        "mismatch/abs_mean": sum(abs(d) for d in diffs) / n,
+        "mismatch/ratio_outside": sum(1 for r in ratios if not 0.5 <= r <= 2.0) / n,
     }
+
+
+def corrected_share(metrics: Mapping[str, float]) -> dict[str, float]:
+    """The share of sampled tokens the loss's correction touched (truncated or masked), where
+    the backend says (the local engine does)."""
+    sampled = metrics.get("mismatch_tokens:sum", 0.0)
+    if "corrected_tokens:sum" not in metrics or not sampled:
+        return {}
+    return {"mismatch/corrected": metrics["corrected_tokens:sum"] / sampled}

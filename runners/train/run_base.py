@@ -229,7 +229,9 @@ class RunnerBase(Generic[D]):
             run.training,
             sequences,
             cfg.loss_fn,
-            cfg.loss_fn_config,
+            loss_config.with_rollout_correction(
+                cfg.loss_fn, cfg.loss_fn_config, cfg.rollout_correction, run.backend
+            ),
             run.adam,
             timeout_s=self.settings.backend_call_timeout_s,
         )

@@ -161,7 +161,8 @@ class ConfigService:
         return self._models.backend_for(backend)
 
     def _validated(self, config_schema: ConfigSchema, values: dict[str, Any]) -> Resolved:
-        return _validate(config_schema, self._with_model_default(config_schema, values))
+        chosen = _with_loss_default(config_schema, self._with_model_default(config_schema, values))
+        return _validate(config_schema, chosen)
 
     def _with_model_default(
         self, config_schema: ConfigSchema, values: dict[str, Any]
@@ -320,3 +321,18 @@ def describe_errors(errors: Sequence[Mapping[str, Any]]) -> str:
         message = str(err["msg"]).removeprefix("Value error, ")
         parts.append(f"field '{loc}': {message}{got}")
     return "; ".join(parts) + "."
+
+
+def _with_loss_default(config_schema: ConfigSchema, values: dict[str, Any]) -> dict[str, Any]:
+    """A run that samples ahead (max_steps_off_policy of 1 or more) and chose no loss trains
+    with stable_reinforce, as tinker-cookbook's async runs do, where its driver can feed it
+    (the environment's schema offers it); the others keep the class's default."""
+    ahead = values.get("max_steps_off_policy")
+    if "loss_fn" in values or not isinstance(ahead, int) or isinstance(ahead, bool) or ahead < 1:
+        return values
+    field = config_schema.schema.get("properties", {}).get("loss_fn", {})
+    if field.get("default") != "importance_sampling":
+        return values  # the class chose its own default
+    if "stable_reinforce" not in field.get("enum", []):
+        return values
+    return {**values, "loss_fn": "stable_reinforce"}

@@ -54,6 +54,58 @@ def test_importance_sampling_by_hand():
     assert _loss("importance_sampling") == pytest.approx(expected, abs=1e-5)
 
 
+def test_importance_sampling_rollout_correction_by_hand():
+    """Token TIS: the first token's ratio exp(0.5) = 1.65 truncated at 1.5 (its value and its
+    gradient's weight); the band [0.5, 8] masks the second (exp(-1) = 0.37)."""
+    r = [math.exp(0.5), math.exp(-1.0), 1.0]
+    truncated = {"rollout_is_threshold": 1.5}
+    assert _loss("importance_sampling", truncated) == pytest.approx(
+        -(1.5 * 2.0 + r[1] * -1.0 + r[2] * 0.5), abs=1e-5
+    )
+    banded = {"rollout_rs_threshold_lower": 0.5, "rollout_rs_threshold": 8.0}
+    assert _loss("importance_sampling", banded) == pytest.approx(
+        -(r[0] * 2.0 + r[2] * 0.5), abs=1e-5
+    )
+    lp = torch.tensor(P, requires_grad=True)
+    inputs = {"logprobs": torch.tensor(Q), "advantages": torch.tensor(A)}
+    config = resolve_config("importance_sampling", {**truncated, **banded})
+    compute_loss("importance_sampling", lp, inputs, config).backward()
+    assert lp.grad is not None  # d loss / d lp = -(weight * A): 1.5 * 2, masked 0, 1 * 0.5
+    assert lp.grad.tolist() == pytest.approx([-3.0, 0.0, -0.5], abs=1e-6)
+    counts = loss_metrics("importance_sampling", lp, inputs, config)
+    assert {k: float(counts[k]) for k in ("is_truncated:sum", "is_masked:sum")} == {
+        "is_truncated:sum": 1.0,
+        "is_masked:sum": 1.0,
+    }
+    assert float(counts["corrected_tokens:sum"]) == 2.0
+
+
+def test_mismatch_metrics_by_hand():
+    """k3 = r - 1 - log r over the sampled tokens (log r = trainer - sampler), the largest
+    |difference| and the ratios outside [0.5, 2]; sums and a max, as the SDK merges chunks."""
+    inputs = {"logprobs": torch.tensor(Q), "advantages": torch.tensor(A)}
+    out = loss_metrics("importance_sampling", torch.tensor(P), inputs, resolve_config("ppo", {}))
+    d = [0.5, -1.0, 0.0]
+    assert float(out["mismatch_tokens:sum"]) == 3.0
+    assert float(out["mismatch_k3:sum"]) == pytest.approx(sum(math.exp(x) - 1 - x for x in d))
+    assert float(out["mismatch_logprob_diff:max"]) == pytest.approx(1.0)
+    assert float(out["mismatch_ratio_outside:sum"]) == 1.0  # exp(-1) < 0.5
+    assert float(out["corrected_tokens:sum"]) == 0.0  # no correction asked
+
+
+def test_a_runs_rollout_correction_is_native_importance_samplings_alone():
+    local = loss_config.with_rollout_correction("importance_sampling", {}, None, "local")
+    assert local == loss_config.ROLLOUT_CORRECTION
+    own = {"rollout_is_threshold": 3.0}
+    assert loss_config.with_rollout_correction("importance_sampling", own, "token", "local") == {
+        **loss_config.ROLLOUT_CORRECTION,
+        **own,
+    }
+    assert loss_config.with_rollout_correction("importance_sampling", {}, "none", "local") == {}
+    assert loss_config.with_rollout_correction("importance_sampling", {}, None, "tinker") == {}
+    assert loss_config.with_rollout_correction("ppo", {}, "token", "local") == {}
+
+
 def test_ppo_clips_with_default_thresholds():
     # ratios 1.6487, 0.3679, 1.0 -> clipped 1.2, 0.8, 1.0
     # min(r*A, clip*A) = min(3.297, 2.4), min(-0.368, -0.8), min(0.5, 0.5) = 2.4, -0.8, 0.5
@@ -168,6 +220,8 @@ def test_unknown_config_key_is_rejected():
     with pytest.raises(ValueError, match=r"unknown loss_fn_config key 'clip_ratio'.*clip_high"):
         resolve_config("ppo", {"clip_ratio": 0.2})
     with pytest.raises(ValueError, match="allowed keys: none"):
+        resolve_config("cross_entropy", {"beta": 0.1})
+    with pytest.raises(ValueError, match="allowed keys: rollout_is_threshold"):
         resolve_config("importance_sampling", {"beta": 0.1})
 
 

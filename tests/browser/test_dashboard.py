@@ -158,6 +158,10 @@ def test_start_a_run_from_the_form_watch_it_and_stop_it(
         after = chart_points(page, charts)
         grown = [m for m, n in after.items() if n > before.get(m, 0)]
         assert grown, f"no chart gained points: before {before}, after {after}"
+        # The sampler-trainer gap in a group of its own (issue 53).
+        mismatch = page.locator(f"{charts} [data-group=mismatch]")
+        for key in ("k3", "abs_max", "abs_mean", "ratio_outside", "corrected"):
+            expect(mismatch.locator(f'div.chart[data-metric="mismatch/{key}"]')).to_be_visible()
         expect(page.get_by_test_id("run-log")).not_to_be_empty(timeout=STEP_S * 1000)
         expect(page.get_by_test_id("checkpoints")).to_be_attached()
         screenshot(page, "run")

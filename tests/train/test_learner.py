@@ -4,6 +4,8 @@ shape; the sampler/learner KL; and one real step on the local backend (tiny-rand
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 from tinker import types
@@ -12,6 +14,7 @@ from runners.train.learner import (
     Sequence,
     assign_advantages,
     batch_normalised,
+    corrected_share,
     datum,
     group_relative,
     kl_metrics,
@@ -154,4 +157,16 @@ def test_kl_metrics_compare_the_sampler_and_the_learner_on_trained_targets() -> 
     assert got["train/kl_sample_train_v1"] == pytest.approx(0.05)
     assert got["train/kl_sample_train_v2"] == pytest.approx(0.5 * (0.04 + 0.01) / 2)
     assert got["sampler/token_entropy"] == pytest.approx(0.15)
+    # The mismatch: learner over sampler ratios exp(-0.2) and exp(0.1); k3 = r - 1 - log r.
+    k3 = [math.exp(x) - 1 - x for x in (-0.2, 0.1)]
+    assert got["mismatch/k3"] == pytest.approx(sum(k3) / 2)
+    assert got["mismatch/abs_max"] == pytest.approx(0.2)
+    assert got["mismatch/abs_mean"] == pytest.approx(0.15)
+    assert got["mismatch/ratio_outside"] == 0.0
     assert kl_metrics([], []) == {}
+
+
+def test_the_share_the_correction_touched_comes_from_the_losss_counts() -> None:
+    metrics = {"loss:sum": 1.0, "mismatch_tokens:sum": 200.0, "corrected_tokens:sum": 3.0}
+    assert corrected_share(metrics) == {"mismatch/corrected": 0.015}
+    assert corrected_share({"loss:sum": 1.0}) == {}  # hosted Tinker says nothing of it

@@ -62,7 +62,27 @@ def _cross_entropy(
 def _importance_sampling(
     lp: Tensor, inputs: Mapping[str, Tensor], cfg: Mapping[str, float], lengths: Sequence[int]
 ) -> Tensor:
-    return _ratio(lp, inputs) * inputs["advantages"]
+    """r_t A_t, Tinker's objective; with a rollout correction (verl's names, off by default),
+    each token's ratio truncated at rollout_is_threshold C (the objective's value min(r_t, C)
+    A_t, its gradient min(r_t, C) A_t d lp_t) and tokens whose ratio leaves
+    [rollout_rs_threshold_lower, rollout_rs_threshold] masked out."""
+    ratio = _ratio(lp, inputs)
+    cap = cfg.get("rollout_is_threshold", 0.0)
+    if cap > 0:
+        # Past the cap the weight is a constant C, the gradient still through lp.
+        ratio = torch.where(ratio.detach() <= cap, ratio, cap * torch.exp(lp - lp.detach()))
+    return _rollout_kept(ratio.detach(), cfg) * ratio * inputs["advantages"]
+
+
+def _rollout_kept(ratio: Tensor, cfg: Mapping[str, float]) -> Tensor:
+    """1 where a token's ratio lies in the rollout mask's band (or no band is set), else 0."""
+    low, high = cfg.get("rollout_rs_threshold_lower", 0.0), cfg.get("rollout_rs_threshold", 0.0)
+    kept = torch.ones_like(ratio, dtype=torch.bool)
+    if low > 0:
+        kept &= ratio >= low
+    if high > 0:
+        kept &= ratio <= high
+    return kept.to(ratio.dtype)
 
 
 def _ppo(
@@ -166,10 +186,61 @@ def _stable_reinforce_metrics(
     kept = _kept_tokens(log_ratio, inputs, cfg)
     ratio = torch.exp(log_ratio)
     truncated = kept & ((ratio < cfg["clip_low_threshold"]) | (ratio > cfg["clip_high_threshold"]))
+    masked = sampled & ~kept
     return {
         "sampled_tokens:sum": sampled.sum(),
-        "masked_tokens:sum": (sampled & ~kept).sum(),
+        "masked_tokens:sum": masked.sum(),
         "truncated_tokens:sum": truncated.sum(),
+        "corrected_tokens:sum": (masked | truncated).sum(),
+        **mismatch_metrics(log_ratio, sampled),
+    }
+
+
+def _sampled(inputs: Mapping[str, Tensor]) -> Tensor:
+    """The positions the sampler drew, by the datums' convention: a logprob or an advantage
+    (prompt positions carry neither)."""
+    return (inputs["logprobs"] != 0) | (inputs["advantages"] != 0)
+
+
+def mismatch_metrics(log_ratio: Tensor, sampled: Tensor) -> dict[str, Tensor]:
+    """How far the trainer is from the sampler on the sampled tokens (log_ratio: trainer minus
+    sampler logprob), as sums and a max so that chunks merge (the SDK merges by the suffix):
+    the count, k3 (r - 1 - log r, an estimate of KL(sampler || trainer)), the largest
+    |difference| and how many ratios lie outside [0.5, 2]."""
+    d = log_ratio[sampled]
+    if d.numel() == 0:
+        zero = torch.zeros((), device=log_ratio.device)
+        return {"mismatch_tokens:sum": zero}
+    ratio = torch.exp(d)
+    return {
+        "mismatch_tokens:sum": torch.tensor(float(d.numel()), device=d.device),
+        "mismatch_k3:sum": (ratio - 1 - d).sum(),
+        "mismatch_logprob_diff:max": d.abs().max(),
+        "mismatch_ratio_outside:sum": ((ratio < 0.5) | (ratio > 2.0)).sum(),
+    }
+
+
+def _rl_metrics(
+    lp: Tensor, inputs: Mapping[str, Tensor], cfg: Mapping[str, float]
+) -> dict[str, Tensor]:
+    return mismatch_metrics(lp - inputs["logprobs"], _sampled(inputs))
+
+
+def _importance_sampling_metrics(
+    lp: Tensor, inputs: Mapping[str, Tensor], cfg: Mapping[str, float]
+) -> dict[str, Tensor]:
+    """The mismatch, and what the rollout correction touched: tokens truncated (their ratio
+    above rollout_is_threshold) or masked (outside the band)."""
+    sampled = _sampled(inputs)
+    ratio = _ratio(lp, inputs)
+    cap = cfg.get("rollout_is_threshold", 0.0)
+    masked = sampled & (_rollout_kept(ratio, cfg) == 0)
+    truncated = sampled & ~masked & (ratio > cap) if cap > 0 else torch.zeros_like(sampled)
+    return {
+        **_rl_metrics(lp, inputs, cfg),
+        "is_truncated:sum": truncated.sum(),
+        "is_masked:sum": masked.sum(),
+        "corrected_tokens:sum": (truncated | masked).sum(),
     }
 
 
@@ -180,10 +251,15 @@ LOSSES: dict[str, LossSpec] = {
     spec.name: spec
     for spec in (
         LossSpec("cross_entropy", ("target_tokens", "weights"), _cross_entropy),
-        LossSpec("importance_sampling", _RL_INPUTS, _importance_sampling),
-        LossSpec("ppo", _RL_INPUTS, _ppo),
-        LossSpec("cispo", _RL_INPUTS, _cispo),
-        LossSpec("dro", _RL_INPUTS, _dro),
+        LossSpec(
+            "importance_sampling",
+            _RL_INPUTS,
+            _importance_sampling,
+            metrics=_importance_sampling_metrics,
+        ),
+        LossSpec("ppo", _RL_INPUTS, _ppo, metrics=_rl_metrics),
+        LossSpec("cispo", _RL_INPUTS, _cispo, metrics=_rl_metrics),
+        LossSpec("dro", _RL_INPUTS, _dro, metrics=_rl_metrics),
         # tinker-cookbook's RL trainer (rl/train.py) sends no sequence_ratio_mask: the ratio is
         # then taken over the tokens the datum trains (a nonzero advantage; prompts carry 0).
         LossSpec(
@@ -191,6 +267,7 @@ LOSSES: dict[str, LossSpec] = {
             _RL_INPUTS,
             _gspo,
             optional={"sequence_ratio_mask": lambda inputs: (inputs["advantages"] != 0).float()},
+            metrics=_rl_metrics,
         ),
         # The client's `logprobs` (the cookbook sends them) are accepted and not used: the
         # sampler's come from the recorded sequences the datum's spans name.
