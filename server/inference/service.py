@@ -126,7 +126,8 @@ class InferenceService:
         )
 
     def warm_up(self) -> None:
-        """Load the model a first request would use, in the background (local backend)."""
+        """Load the model a first request would use, and start the inference client, in the
+        background (local backend)."""
         settings = self._settings
         if not settings.inference_warmup or settings.default_backend != "local":
             return
@@ -134,6 +135,7 @@ class InferenceService:
 
     def _warm(self) -> None:
         try:
+            self.worker.client.life()  # the inference client's imports, paid before a request
             model = self._default_model()
             started = time.monotonic()
             answer = self.worker.request(WarmJob(model=model, backend="local"), WARMUP_TIMEOUT_S)
