@@ -37,6 +37,10 @@ LOCK = "host.lock"
 LOG = "host.log"
 START_LOCK = "start.lock"
 _SOCKET_PATH_MAX = 100  # sun_path holds 108 bytes; a longer path goes under the temp folder
+# oneDNN keeps a compiled product for each shape it meets (1,024 by default): a host meets a
+# new one with every batch size, and kept them all past its runs (benchmarks/README.md, issue
+# 52). A host's decode steps reuse a few shapes; a user's own setting wins.
+ONEDNN_CACHE = "128"
 log = logging.getLogger(__name__)
 
 
@@ -155,6 +159,7 @@ def _start(settings: Settings, slot: Slot, timeout_s: float) -> HostRecord:
     logfile = log_path(settings.var_dir, slot)
     env = settings.child_environment()
     env["RLCS_ENGINE_SLOT"] = slot.to_json()
+    env.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", ONEDNN_CACHE)
     if slot.gpu is not None:
         env["CUDA_VISIBLE_DEVICES"] = slot.gpu  # it sees its GPU alone, as "cuda"
     with logfile.open("ab") as out:

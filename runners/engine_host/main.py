@@ -13,6 +13,7 @@ import logging
 import os
 import signal
 import sys
+import threading
 import time
 
 from core import engine_host, procs
@@ -24,6 +25,7 @@ from runners.backends.factory import local_service
 from runners.engine import openmp
 from runners.engine_host.host import EngineHost, device_memory
 from runners.engine_host.inference import InferenceLoop
+from runners.engine_host.warm_up import warm_up
 
 log = logging.getLogger("engine-host")
 
@@ -73,6 +75,8 @@ def main() -> int:
             socket=str(path),
         ),
     )
+    # Beside its first clients (who may arrive now): its loader takes one load at a time.
+    threading.Thread(target=warm_up, args=(service,), daemon=True, name="warm-up").start()
     log.info(
         "host %s on %s listening on %s (pid %s, wire %s, budget %s)",
         slot.name,
