@@ -171,10 +171,11 @@ class Settings(BaseSettings):
         "found); false: the torch products always",
     )
     cast_lm_head_to_fp32: bool = Field(
-        False,
-        description="A bf16 or fp16 sampler computes its logits from a float32 copy of the "
-        "unembedding (TRL's and PipelineRL's fix for the sampler-trainer gap: bf16 logits are "
-        "rounded to 8 bits); false: in the sampler's dtype",
+        True,
+        description="A bf16 sampler over a float32 trainer (the CPU's) computes its logits "
+        "from a float32 copy of the unembedding, as the trainer does (TRL's name; bf16 logits "
+        "rounded to 8 bits are most of the gap between them); false: in the sampler's dtype. "
+        "A bf16 trainer on CUDA computes its logits in bf16, and so does its sampler",
     )
     training_lanes: int = Field(
         2,

@@ -107,7 +107,7 @@ class ModelHost:
         adapter_slots: int = 8,
         max_lora_rank: int = 128,
         cpu_adapter_kernel: bool = True,
-        cast_lm_head_to_fp32: bool = False,
+        cast_lm_head_to_fp32: bool = True,
         on_unused: Callable[[ModelHost], None] | None = None,
         lane: int = 0,
     ) -> None:

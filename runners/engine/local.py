@@ -62,7 +62,7 @@ class LocalServiceClient:
         cpu_adapter_kernel: bool = True,
         training_lanes: int = 1,
         device_share: int = 1,
-        cast_lm_head_to_fp32: bool = False,
+        cast_lm_head_to_fp32: bool = True,
     ) -> None:
         validate_device_dtype(device, dtype)
         validate_device_dtype(device, sampling_dtype)

@@ -175,9 +175,7 @@ class PackedModel:
                     )
                 )
             head_name = _module_name(model, model.get_output_embeddings()).rstrip(".")
-            # Logits rounded to bf16 spread the sampler from the trainer: optionally the
-            # unembedding (its base and its adapter) computes in float32.
-            head_dtype = torch.float32 if host.cast_lm_head_to_fp32 else dtype
+            head_dtype = _head_dtype(host, dtype)
             self.head = PackedGroup(
                 [base(head_name)], [head_name], head_dtype, 0, masked=self.masked
             )
@@ -478,6 +476,15 @@ class PackedModel:
         # The final norm's weight stays a multiply: a tied unembedding is also the embedding.
         normed = _normalize(hidden, self.eps, self._eps)
         return self.head((normed * self.norm_out).to(self.head.dtype), rows)
+
+
+def _head_dtype(host: ModelHost, dtype: torch.dtype) -> torch.dtype:
+    """The unembedding's dtype (its base and its adapter): with `cast_lm_head_to_fp32`, float32
+    where the trainer computes its logits in float32 (a float32 model: a bf16 sampler's logits
+    rounded to 8 bits are most of the gap between them); a bf16 trainer under CUDA autocast
+    computes them in bf16, as the sampler does."""
+    trained = host.model.get_output_embeddings().weight.dtype
+    return torch.float32 if host.cast_lm_head_to_fp32 and trained == torch.float32 else dtype
 
 
 def _norm_weight(norm: nn.Module | None, dtype: torch.dtype) -> torch.Tensor | None:
