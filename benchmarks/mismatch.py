@@ -25,6 +25,8 @@ mismatch_kl, mean(r - 1 - log r) over the ratios r, an estimate of KL(sampler ||
   repeat_word, tiny-random, rank 8, group 8 x batch 4, 8 tokens, 60 steps, lr 0.02,
   importance_sampling, seeds 1-4; the test's pass criterion, the last half's reward and the mean
   train/kl_sample_train_v2 from the run's history.
+- Part d, D for defaults: learning.py's SmolLM2 repeat_word run (20 steps) through a server at
+  its default settings, naming no loss, on seeds 1-4: reward and the gap as a new user sees them.
 
 Run from the repo root on a quiet machine. Durations measured on 2 cores with a test suite
 running beside (load average 3-5); a quiet machine should be faster:
@@ -34,6 +36,7 @@ running beside (load average 3-5); a quiet machine should be faster:
         # 48 runs of 6-10 s: 6-9 min (one seed 2.2 min; --extra-arm adds 12 runs); runs are
         # deterministic per seed, so a resumed or cut run pairs up with a later one
     .venv/bin/python -m benchmarks.mismatch --parts c   # 12 runs of 60-125 s: 15-25 min
+    .venv/bin/python -m benchmarks.mismatch --parts d   # 4 SmolLM2 runs of 20 steps
 Options: --models tiny-random,smollm2 (part a), --seeds (parts b and c), --steps (the last
 checkpoint of part a, the steps of each run in b and c), --extra-arm '{"rollout_is_threshold": 2}'.
 """
@@ -117,6 +120,7 @@ class Arm:
     sampling_dtype: str
     kernel: bool
     fp32_head: bool = False  # the logits from a float32 unembedding (cast_lm_head_to_fp32)
+    sample_offset: int = 0  # part b: added to every sampling seed (the noise floor's arm)
 
 
 ARMS = (
@@ -125,6 +129,9 @@ ARMS = (
     Arm("bf16 kernel", "bfloat16", True),
     Arm("bf16 kernel fp32 head", "bfloat16", True, fp32_head=True),
 )
+# Part b's noise floor: float32 again, on other samples (every sampling seed moved). Its
+# distance from float32 is what sampling noise alone does to a seed's reward.
+B_ARMS = (*ARMS, Arm("float32 resampled", "float32", False, sample_offset=1_000_000))
 
 
 def service(root: Path, arm: Arm, models_dir: Path) -> LocalServiceClient:
@@ -503,8 +510,10 @@ def probe_route(engine: LocalServiceClient, arm: Arm) -> str:
 
 def part_b(args: argparse.Namespace, root: Path) -> None:
     cells = [*CELLS, *filter(None, [extra_cell(args.extra_arm)])]
+    if args.b_cells:
+        cells = [c for c in cells if cell_name(c) in args.b_cells.split(",")]
     seeds = args.b_seeds
-    total = len(seeds) * len(ARMS) * len(cells)
+    total = len(seeds) * len(B_ARMS) * len(cells)
     print(
         f"\n## Part b: learning in process (stable_loss.run, tiny-random, 4 prompts x 8 x 8 "
         f"tokens, on-policy, {args.steps} steps, seeds {seeds}; {total} runs)",
@@ -512,13 +521,13 @@ def part_b(args: argparse.Namespace, root: Path) -> None:
     )
     done = load_done(args.resume)
     runs: dict[tuple[str, str, int], Learned] = {}
-    services = {arm.name: service(root, arm, Path(args.models_dir)) for arm in ARMS}
+    services = {arm.name: service(root, arm, Path(args.models_dir)) for arm in B_ARMS}
     try:
-        for arm in ARMS:
+        for arm in B_ARMS:
             print(f"  b route, {arm.name}: {probe_route(services[arm.name], arm)}", flush=True)
         timed = False
         for seed in seeds:  # seed-major: a run cut short leaves whole seeds behind it
-            for arm in ARMS:
+            for arm in B_ARMS:
                 for cell in cells:
                     key = run_key(cell, arm, seed, args.steps)
                     resumed = key in done
@@ -548,7 +557,9 @@ def part_b(args: argparse.Namespace, root: Path) -> None:
 def learn(
     engine: LocalServiceClient, cell: Cell, arm: Arm, seed: int, args: argparse.Namespace
 ) -> Learned:
-    curve = stable_loss.run(engine, cell.loss, cell.config, seed, b_args(args, cell.lr))
+    b = b_args(args, cell.lr)
+    b.sample_offset = arm.sample_offset
+    curve = stable_loss.run(engine, cell.loss, cell.config, seed, b)
     return Learned(cell_name(cell), arm.name, seed, curve.reward, curve.kl, curve.seconds)
 
 
@@ -601,7 +612,7 @@ def compare(
     runs: dict[tuple[str, str, int], Learned], cell: str, arm: str, seeds: list[int]
 ) -> Compared:
     mine = [runs[cell, arm, s] for s in seeds]
-    base = [runs[cell, ARMS[0].name, s] for s in seeds]
+    base = [runs[cell, B_ARMS[0].name, s] for s in seeds]
     half = len(mine[0].v2) // 2
     collapses = sum(r.collapsed for r in mine)
     return Compared(
@@ -623,10 +634,10 @@ def learning_table(
         "|---|---|---:|---|---:|---:|---:|---|---|",
     ]
     for cell in cells:
-        for arm in ARMS:
+        for arm in B_ARMS:
             c = compare(runs, cell, arm.name, seeds)
             paired = "—"
-            if arm is not ARMS[0]:
+            if arm is not B_ARMS[0]:
                 paired = (
                     f"{statistics.fmean(c.diffs):+.3f} [{min(c.diffs):+.3f}, {max(c.diffs):+.3f}] "
                     f"({sum(d < 0 for d in c.diffs)}/{len(c.diffs)})"
@@ -639,7 +650,7 @@ def learning_table(
                     for s in seeds
                 ]
                 same = ", ".join(f"{n}/{len(runs[cell, arm.name, seeds[0]].reward)}" for n in steps)
-            worse = "" if arm is ARMS[0] else ("**yes**" if c.worse else "no")
+            worse = "" if arm is B_ARMS[0] else ("**yes**" if c.worse else "no")
             lines.append(
                 f"| {cell} | {arm.name} | {c.last:.3f} | {paired} | {c.v2_half:.1e} | "
                 f"{c.v2_max:.1e} | {c.collapses}/{len(seeds)} | {same} | {worse} |"
@@ -656,7 +667,6 @@ def b_verdict(runs: dict[tuple[str, str, int], Learned], seeds: list[int]) -> li
 
     high = {label: f"{label} @ {HIGH_LR:g}" for label in ("is", "reinforce", "tis2")}
     low_is = f"is @ {LOW_LR:g}"
-    is_worse = {arm: worse(high["is"], arm) for arm in bf16}
 
     def which(cell: str) -> str:
         return "/".join(a for a in bf16 if worse(cell, a)) or "none"
@@ -669,13 +679,16 @@ def b_verdict(runs: dict[tuple[str, str, int], Learned], seeds: list[int]) -> li
     ]
     for lr in (HIGH_LR, LOW_LR):
         if (cell := f"default @ {lr:g}") in cells:
-            for arm in bf16:
+            for arm in [*bf16, B_ARMS[-1].name]:
                 diffs = compare(runs, cell, arm, seeds).diffs
                 met = all(abs(d) <= DEFAULT_GOAL for d in diffs)
                 lines.append(
                     f"b goal {cell}, {arm}: every seed within {DEFAULT_GOAL} of float32 "
                     f"({', '.join(f'{d:+.3f}' for d in diffs)}): {'met' if met else 'NOT met'}"
                 )
+    if not {*high.values(), low_is} <= set(cells):
+        return lines  # a filtered run (--b-cells): the notes' reading needs every cell
+    is_worse = {arm: worse(high["is"], arm) for arm in bf16}
     if not any(is_worse.values()):
         lines.append(
             f"b no learning penalty at this scale for either bf16 route with is at {HIGH_LR:g}: "
@@ -718,6 +731,7 @@ class Served:
     reward: list[float]
     v2: list[float]
     seconds: float
+    corrected: list[float] = field(default_factory=list)  # mismatch/corrected per step
 
     @property
     def first(self) -> float:
@@ -775,11 +789,16 @@ def serve_one(http: httpx.Client, arm: Arm, seed: int, body: dict[str, Any]) -> 
     learning.train(http, curve, body, 0.1)
     new = [r["run_id"] for r in http.get("/runs").json() if r["run_id"] not in before]
     v2: list[float] = []
+    corrected: list[float] = []
     if new:
-        keys = "train/kl_sample_train_v2"
-        rows = http.get(f"/runs/{new[0]}/history", params={"keys": keys}).json()["rows"]
-        v2 = [r[keys] for r in sorted(rows, key=lambda r: r["step"]) if keys in r]
-    return Served(arm.name, seed, curve.status, curve.reward, v2, curve.wall_s)
+        v2_key, corrected_key = "train/kl_sample_train_v2", "mismatch/corrected"
+        rows = http.get(
+            f"/runs/{new[0]}/history", params={"keys": f"{v2_key},{corrected_key}"}
+        ).json()["rows"]
+        rows = sorted(rows, key=lambda r: r["step"])
+        v2 = [r[v2_key] for r in rows if v2_key in r]
+        corrected = [r[corrected_key] for r in rows if corrected_key in r]
+    return Served(arm.name, seed, curve.status, curve.reward, v2, curve.wall_s, corrected)
 
 
 FALLBACK = "fused adapter product is off"  # lora_rows.kernel()'s warning when it falls back
@@ -842,7 +861,7 @@ def part_c(args: argparse.Namespace) -> None:
         flush=True,
     )
     runs: list[Served] = []
-    for arm in ARMS:
+    for arm in c_arms(args):
         with arm_server(arm) as http:
             for seed in seeds:
                 run = serve_one(http, arm, seed, c_body(seed, args.steps, correction))
@@ -855,12 +874,25 @@ def part_c(args: argparse.Namespace) -> None:
     print(f"verdict {c_verdict(runs)}")
 
 
+def c_arms(args: argparse.Namespace) -> list[Arm]:
+    """`--c-arms`: the arms part c serves, by name (default every arm)."""
+    wanted = args.c_arms.split(",") if args.c_arms else [arm.name for arm in ARMS]
+    unknown = set(wanted) - {arm.name for arm in ARMS}
+    if unknown:
+        raise SystemExit(f"--c-arms: unknown {sorted(unknown)}; the arms: {[a.name for a in ARMS]}")
+    return [arm for arm in ARMS if arm.name in wanted]
+
+
+def share(values: list[float]) -> str:
+    return f"{statistics.fmean(values):.2%}" if values else "—"
+
+
 def print_served(r: Served) -> None:
     v2 = statistics.fmean(r.v2) if r.v2 else math.nan
     print(
         f"  c {r.arm:11s} seed {r.seed}: {r.status}, {'PASS' if r.passed else 'fail'} "
         f"(first-{FIRST_STEPS} {r.first:.3f}, 2nd half {r.last:.3f}), mean v2 {v2:.1e}, "
-        f"{r.seconds:.0f} s",
+        f"tokens corrected {share(r.corrected)}, {r.seconds:.0f} s",
         flush=True,
     )
 
@@ -868,23 +900,26 @@ def print_served(r: Served) -> None:
 def served_table(runs: list[Served]) -> str:
     lines = [
         f"| arm | seed | status | test criterion | first-{FIRST_STEPS} reward | 2nd-half reward | "
-        "mean v2 |",
-        "|---|---:|---|---|---:|---:|---:|",
+        "mean v2 | tokens corrected |",
+        "|---|---:|---|---|---:|---:|---:|---:|",
     ]
     for r in runs:
         v2 = statistics.fmean(r.v2) if r.v2 else math.nan
         lines.append(
             f"| {r.arm} | {r.seed} | {r.status} | {'pass' if r.passed else 'FAIL'} | "
-            f"{r.first:.3f} | {r.last:.3f} | {v2:.1e} |"
+            f"{r.first:.3f} | {r.last:.3f} | {v2:.1e} | {share(r.corrected)} |"
         )
     for arm in ARMS:
         mine = [r for r in runs if r.arm == arm.name]
+        if not mine:
+            continue
         v2s = [statistics.fmean(r.v2) for r in mine if r.v2]
         lines.append(
             f"| **{arm.name}** | all | | {sum(r.passed for r in mine)}/{len(mine)} pass | "
             f"{statistics.fmean(r.first for r in mine):.3f} | "
             f"{statistics.fmean(r.last for r in mine):.3f} | "
-            f"{statistics.fmean(v2s) if v2s else math.nan:.1e} |"
+            f"{statistics.fmean(v2s) if v2s else math.nan:.1e} | "
+            f"{share([c for r in mine for c in r.corrected])} |"
         )
     return "\n".join(lines)
 
@@ -894,6 +929,8 @@ def c_verdict(runs: list[Served]) -> str:
     summary = {}
     for arm in ARMS:
         mine = [r for r in runs if r.arm == arm.name]
+        if not mine:
+            continue
         v2s = [statistics.fmean(r.v2) for r in mine if r.v2]
         summary[arm.name] = (
             statistics.fmean(r.last for r in mine),
@@ -907,8 +944,62 @@ def c_verdict(runs: list[Served]) -> str:
         f"c lowest 2nd-half reward: {worst} ({low:.3f}, v2 {low_v2:.1e}); highest: {best} "
         f"({high:.3f}, v2 {high_v2:.1e}); the worse arm's v2 is "
         f"{'higher' if higher_v2 else 'not higher'}: compare the direction with part b "
-        f"(C alone, {len(runs) // len(ARMS)} seeds per arm, decides nothing)"
+        f"(C alone, {len(runs) // len(summary)} seeds per arm, decides nothing)"
     )
+
+
+# ----- part d ---------------------------------------------------------------------------------
+
+D_STEPS = 20
+D_KEYS = "reward/mean,env/percent_correct,mismatch/k3,mismatch/abs_max,mismatch/corrected"
+
+
+def part_d(args: argparse.Namespace) -> None:
+    """benchmarks/learning.py's SmolLM2 repeat_word run through a server at its default
+    settings, on seeds nobody tuned, naming no loss: whatever a new user's run gets."""
+    seeds = args.c_seeds
+    steps = D_STEPS if not args.smoke else args.steps
+    print(
+        f"\n## Part d: SmolLM2 on repeat_word with the server's defaults (learning.py's run: "
+        f"group 4 x batch 4, 8 tokens, lr 5e-4, rank 8, {steps} steps, no loss named), seeds "
+        f"{seeds}",
+        flush=True,
+    )
+    lines = [
+        "| seed | status | reward, steps 1-3 | reward, last 3 | correct, 1-3 | correct, last 3 "
+        "| mismatch/k3 mean | abs_max max | tokens corrected |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    with learning.serving() as http:
+        learning.select(http, "repeat_word")
+        for seed in seeds:
+            body = {**learning.COMMON, **learning.PER_ENV["repeat_word"], "seed": seed}
+            body["total_steps"] = steps
+            before = {r["run_id"] for r in http.get("/runs").json()}
+            curve = learning.Curve("repeat_word", "default", "grpo")
+            learning.train(http, curve, body, 0.1)
+            new = [r["run_id"] for r in http.get("/runs").json() if r["run_id"] not in before]
+            rows = http.get(f"/runs/{new[0]}/history", params={"keys": D_KEYS}).json()["rows"]
+
+            def column(key: str, rows: list[dict[str, Any]] = rows) -> list[float]:
+                return [r[key] for r in sorted(rows, key=lambda r: r["step"]) if key in r]
+
+            k3, worst, corrected = (
+                column(k) for k in ("mismatch/k3", "mismatch/abs_max", "mismatch/corrected")
+            )
+            head, tail = slice(0, 3), slice(-3, None)
+            line = (
+                f"| {seed} | {curve.status} | {learning.mean_of(curve.reward, head):.3f} | "
+                f"{learning.mean_of(curve.reward, tail):.3f} | "
+                f"{learning.mean_of(curve.correct, head):.0%} | "
+                f"{learning.mean_of(curve.correct, tail):.0%} | "
+                f"{statistics.fmean(k3) if k3 else math.nan:.1e} | "
+                f"{max(worst) if worst else math.nan:.3f} | {share(corrected)} |"
+            )
+            print(f"  d {line}", flush=True)
+            lines.append(line)
+    print()
+    print("\n".join(lines))
 
 
 # ----- main -----------------------------------------------------------------------------------
@@ -916,7 +1007,7 @@ def c_verdict(runs: list[Served]) -> str:
 
 def options() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--parts", default="a,b,c", help="any of a, b, c, comma-separated")
+    parser.add_argument("--parts", default="a,b,c,d", help="any of a-d, comma-separated")
     parser.add_argument("--models", default=None, help="part a (default tiny-random,smollm2)")
     parser.add_argument("--seeds", default=None, help="parts b and c (default 0-3 and 1-4)")
     parser.add_argument("--steps", type=int, default=None, help="default 60 (smoke: a 2, b/c 6)")
@@ -931,12 +1022,14 @@ def options() -> argparse.Namespace:
         help="part c's rollout_correction (none: Tinker's objective, the notes' IS; default: "
         "not sent, the server's default)",
     )
+    parser.add_argument("--b-cells", default=None, help='part b\'s cells, e.g. "default @ 0.005"')
+    parser.add_argument("--c-arms", default=None, help="part c's arms by name, comma-separated")
     parser.add_argument("--resume", type=Path, default=None, help="part b: runs kept in JSONL")
     parser.add_argument("--models-dir", default="var/models")
     args = parser.parse_args()
     args.parts = [p.strip() for p in args.parts.split(",") if p.strip()]
-    if set(args.parts) - {"a", "b", "c"}:
-        parser.error(f"unknown parts {set(args.parts) - {'a', 'b', 'c'}}")
+    if set(args.parts) - {"a", "b", "c", "d"}:
+        parser.error(f"unknown parts {set(args.parts) - {'a', 'b', 'c', 'd'}}")
     smoke = args.smoke
     args.models = (args.models or ("tiny-random" if smoke else "tiny-random,smollm2")).split(",")
     args.b_seeds = [int(s) for s in (args.seeds or ("0" if smoke else "0,1,2,3")).split(",")]
@@ -964,8 +1057,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="rlcs-mismatch-") as tmp:
         for part in args.parts:
             started = time.perf_counter()
-            if part == "c":
-                part_c(args)
+            if part in ("c", "d"):
+                part_c(args) if part == "c" else part_d(args)
             else:
                 parts[part](args, Path(tmp))
             print(

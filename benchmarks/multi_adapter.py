@@ -16,7 +16,8 @@ Parts (all by default; `--parts` picks):
   checkpoints, mixed against one adapter per batch (the same runs, a server per mode).
 - kernel (not in the default parts; the CPU): in this process, 8 clients mixed, 8 on one
   shared adapter and one alone, each in a service whose bf16 sampler adds the adapter updates
-  through the fused kernel (sample/lora_rows.py) and in one through torch's products, rounds
+  through the fused kernel (sample/lora_rows.py), one that also computes its logits from a
+  float32 unembedding (cast_lm_head_to_fp32) and one through torch's products, rounds
   alternating.
 
 Run from the repo root (SmolLM2 on the CPU; the whole run takes about 25 minutes on 2 cores):
@@ -200,18 +201,27 @@ def engine_part(models_dir: Path, args: argparse.Namespace) -> None:
         )
 
 
+# (label, the fused kernel, a float32 unembedding: cast_lm_head_to_fp32)
+KERNEL_MODES = (
+    ("fused kernel", True, False),
+    ("fused kernel, float32 head", True, True),
+    ("torch products", False, False),
+)
+
+
 def kernel_part(models_dir: Path, args: argparse.Namespace) -> None:
     openmp.set_sole_engine(True)  # as in the engine host
     count = 8
     rates: dict[tuple[str, str], list[float]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         modes: dict[str, tuple[LocalServiceClient, dict[str, list[Any]]]] = {}
-        for label, kernel in (("fused kernel", True), ("torch products", False)):
+        for label, kernel, fp32_head in KERNEL_MODES:
             service = LocalServiceClient(
                 checkpoint_dir=Path(tmp) / label,
                 models_dir=models_dir,
                 device="cpu",
                 cpu_adapter_kernel=kernel,
+                cast_lm_head_to_fp32=fp32_head,
             )
             trainers = [
                 service.create_lora_training_client(args.model, rank=8, seed=s).result()

@@ -119,7 +119,10 @@ def run(
             samplers.popleft().close()
         sampler = samplers[0]  # the snapshot `stale` steps old (or the first one)
         params = types.SamplingParams(
-            max_tokens=args.max_tokens, temperature=1.0, seed=1000 * seed + step, stop=[]
+            max_tokens=args.max_tokens,
+            temperature=1.0,
+            seed=1000 * seed + step + args.sample_offset,
+            stop=[],
         )
         futures = [
             sampler.sample(types.ModelInput.from_ints(p), args.group, params) for p in prompts
@@ -214,6 +217,9 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--targets", type=int, default=8, help="size of the rewarded token set")
     parser.add_argument("--reward", choices=("distinct", "share"), default="distinct")
     parser.add_argument("--seeds", default="0,1,2,3", help="one run per loss and seed")
+    parser.add_argument(
+        "--sample-offset", type=int, default=0, help="added to every sampling seed (resampled runs)"
+    )
     parser.add_argument("--stable-config", default="{}", help="stable_reinforce's config, JSON")
     parser.add_argument("--models-dir", default="var/models")
     parser.add_argument("--device", default="cpu")
