@@ -72,3 +72,39 @@ def test_the_sdk_custom_loss_runs_on_cross_entropy(service: tinker.ServiceClient
     after = training.forward(data, "cross_entropy").result(WAIT_S)
     flat_after = [v for lp in logprobs(after) for v in lp]
     assert sum(flat_after) > sum(flat)  # the step raised the mean logprob it was told to
+
+
+def test_an_rl_loss_reports_the_gap_and_corrects_only_when_asked(
+    service: tinker.ServiceClient,
+) -> None:
+    """Issue 53: forward_backward's mismatch metrics reach an SDK script, merged by their
+    suffix, and agree with its own logprobs; a script that sends no config gets Tinker's
+    objective (nothing corrected), one that sends rollout_is_threshold gets the truncation."""
+    training = service.create_lora_training_client("tiny-random", rank=4, seed=9).result(WAIT_S)
+    data = datums("importance_sampling", 9)
+    plain = training.forward(data, "importance_sampling").result(WAIT_S)
+    sampler_lp = [
+        [q for q, a in zip(d.loss_fn_inputs["logprobs"].tolist(),
+                           d.loss_fn_inputs["advantages"].tolist(), strict=True) if q or a]
+        for d in data
+    ]  # fmt: skip
+    trainer_lp = [
+        got[len(got) - len(want) :] for got, want in zip(logprobs(plain), sampler_lp, strict=True)
+    ]
+    diffs = torch.tensor([t - q for ts, qs in zip(trainer_lp, sampler_lp, strict=True)
+                          for t, q in zip(ts, qs, strict=True)])  # fmt: skip
+    ratio = diffs.exp()
+    metrics = plain.metrics
+    assert metrics["mismatch_tokens:sum"] == len(diffs)
+    assert metrics["mismatch_k3:sum"] == pytest.approx(float((ratio - 1 - diffs).sum()), rel=1e-4)
+    assert metrics["mismatch_logprob_diff:max"] == pytest.approx(float(diffs.abs().max()), rel=1e-4)
+    outside = float(((ratio < 0.5) | (ratio > 2)).sum())
+    assert metrics["mismatch_ratio_outside:sum"] == outside
+    assert metrics["corrected_tokens:sum"] == 0  # Tinker's objective: no config, no correction
+
+    threshold = float(ratio.median())  # half the tokens above it
+    truncated = training.forward(
+        data, "importance_sampling", {"rollout_is_threshold": threshold}
+    ).result(WAIT_S)
+    assert truncated.metrics["is_truncated:sum"] == float((ratio > threshold).sum()) > 0
+    assert truncated.metrics["loss:sum"] != pytest.approx(metrics["loss:sum"])

@@ -75,9 +75,9 @@ def test_learning_is_real_on_repeat_word(tmp_path: Path) -> None:
     must clearly exceed the first steps'. A sign error in the advantages or the loss makes
     the policy move away from rewarded characters and fails this. (A run's rewards wander,
     and some runs take off late: the last 5 of 30 steps failed this about one run in ten.)
-    Sampled in float32, so the importance ratios at this large learning rate carry no bf16
-    rounding (the bf16 sampler's agreement has tests of its own)."""
-    settings = make_settings(tmp_path, stop_grace_s=30.0, sampling_dtype="float32")
+    The default sampler (bf16 where the CPU has it, its logits in float32) and the default
+    correction: what a user's run gets (benchmarks/README.md, "The sampler-trainer gap")."""
+    settings = make_settings(tmp_path, stop_grace_s=30.0)
     with TestClient(create_app(settings)) as tclient:
         _learns(tclient, tmp_path)
 
