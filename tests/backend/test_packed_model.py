@@ -219,6 +219,7 @@ def test_a_float32_head_brings_bf16_logits_nearer_the_trainers():
     rounded, exact = logits(False), logits(True)
     assert rounded.dtype == torch.bfloat16 and exact.dtype == torch.float32
     assert float(want.abs().max()) > 8  # large enough for bf16 to round them coarsely
+
     # The logprobs, what a ratio reads: the rounded ones' error is the 8-bit spacing of the
     # largest logits, which a float32 head does not add.
     def error(logits: torch.Tensor) -> float:
