@@ -61,8 +61,16 @@ def host_processes(server: LiveServer) -> list[int]:
 
 
 def holder(server: LiveServer, base: str) -> dict:
-    (host,) = [h for h in hosts(server) if any(b["name"] == base for b in h["bases"])]
-    return host
+    """The one host holding `base`. A host's warm-up holds tiny-random for a moment as the
+    host starts (runners/engine_host/warm_up.py): a second holder is waited out."""
+    found: list[dict] = []
+
+    def one() -> bool:
+        found[:] = [h for h in hosts(server) if any(b["name"] == base for b in h["bases"])]
+        return len(found) == 1
+
+    wait_for(one, 60, every=0.2)
+    return found[0]
 
 
 def test_two_bases_on_two_hosts_and_a_killed_host_fails_over_its_own_runs_only(

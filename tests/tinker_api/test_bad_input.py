@@ -120,7 +120,9 @@ def test_refusals_leave_the_session_and_others_as_they_were(
     # The session goes on, and the other one never noticed.
     assert training.forward_backward(datums("ppo"), "ppo").result(WAIT_S).metrics["loss:sum"]
     after = other.forward(probe, "cross_entropy").result(WAIT_S)
-    assert after.metrics == before.metrics
+    # The same weights: the same loss, but for the last bits a pass beside another's takes
+    # its rows in other micro-batches (the engine's training lanes).
+    assert after.metrics == pytest.approx(before.metrics, rel=1e-6)
     other_service.close("success").result(WAIT_S)
 
 
