@@ -781,24 +781,30 @@ def knows_correction() -> bool:
     return "rollout_correction" in TrainingConfig.model_fields
 
 
-def serve_one(http: httpx.Client, arm: Arm, seed: int, body: dict[str, Any]) -> Served:
-    """One run through learning.train; its id (train keeps it to itself) is the run new in
-    GET /runs, whose history gives the v2 series."""
+def trained_series(
+    http: httpx.Client, curve: learning.Curve, body: dict[str, Any], keys: list[str]
+) -> dict[str, list[float]]:
+    """One run through learning.train, then each of `keys` by step from its history. Its id
+    (train keeps it to itself) is the run new in GET /runs."""
     before = {r["run_id"] for r in http.get("/runs").json()}
-    curve = learning.Curve("repeat_word", "importance_sampling", "grpo")
     learning.train(http, curve, body, 0.1)
     new = [r["run_id"] for r in http.get("/runs").json() if r["run_id"] not in before]
-    v2: list[float] = []
-    corrected: list[float] = []
-    if new:
-        v2_key, corrected_key = "train/kl_sample_train_v2", "mismatch/corrected"
-        rows = http.get(
-            f"/runs/{new[0]}/history", params={"keys": f"{v2_key},{corrected_key}"}
-        ).json()["rows"]
-        rows = sorted(rows, key=lambda r: r["step"])
-        v2 = [r[v2_key] for r in rows if v2_key in r]
-        corrected = [r[corrected_key] for r in rows if corrected_key in r]
-    return Served(arm.name, seed, curve.status, curve.reward, v2, curve.wall_s, corrected)
+    if not new:
+        return {key: [] for key in keys}
+    rows = http.get(f"/runs/{new[0]}/history", params={"keys": ",".join(keys)}).json()["rows"]
+    rows = sorted(rows, key=lambda r: r["step"])
+    return {key: [r[key] for r in rows if key in r] for key in keys}
+
+
+def serve_one(http: httpx.Client, arm: Arm, seed: int, body: dict[str, Any]) -> Served:
+    """One run, its v2 series and the share of tokens corrected, step by step."""
+    curve = learning.Curve("repeat_word", "importance_sampling", "grpo")
+    v2_key, corrected_key = "train/kl_sample_train_v2", "mismatch/corrected"
+    series = trained_series(http, curve, body, [v2_key, corrected_key])
+    return Served(
+        arm.name, seed, curve.status, curve.reward, series[v2_key], curve.wall_s,
+        series[corrected_key],
+    )  # fmt: skip
 
 
 FALLBACK = "fused adapter product is off"  # lora_rows.kernel()'s warning when it falls back
@@ -951,7 +957,7 @@ def c_verdict(runs: list[Served]) -> str:
 # ----- part d ---------------------------------------------------------------------------------
 
 D_STEPS = 20
-D_KEYS = "reward/mean,env/percent_correct,mismatch/k3,mismatch/abs_max,mismatch/corrected"
+D_KEYS = ["mismatch/k3", "mismatch/abs_max", "mismatch/corrected"]  # each step's, in this order
 
 
 def part_d(args: argparse.Namespace) -> None:
@@ -975,18 +981,8 @@ def part_d(args: argparse.Namespace) -> None:
         for seed in seeds:
             body = {**learning.COMMON, **learning.PER_ENV["repeat_word"], "seed": seed}
             body["total_steps"] = steps
-            before = {r["run_id"] for r in http.get("/runs").json()}
             curve = learning.Curve("repeat_word", "default", "grpo")
-            learning.train(http, curve, body, 0.1)
-            new = [r["run_id"] for r in http.get("/runs").json() if r["run_id"] not in before]
-            rows = http.get(f"/runs/{new[0]}/history", params={"keys": D_KEYS}).json()["rows"]
-
-            def column(key: str, rows: list[dict[str, Any]] = rows) -> list[float]:
-                return [r[key] for r in sorted(rows, key=lambda r: r["step"]) if key in r]
-
-            k3, worst, corrected = (
-                column(k) for k in ("mismatch/k3", "mismatch/abs_max", "mismatch/corrected")
-            )
+            k3, worst, corrected = trained_series(http, curve, body, D_KEYS).values()
             head, tail = slice(0, 3), slice(-3, None)
             line = (
                 f"| {seed} | {curve.status} | {learning.mean_of(curve.reward, head):.3f} | "

@@ -67,9 +67,15 @@ def test_captured_steps_replay_what_eager_steps_compute(cuda_trainer):
     train_steps(trainer, ce_batch(trainer), 3)
     copy = SamplingModel(trainer._host, torch.bfloat16)
     copy.load(0, trainer._host.snapshot())
-    eager, graphed = _rows(SPECS), _rows(SPECS)
-    _drain(_slot_batch(copy.module, trainer, graphs=False), eager)
-    batch = _slot_batch(copy.module, trainer, graphs=True)
+    _assert_graphs_replay_eager(copy.module, trainer, lambda: _rows(SPECS))
+
+
+def _assert_graphs_replay_eager(model, trainer, rows) -> None:
+    """The same rows decoded eagerly and through captured CUDA graphs: the same tokens, and
+    logprobs to 1e-3."""
+    eager, graphed = rows(), rows()
+    _drain(_slot_batch(model, trainer, graphs=False), eager)
+    batch = _slot_batch(model, trainer, graphs=True)
     _drain(batch, graphed)
     assert batch.captures >= 1
     for a, b in zip(eager, graphed, strict=True):
@@ -437,15 +443,7 @@ def test_fp16_sampler_agrees_with_the_fp16_trainer_at_least_as_closely_as_bf16(t
 def test_fp16_packed_captured_steps_replay_what_eager_steps_compute(fp16_trainer):
     _, trainer = fp16_trainer
     train_steps(trainer, ce_batch(trainer), 3)
-    packed = _packed(trainer, torch.float16)
-    eager, graphed = _on(0), _on(0)
-    _drain(_slot_batch(packed, trainer, graphs=False), eager)
-    batch = _slot_batch(packed, trainer, graphs=True)
-    _drain(batch, graphed)
-    assert batch.captures >= 1
-    for a, b in zip(eager, graphed, strict=True):
-        assert a.tokens == b.tokens
-        np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-3)
+    _assert_graphs_replay_eager(_packed(trainer, torch.float16), trainer, lambda: _on(0))
 
 
 def test_an_fp16_overflow_skips_the_step_and_lowers_the_scale(fp16_trainer):
