@@ -405,9 +405,13 @@ class Settings(BaseSettings):
     def _a_database_url(cls, value: str | None) -> str | None:
         if value is None:
             return value
-        # Imported only for a URL to check: an engine host has none, and no sqlalchemy need.
-        from sqlalchemy.engine import make_url
-        from sqlalchemy.exc import ArgumentError
+        # Imported only for a URL to check. A process installed without the database layer (an
+        # engine host or a run's process on a bare GPU image) opens no database: nothing to check.
+        try:
+            from sqlalchemy.engine import make_url
+            from sqlalchemy.exc import ArgumentError
+        except ImportError:
+            return value
 
         try:
             make_url(value)

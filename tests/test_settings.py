@@ -37,3 +37,17 @@ def test_unreadable_environment_folders_stop_the_server_with_one_line(tmp_path: 
     assert done.returncode != 0
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "RLCS_ENV_DIRS is not a JSON list" in lines[0], done.stderr
+
+
+def test_a_process_without_the_database_layer_reads_its_settings(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A run's process or an engine host on a bare GPU image gets the server's database URL in
+    its environment but has no sqlalchemy: the URL is kept unchecked (it opens no database),
+    where with sqlalchemy a bad URL is still refused."""
+    monkeypatch.setenv("RLCS_DATABASE_URL", "not a url")
+    with pytest.raises(ValueError, match="not a database URL"):
+        Settings()
+    for name in ("sqlalchemy", "sqlalchemy.engine", "sqlalchemy.exc"):
+        monkeypatch.setitem(sys.modules, name, None)  # `import` of it raises ImportError
+    assert Settings().database_url == "not a url"
