@@ -18,6 +18,7 @@ slot cache itself) or a transformers module (`TransformersSlots` adapts it).
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -33,6 +34,10 @@ from runners.engine.sample.slot_cache import AdapterIndex, SlotCache, SlotModel
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 _LENGTH_STEP = 256  # cache lengths are multiples of this (fewer distinct graphs)
+# One graph capture (its warm-up included) at a time in a process: a capture begins with a
+# device-wide synchronize, which CUDA refuses while another thread's stream captures, breaking
+# that capture too (a host holding two bases has a scheduler thread for each).
+_ONE_CAPTURE_AT_A_TIME = threading.Lock()
 
 
 class TransformersSlots:
@@ -321,6 +326,17 @@ class SlotBatch:
         graph = self._captured.get(key)
         if graph is not None:
             return graph
+        with _ONE_CAPTURE_AT_A_TIME:
+            graph = self._capture(rows, passes, adapted)
+        self._captured[key] = graph
+        self.captures += 1
+        return graph
+
+    def _capture(self, rows: int, passes: Passes, adapted: bool) -> torch.cuda.CUDAGraph:
+        """Warm the step up on a side stream, then capture it (under the process's capture
+        lock: the side stream comes from torch's pool, which can hand out the very stream that
+        another thread captures on)."""
+        assert self._cache is not None
         columns = self._cache.length
         # The rows' slots as the captured step reads them: the fixed buffer, no list.
         adapters = AdapterIndex(self._adapter[:rows], None, adapted)
@@ -343,8 +359,6 @@ class SlotBatch:
         capture = torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local")
         with capture, torch.no_grad():
             self._step(rows, passes, columns, adapters)
-        self._captured[key] = graph
-        self.captures += 1
         return graph
 
     def _drop_graphs(self) -> None:

@@ -203,6 +203,34 @@ def test_buckets_are_captured_while_the_trainer_trains_on_another_thread(cuda_tr
         assert [s.tokens for s in a] == [s.tokens for s in b]
 
 
+def test_two_slot_batches_capture_on_two_threads_as_each_alone(cuda_trainer):
+    """A host holding two bases runs a scheduler thread for each: their slot batches capture
+    graphs at the same moments (every bucket of a fresh batch), and each samples what it
+    samples alone (float32: a row's numbers do not hang on its batch's kernels)."""
+    _, trainer = cuda_trainer
+    train_steps(trainer, ce_batch(trainer), 3)
+    models = [_packed(trainer, torch.float32), _packed(trainer, torch.float32)]
+    greedy = {"temperature": 0.0}
+    alone = [_on(0, **greedy) for _ in models]
+    for model, rows in zip(models, alone, strict=True):
+        _drain(_slot_batch(model, trainer, graphs=True), rows)
+
+    def drain(model, rows, start: threading.Barrier) -> int:
+        batch = _slot_batch(model, trainer, graphs=True)
+        start.wait(timeout=60)
+        _drain(batch, rows)
+        return batch.captures
+
+    for _ in range(4):  # fresh batches: every round captures every bucket again on both
+        together = [_on(0, **greedy) for _ in models]
+        start = threading.Barrier(2)
+        with ThreadPoolExecutor(2) as pool:
+            captures = list(pool.map(drain, models, together, [start, start]))
+        assert min(captures) >= 1
+        for a, b in zip(alone, together, strict=True):
+            assert [r.tokens for r in a] == [r.tokens for r in b]
+
+
 def _packed(trainer, dtype: torch.dtype = torch.bfloat16, **options) -> PackedModel:
     """The packed model, the trainer's adapter in slot 0 (rows on slot 0: `_on`)."""
     packed = PackedModel(trainer._host, dtype, **options)
