@@ -19,10 +19,9 @@
 # and, in a second call while the machine is warm (its runs load the 1.5B shape 9 times; not
 # yet timed on a GPU, expect about 3 minutes):
 #     run(command="bash benchmarks/gpu_check.sh sweep", carry=[".whl"], timeout_s=400)
-# and part `hosts` the same way (not yet timed on a GPU; expect about 3 minutes: the 1.5B shape
-# built and saved once, about 30 s; then per case about a minute to start the runs' processes
-# and the hosts (torch, CUDA), load both bases and take a warm-up step, and 8 steps of 96 rows x
-# 64 tokens per run, about 2 s each with both runs at once; cut off at 330 s):
+# and part `hosts` the same way (on an H200 on 2026-12-04, parts `tests hosts` in one call took
+# 184 s, the call about 4 minutes with the machine's start: the gpu tests 37 s, the pair about
+# 140 s, 35-38 s of it per case to start the hosts, load both bases and take a warm-up step):
 #     run(command="bash benchmarks/gpu_check.sh hosts", carry=[".whl"], timeout_s=400)
 # Logs come back under $OUT (gpu_tests.log, random-135m.log, random-1.5b.log, random-7b.log,
 # multi-adapter-random-135m.log, multi-adapter-random-1.5b.log, sweep-random-1.5b.log,
