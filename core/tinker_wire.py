@@ -2,8 +2,8 @@
 say to each other, one JSON line each (core.child).
 
 Server to worker: one request model per operation, a union discriminated on `op`. Worker to
-server: `Ready` once started; for each request, `Accepted` once it is checked and queued (the
-POST that sent it waits for that), or `Refused` with an HTTP status; then, for an accepted one,
+server: for each request, `Accepted` once it is checked and queued (the POST that sent it
+waits for that), or `Refused` with an HTTP status; then, for an accepted one,
 `Done` with its `Answer`: what the operation's `Op[...]` names, or `Failed` with Tinker's
 category. The SDK's protobuf bodies travel as bytes (base64 in the line), decoded and encoded
 by the worker alone: the server never imports tinker.
@@ -340,11 +340,6 @@ Request = Annotated[
 # The worker's lines -----------------------------------------------------------------------
 
 
-class Ready(_Line):
-    kind: Literal["ready"] = "ready"
-    pid: int
-
-
 class Accepted(_Line):
     kind: Literal["accepted"] = "accepted"
     id: int
@@ -369,6 +364,6 @@ class Done(_Line):
     run_s: float = 0.0
 
 
-Reply = Annotated[Ready | Accepted | Refused | Done, Field(discriminator="kind")]
+Reply = Annotated[Accepted | Refused | Done, Field(discriminator="kind")]
 REQUEST: TypeAdapter[Request] = TypeAdapter(Request)
 REPLY: TypeAdapter[Reply] = TypeAdapter(Reply)

@@ -96,13 +96,6 @@ def lora_config(model: LanguageModel, spec: LoraSpec, base_model: str) -> Any:
     )
 
 
-def apply_lora(
-    model: LanguageModel, spec: LoraSpec, seed: int | None, base_model: str
-) -> LanguageModel:
-    """Wrap `model` in a peft LoRA model; the same seed gives the same adapter init."""
-    return wrap_with_config(model, lora_config(model, spec, base_model), seed)
-
-
 def shared_copy(model: LanguageModel) -> LanguageModel:
     """A copy of the module tree that shares every parameter and buffer with `model`: wrapping
     it in LoRA layers leaves `model` as it was, and the weights exist once."""

@@ -64,10 +64,6 @@ class InferenceWorker:
         """The inference client's pid while it runs."""
         return self.client.pid
 
-    @property
-    def starts(self) -> int:
-        return self.client.starts
-
     def request(
         self,
         job: WorkerJob,

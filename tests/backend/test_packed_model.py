@@ -56,7 +56,8 @@ def _tiny_host(model_type: str, *, adapter: bool = True, **extra) -> ModelHost:
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").eval()
     if adapter:
-        model = lora.apply_lora(model, lora.LoraSpec(rank=4), 0, model_type)
+        spec = lora.LoraSpec(rank=4)
+        model = lora.wrap_with_config(model, lora.lora_config(model, spec, model_type), 0)
     host = ModelHost(model_type, model, tokenizer)
     _nudge(host)
     return host

@@ -35,10 +35,10 @@ def test_reference_client_call_and_warm_worker(iclient: TestClient) -> None:
     unscorable = body["results"][2]
     assert unscorable["score"] is None and "cannot score" in unscorable["reason"]
     assert body["summary"]["count"] == 3 and body["summary"]["scored"] == 2
-    starts, pid = worker.starts, worker.pid
+    starts, pid = worker.client.starts, worker.pid
     second = infer(iclient, prompts=["What is 1 + 1?"], max_tokens=8)
     assert second.status_code == 200
-    assert worker.starts == starts and worker.pid == pid  # served by the warm worker
+    assert worker.client.starts == starts and worker.pid == pid  # served by the warm worker
     assert second.json()["summary"]["latency_s"] < first.json()["summary"]["latency_s"]
 
 

@@ -134,15 +134,6 @@ class FutureRegistry:
             if pending.session_id == session_id and pending.outcome is None:
                 self.settle(pending.request_id, Outcome(error=error, category=category))
 
-    def fail_all(self, error: str, category: str, kinds: frozenset[str]) -> list[str]:
-        """Unsettled futures of these kinds fail; the sessions they belonged to."""
-        sessions = []
-        for pending in list(self._futures.values()):
-            if pending.outcome is None and pending.kind in kinds:
-                self.settle(pending.request_id, Outcome(error=error, category=category))
-                sessions.append(pending.session_id)
-        return sessions
-
     async def wait(
         self,
         request_id: str,
