@@ -1,16 +1,17 @@
-"""What the Tinker API (server/tinker_api) and its Tinker worker process (runners/tinker_worker)
-say to each other, one JSON line each (core.child).
+"""The Tinker operations an engine host's clients (the Tinker API in server/tinker_api, a run's
+engine backend) and the host (runners/engine_host/tinker_ops.py) exchange, one JSON line each,
+wrapped in core.engine_wire's `TinkerCall` and `TinkerReply`.
 
-Server to worker: one request model per operation, a union discriminated on `op`. Worker to
-server: for each request, `Accepted` once it is checked and queued (the POST that sent it
-waits for that), or `Refused` with an HTTP status; then, for an accepted one,
-`Done` with its `Answer`: what the operation's `Op[...]` names, or `Failed` with Tinker's
-category. The SDK's protobuf bodies travel as bytes (base64 in the line), decoded and encoded
-by the worker alone: the server never imports tinker.
+Client to host: one request model per operation, a union discriminated on `op`. Host to
+client: for each request, `Accepted` once it is checked and queued (the POST that sent it
+waits for that), or `Refused` with an HTTP status; then, for an accepted one, `Done` with its
+`Answer`: what the operation's `Op[...]` names, or `Failed` with Tinker's category. The SDK's
+protobuf bodies travel as bytes (base64 in the line), decoded and encoded by the host alone:
+the server never imports tinker.
 
 Adding an operation is a request model here (its `Op[...]` naming its answer), a `case` in
-the worker's dispatch (runners/tinker_worker/worker.py) and a method in the service that sends
-it (server/tinker_api/service.py).
+the host's dispatch (`TinkerOps._queue`, runners/engine_host/tinker_ops.py) and a method in
+the service that sends it (server/tinker_api/service.py).
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ class StateLoaded(_Line):
 
 class RolloutText(_Line):
     """A sequence sampled or a datum trained, as its run's rollouts show it (decoded by the
-    worker, which has the tokenizer)."""
+    host, which has the tokenizer)."""
 
     prompt: str
     completion: str
@@ -108,7 +109,7 @@ class HeldModel(_Line):
 
 
 class Released(_Line):
-    """Models and samplers dropped; the base models the worker still holds."""
+    """Models and samplers dropped; the base models the host still holds."""
 
     kind: Literal["released"] = "released"
     held: list[HeldModel]
@@ -153,7 +154,7 @@ A = TypeVar("A", bound=BaseModel)
 
 
 class Op(_Line, Generic[A]):
-    """A request whose answer (when it does not fail) is an A. `id` is the worker client's;
+    """A request whose answer (when it does not fail) is an A. `id` is the client's;
     `op`, each request's literal, discriminates Request."""
 
     id: int = 0
@@ -299,7 +300,7 @@ class CancelSamples(Op[Cancelled]):
 
 class CreateLoss(Op[LossReady]):
     """A server-side custom loss (create_custom_loss): the SDK's traced graph, rebuilt by the
-    worker from its allowed operations; forward_backward(..., "custom", {"loss_id"}) runs it."""
+    host from its allowed operations; forward_backward(..., "custom", {"loss_id"}) runs it."""
 
     op: Literal["create_loss"] = "create_loss"
     loss_id: str
@@ -337,7 +338,7 @@ Request = Annotated[
 ]
 
 
-# The worker's lines -----------------------------------------------------------------------
+# The host's lines -------------------------------------------------------------------------
 
 
 class Accepted(_Line):
@@ -355,7 +356,7 @@ class Refused(_Line):
 
 
 class Done(_Line):
-    """A request's answer, and how long it ran: from when the worker could start it (it was
+    """A request's answer, and how long it ran: from when the host could start it (it was
     taken, and its model's earlier requests were done) to its answer, in seconds."""
 
     kind: Literal["done"] = "done"

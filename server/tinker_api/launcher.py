@@ -1,8 +1,9 @@
 """Tinker sessions as a launcher kind ("tinker-api") for the supervisor: never started from the
 queue (a script's create_session starts one), stopped by ending the session, and watched by
-the liveness of the server holding it. A session lives in that server's memory and its
-Tinker worker process ends with it, so a run whose holder is gone is settled as lost; the
-holder itself settles the sessions that finish, go quiet or lose their worker (sessions/)."""
+the liveness of the server holding it. A session lives in that server's memory and what its
+engine host holds for it goes with the server's connection, so a run whose holder is gone is
+settled as lost; the holder itself settles the sessions that finish, go quiet or lose their
+host (sessions/)."""
 
 from __future__ import annotations
 
@@ -63,7 +64,7 @@ class TinkerLauncher:
                     stop_details="stopped; the server holding the Tinker session is gone",
                     failure_kind="lost",
                     summary="lost: the server holding this Tinker session stopped (a session "
-                    "lives in its server, and its Tinker worker ends with it)",
+                    "lives in its server, and what its engine host held for it goes with it)",
                 ),
                 same_attempt=_held_by(run.pid),
             )

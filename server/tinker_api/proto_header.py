@@ -1,6 +1,6 @@
 """The model and sequence ids of a forward_backward body, read from its protobuf wire format
 without the SDK (the server does not import tinker): enough to find the model and to apply a
-retried request once. The Tinker worker decodes the whole body."""
+retried request once. The engine host decodes the whole body."""
 
 from __future__ import annotations
 

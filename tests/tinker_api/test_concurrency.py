@@ -1,4 +1,4 @@
-"""Two scripts training at once on one base model: one model loaded in the Tinker worker, each
+"""Two scripts training at once on one base model: one model loaded in the engine host, each
 client's requests in order, their steps taking turns rather than mixing, each getting the
 numbers it would get alone; and one session's end changes nothing of the other."""
 

@@ -65,7 +65,7 @@ def test_a_script_that_raises_fails_its_run(server: LiveServer) -> None:
 
 @pytest.fixture(scope="module")
 def fragile(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
-    """A server of its own (its Tinker worker gets killed), whose sessions go quiet after 2 s."""
+    """A server of its own (its engine host gets killed), whose sessions go quiet after 2 s."""
     var = tmp_path_factory.mktemp("tinker-fragile")
     with tinker_server(var, RLCS_TINKER_SESSION_TIMEOUT_S="2") as live:
         yield live

@@ -1,4 +1,4 @@
-"""The Tinker worker's answers as the SDK's futures resolve them (futures.Outcome), each told to
+"""The engine host's answers as the SDK's futures resolve them (futures.Outcome), each told to
 its session first, which records what it means: a model ready, a forward_backward's tokens and
 loss, an optimizer step with its metrics, a checkpoint saved, tokens sampled."""
 

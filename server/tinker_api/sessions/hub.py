@@ -1,7 +1,7 @@
 """What the Tinker API's parts share: the live sessions, the futures of their requests, the
-Tinker worker process that does the work, and the sessions' runs in the database (a Recorder).
-Also how a session ends, whatever ends it: it records its end, its waiting requests fail, its
-models are freed in the worker.
+engine hosts that do the work, and the sessions' runs in the database (a Recorder). Also how a
+session ends, whatever ends it: it records its end, its waiting requests fail, its models are
+freed in its host.
 
 Everything here runs on the server's event loop, but for the Recorder's thread.
 """
@@ -196,7 +196,7 @@ class SessionHub:
                 outcome = Outcome(error=answer.error, category=answer.category)
             elif expected is None:
                 what = f"{type(request).__name__} with {answer.kind}"
-                outcome = Outcome(error=f"the Tinker worker answered {what}", category="server")
+                outcome = Outcome(error=f"the engine host answered {what}", category="server")
             else:
                 try:
                     outcome = encode(expected)
