@@ -338,6 +338,35 @@ Request = Annotated[
 ]
 
 
+def model_of(request: Op[Any]) -> str | None:
+    """The training model a request works on (a Snapshot: the one it snapshots), whose requests
+    the host runs one after another; None for a request on a sampler or on neither."""
+    match request:
+        case (
+            CreateModel()
+            | LoadModel()
+            | LoadState()
+            | ForwardBackward()
+            | OptimStep()
+            | SaveState()
+            | SaveSampler()
+            | SaveExternal()
+            | Snapshot()
+        ):
+            return request.model_id
+        case _:
+            return None
+
+
+def sampler_of(request: Op[Any]) -> str | None:
+    """The sampler a request makes (Snapshot, OpenSampler) or samples from; None for others."""
+    match request:
+        case Snapshot() | OpenSampler() | Sample():
+            return request.sampler_id
+        case _:
+            return None
+
+
 # The host's lines -------------------------------------------------------------------------
 
 

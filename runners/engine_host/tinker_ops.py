@@ -57,6 +57,7 @@ from core.tinker_wire import (
     StateLoaded,
     Stepped,
     Trained,
+    model_of,
 )
 from runners.engine.futures import LocalFuture, resolved
 from runners.engine.local import LocalServiceClient
@@ -122,7 +123,7 @@ class TinkerOps:
             self._send(Refused(id=request.id, status=500, detail=detail))
             return
         self._send(Accepted(id=request.id))
-        self._answer_when_done(request.id, work, getattr(request, "model_id", None))
+        self._answer_when_done(request.id, work, model_of(request))
 
     def refuse_line(self, line: str, error: ValidationError) -> None:
         """A line that is not a request (an operation this worker does not know): refused by

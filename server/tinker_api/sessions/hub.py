@@ -39,6 +39,8 @@ from core.tinker_wire import (
     SaveSampler,
     SaveState,
     Snapshot,
+    model_of,
+    sampler_of,
 )
 from server.engine.hosts import EngineHosts
 from server.errors import BadRequest, DomainError, NotFound, Unavailable
@@ -184,9 +186,10 @@ class SessionHub:
         The future's kind (in its id) is the request's: future_kind."""
         pending = self.futures.new(session.id, future_kind(request), target, request_id)
         submitted = time.time()
-        track = str(
-            getattr(request, "model_id", None) or getattr(request, "sampler_id", session.id)
-        )
+        # Its line in the session's trace: its model, else its sampler, else the session's.
+        track = model_of(request) or sampler_of(request)
+        if track is None:
+            track = session.id
 
         def answered(answer: Answer, run_s: float) -> None:
             session.timed(request.op, track, submitted, run_s, isinstance(answer, Failed))
