@@ -71,6 +71,12 @@ PLANTED = [
         "import server.runs.service",
         "server.tinker_api.rest -> server.runs.service",
     ),
+    (
+        "engine-wings-apart",
+        "runners/engine/sample/selection.py",
+        "import runners.engine.train.losses",
+        "runners.engine.sample.selection -> runners.engine.train.losses",
+    ),
     ("acyclic", "core/models.py", "import core.lifecycle", "core.lifecycle -> core.models ->"),
 ]
 
