@@ -18,6 +18,7 @@ import contextlib
 import logging
 import socket
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -37,7 +38,8 @@ from core.settings import Settings
 from core.spec import RunSpec
 from runners.atropos.env_yaml import write_env_yaml
 from runners.atropos.feed import EnvironmentFailed, Feed
-from runners.atropos.groups import Batch, read_batch
+from runners.atropos.groups import Batch as Scored
+from runners.atropos.groups import read_batch
 from runners.atropos.rollout_records import sequence_records
 from runners.atropos.watch import EvalWatch, LogWatch, MetricsTap
 from runners.doors.face import DRAIN_S, InferenceFace, serving
@@ -45,7 +47,7 @@ from runners.doors.requests import SamplingDefaults
 from runners.train import staleness
 from runners.train.learner import Sequence
 from runners.train.report import timed
-from runners.train.run_base import RunContext, RunnerBase
+from runners.train.run_base import Batch, Prepared, Report, RunContext, RunnerBase, Stepped
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
@@ -58,7 +60,16 @@ HOSTED_CONTEXT = 32_768  # max_token_len registered when the model's context is 
 Run = RunContext[Feed]
 
 
-class AtroposTrainer(RunnerBase[Feed]):
+@dataclass
+class Drawn:
+    """A step's batch as the API gave it (`groups`) and as read (`batch`)."""
+
+    groups: list[dict[str, Any]]
+    batch: Scored
+    recomputed: int = 0  # sequences whose logprobs were recomputed (sent without)
+
+
+class AtroposTrainer(RunnerBase[Feed, Drawn]):
     def __init__(self, settings: Settings, folder: RunFolder, spec: RunSpec, engine: Engine):
         config = AtroposRunConfig.model_validate(spec.config)
         super().__init__(settings, folder, spec.run_id, engine, config, config.total_steps)
@@ -247,53 +258,55 @@ class AtroposTrainer(RunnerBase[Feed]):
 
     # One step ------------------------------------------------------------------------------
 
-    async def train_step(self, run: Run, step: int) -> None:
+    async def next_batch(
+        self, run: Run, step: int, times: dict[str, float]
+    ) -> list[dict[str, Any]]:
+        with timed(times, "sample"):
+            return await self._until_stopped(run.data.next_batch(step))
+
+    def read(self, run: Run, step: int, drawn: list[dict[str, Any]]) -> Batch[Drawn]:
         feed = run.data
-        times: dict[str, float] = {}
-        with timed(times, "step"):
-            with timed(times, "sample"):
-                groups = await self._until_stopped(feed.next_batch(step))
-            with timed(times, "train"):
-                batch = read_batch(groups, self.config.advantage, feed.context)
-                self.tag_policies(feed.face, batch.sequences)
-                # The environment samples the next batch while a step trains: the bound is at
-                # least 1 here.
-                bound = max(1, self.config.max_steps_off_policy or 0)
-                prepared = self.prepare(batch.sequences, step, bound, self.keep_flat_groups(run))
-                trained = batch.settle(prepared.sequences, prepared.dropped_groups)
-                recomputed = await self.fill_logprobs(feed.face, trained)
-                local = run.backend == "local"
-                # The local backend trains on what also samples: one at a time.
-                with feed.face.paused() if local else contextlib.nullcontext():
-                    train_metrics = await self.train(run, trained)
-                    feed.face.set_sampler(await self.snapshot(run.training), step)
-        self.step = step
+        batch = read_batch(drawn, self.config.advantage, feed.context)
+        self.tag_policies(feed.face, batch.sequences)
+        # The environment samples the next batch while a step trains: the bound is at least 1.
+        bound = max(1, self.config.max_steps_off_policy or 0)
+        return Batch(Drawn(drawn, batch), batch.sequences, bound)
+
+    async def settle(self, run: Run, batch: Batch[Drawn], prepared: Prepared) -> list[Sequence]:
+        drawn = batch.own
+        trained = drawn.batch.settle(prepared.sequences, prepared.dropped_groups)
+        drawn.recomputed = await self.fill_logprobs(run.data.face, trained)
+        return trained
+
+    def training_window(self, run: Run) -> contextlib.AbstractContextManager[None]:
+        # The local backend trains on what also samples: one at a time.
+        local = run.backend == "local"
+        return run.data.face.paused() if local else contextlib.nullcontext()
+
+    async def publish(self, run: Run, step: int) -> None:
+        run.data.face.set_sampler(await self.snapshot(run.training), step)
+
+    async def report(self, run: Run, done: Stepped[Drawn]) -> Report:
+        feed, face, drawn = run.data, run.data.face, done.batch.own
         metrics = {
-            **batch.metrics(),
-            **prepared.off_policy,
-            **train_metrics,
-            **feed.face.stats.take(),
+            **drawn.batch.metrics(),
+            **done.prepared.off_policy,
+            **done.train_metrics,
+            **face.stats.take(),
             **feed.log_watch.take(),
             **feed.tap.take(),
-            "atropos/recomputed_logprobs": float(recomputed),
+            "atropos/recomputed_logprobs": float(drawn.recomputed),
             "atropos/queue_size": float(await feed.queue_size()),
-            **times,
+            **done.times,
         }
-        face = feed.face
-        run.reporter.rollouts(
-            step,
-            lambda: sequence_records(groups, trained, face.decode, face.end_ids),
+        trained = done.trained
+        return Report(
             metrics,
+            drawn.batch.reward_mean(),
+            lambda: sequence_records(drawn.groups, trained, face.decode, face.end_ids),
+            example=_example(drawn.batch, face.decode),
+            evals=feed.evals.take(),
         )
-        run.reporter.step(step, self.total_steps, metrics, batch.reward_mean())
-        example = _example(batch, face.decode)
-        if example:
-            print(example, flush=True)
-        evals = feed.evals.take()
-        if evals:
-            run.reporter.eval(step, evals)
-        if self.checkpoint_due(step):
-            await self.checkpoint(run)
 
     def tag_policies(self, face: InferenceFace, sequences: list[Sequence]) -> None:
         """Each sequence tagged with the policy that served its trained tokens (the oldest,
@@ -376,7 +389,7 @@ def _end_ids(tokenizer: Any) -> list[int]:
     return Renderer(tokenizer, "plain").stop_token_ids()
 
 
-def _example(batch: Batch, decode: Any) -> str | None:
+def _example(batch: Scored, decode: Any) -> str | None:
     """The best sequence's trained part in one line, so the log shows what the model does."""
     if not batch.sequences:
         return None

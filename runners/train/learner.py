@@ -8,7 +8,8 @@
     -> datum per sequence (tinker's shape; gspo's mask, stable_reinforce's provenance)
     -> train_on: forward_backward + optim_step -> train/* metrics and the sampler/learner KL
 
-Drivers keep what is theirs: sampling or reading a batch, their data's metrics, checkpoints.
+Drivers keep what is theirs: sampling or reading a batch, their data's metrics; the step body
+around the learner is one, RunnerBase.train_step (runners/train/run_base.py).
 """
 
 from __future__ import annotations

@@ -41,10 +41,10 @@ from runners.episodes.sources import env_context, load_sources
 from runners.train import staleness
 from runners.train.engine_loss import lost_engine, resume_on_a_new_host
 from runners.train.learner import SEQUENCE_ID, TURN, Sequence
-from runners.train.pipeline import Pipeline
+from runners.train.pipeline import Pipeline, Produced
 from runners.train.report import timed
 from runners.train.rollout_records import episode_records
-from runners.train.run_base import RunContext, RunnerBase
+from runners.train.run_base import Batch, Report, RunContext, RunnerBase, Stepped
 from runners.train.seeds import RunSeeds
 
 if TYPE_CHECKING:
@@ -58,7 +58,7 @@ STOP_POLL_S = 1.0  # how often the runner reads whether a stop was requested
 Run = RunContext[Collector]  # a native run's data: the collector over its environments
 
 
-class Trainer(RunnerBase[Collector]):
+class Trainer(RunnerBase[Collector, Collected]):
     """A run on our environments (environments.base)."""
 
     def __init__(self, settings: Settings, folder: RunFolder, spec: RunSpec, engine: Engine):
@@ -101,56 +101,54 @@ class Trainer(RunnerBase[Collector]):
 
     # One step ------------------------------------------------------------------------------
 
-    async def train_step(self, run: Run, step: int) -> None:
+    async def next_batch(self, run: Run, step: int, times: dict[str, float]) -> Produced[Collected]:
         assert self.pipeline is not None
-        times: dict[str, float] = {}
-        with timed(times, "step"):
-            if step - 1 > self.published:
-                # The weights the last step trained, after its checkpoint and evaluation (as
-                # the synchronous loop always took them): the producer samples on from them.
-                await self.pipeline.publish(step - 1, await self.snapshot(run.training))
-                self.published = step - 1
-            with timed(times, "wait"):
-                produced = await self._until_stopped(self.pipeline.take(step))
-            collected = produced.batch
-            times["time/sample_s"] = produced.sample_s
-            with timed(times, "train"):
-                sequences = sequences_of(run.data.usable(collected), produced.policy_step)
-                prepared = self.prepare(
-                    sequences,
-                    step,
-                    self.bound,
-                    self.keep_flat_groups(run),
-                    rebn_limit=self.config.batch_size,  # rebn: transitions per step
-                    seed=self.seeds.subset(step),
-                )
-                train_metrics = await self.train(run, prepared.sequences)
-        self.step = step
+        if step - 1 > self.published:
+            # The weights the last step trained, after its checkpoint and evaluation (as the
+            # synchronous loop always took them): the producer samples on from them.
+            await self.pipeline.publish(step - 1, await self.snapshot(run.training))
+            self.published = step - 1
+        with timed(times, "wait"):
+            produced = await self._until_stopped(self.pipeline.take(step))
+        times["time/sample_s"] = produced.sample_s
+        return produced
+
+    def read(self, run: Run, step: int, drawn: Produced[Collected]) -> Batch[Collected]:
+        collected = drawn.batch
+        return Batch(
+            collected,
+            sequences_of(run.data.usable(collected), drawn.policy_step),
+            self.bound,
+            rebn_limit=self.config.batch_size,  # rebn: transitions per step
+            seed=self.seeds.subset(step),
+        )
+
+    async def report(self, run: Run, done: Stepped[Collected]) -> Report:
+        collected, prepared, times = done.batch.own, done.prepared, done.times
         if not self.bound:  # a synchronous run: its wait is its sampling, its groups on policy
             times.pop("time/wait_s")
-        off_policy = prepared.off_policy if self.bound else {}
         r = run.data.renderer
-        run.reporter.rollouts(
-            step,
+        metrics = {
+            **run.data.metrics(collected.episodes, "env"),
+            "sampler/failed_episodes": collected.failed,
+            **done.train_metrics,
+            "sampler/dropped_groups": prepared.dropped_groups,
+            **(prepared.off_policy if self.bound else {}),
+            **times,
+        }
+        return Report(
+            metrics,
+            mean_return(collected.episodes),
             lambda: episode_records(
                 collected.episodes, prepared.sequences, r.decode, r.stop_token_ids()
             ),
+            metrics_with_rollouts=False,
+            example=run.data.example(collected.episodes),
         )
-        self.record(
-            run,
-            step,
-            collected,
-            {
-                **train_metrics,
-                "sampler/dropped_groups": prepared.dropped_groups,
-                **off_policy,
-                **times,
-            },
-        )
-        cfg = self.config
-        if self.checkpoint_due(step):
-            await self.checkpoint(run)
-        if cfg.steps_per_eval and step % cfg.steps_per_eval == 0:
+
+    async def after_step(self, run: Run, step: int) -> None:
+        every = self.config.steps_per_eval
+        if every and step % every == 0:
             await self.evaluate(run)
 
     async def sample(self, collector: Collector, step: int, sampler: SamplingClient) -> Collected:
@@ -170,18 +168,6 @@ class Trainer(RunnerBase[Collector]):
                 collected.errors[0],
             )
         return collected
-
-    def record(self, run: Run, step: int, collected: Collected, metrics: dict[str, float]) -> None:
-        all_metrics = {
-            **run.data.metrics(collected.episodes, "env"),
-            "sampler/failed_episodes": collected.failed,
-            **metrics,
-        }
-        reward = mean_return(collected.episodes)
-        run.reporter.step(step, self.config.total_steps, all_metrics, reward)
-        example = run.data.example(collected.episodes)
-        if example:
-            print(example, flush=True)
 
     # Between steps -------------------------------------------------------------------------
 
@@ -293,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def runner_for(
     settings: Settings, folder: RunFolder, spec: RunSpec, engine: Engine
-) -> RunnerBase[Any]:
+) -> RunnerBase[Any, Any]:
     """The loop that trains this run: ours, or the Atropos or verifiers trainer (their
     environments run in processes of their own, docs/atropos.md, docs/verifiers.md)."""
     if spec.framework == "atropos":
@@ -307,7 +293,7 @@ def runner_for(
     return Trainer(settings, folder, spec, engine)
 
 
-async def _run(trainer: RunnerBase[Any]) -> int:
+async def _run(trainer: RunnerBase[Any, Any]) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, trainer.stop_event.set)
@@ -326,7 +312,7 @@ async def _run(trainer: RunnerBase[Any]) -> int:
     return 0
 
 
-async def _watch_stop_request(trainer: RunnerBase[Any]) -> None:
+async def _watch_stop_request(trainer: RunnerBase[Any, Any]) -> None:
     """A stop asked through the database works like SIGTERM, from a server that cannot signal
     this process (another machine, or one that adopted the run)."""
     while not trainer.stop_event.is_set():

@@ -1,10 +1,11 @@
 """What every run's runner does around its loop, whatever it trains on (our environments, or an
-Atropos or verifiers environment in processes of its own): one `open_run` (the backend, a
-training client fresh or resumed from a state checkpoint, reporting, the scorers of a KL
-penalty or a teacher, the driver's data), the step loop and its SIGTERM stop, checkpoints, and
-the RL step every driver shares once it has its batch as sequences: the staleness bound, then
-the advantages over what it kept (`prepare`), then one learner step (`train`,
-runners/train/learner.py).
+Atropos or verifiers environment in processes of its own): `open_run`, the step loop and its
+SIGTERM stop, checkpoints, and the one step body every driver's batches go through:
+
+    driver: next_batch (sampled or taken; its wait timed) -> read: Batch (the learner's sequences)
+    -> prepare: the staleness bound, then the advantages over what it kept
+    -> driver: settle (what trains of those) -> driver's training window: train, publish
+    -> driver: report (metrics, rollouts, example, evaluations) -> checkpoint -> driver: after_step
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from core import lifecycle, loss_config
 from core.models import RunStatus
@@ -25,6 +26,7 @@ from core.training_config import TrainingConfig
 from runners.episodes.policy import bounded
 from runners.train import staleness
 from runners.train.learner import Sequence, assign_advantages, train_on
+from runners.train.report import timed
 from runners.train.resume import loadable_state
 from runners.train.scorers import Scorers, open_scorers
 
@@ -32,12 +34,14 @@ if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
     from tinker import types
 
+    from core.rollouts import RolloutRecord
     from runners.backends.surface import SamplingClient, ServiceClient, TrainingClient
     from runners.train.report import Reporter
 
 log = logging.getLogger("runner")
 T = TypeVar("T")
 D = TypeVar("D")  # a driver's own part of its run: where its training data comes from
+B = TypeVar("B")  # a driver's own form of a step's batch, which its hooks read back
 
 
 @dataclass
@@ -63,12 +67,51 @@ class Prepared:
     off_policy: dict[str, float]  # sampler/ metrics of the staleness bound
 
 
+@dataclass
+class Batch(Generic[B]):
+    """A step's batch as its driver hands it to the step body: the learner's sequences, how
+    the body treats them, and the driver's own form of the batch (`own`) for its later hooks."""
+
+    own: B
+    sequences: list[Sequence]
+    bound: int  # the staleness bound: how many steps off policy a group may be
+    rebn_limit: int | None = None  # rebn: the transitions a step keeps (a seeded subset)
+    seed: int = 0
+    train_empty: bool = True  # False: a step left with no sequences takes no learner step
+
+
+@dataclass
+class Stepped(Generic[B]):
+    """What a step did, for its driver's report."""
+
+    step: int
+    batch: Batch[B]
+    prepared: Prepared
+    trained: list[Sequence]  # what the learner took: `prepared`'s, as the driver settled them
+    train_metrics: dict[str, float]
+    times: dict[str, float]  # time/*: the step's, its training's and the driver's own
+
+
+@dataclass
+class Report:
+    """A step's record as its driver words it; the step body records it, in this order."""
+
+    metrics: dict[str, float]
+    reward: float | None  # the step's mean reward (None: no sample came back)
+    records: Callable[[], list[RolloutRecord]]  # its rollouts, built off the training path
+    # Whether the rollouts keep the step's env/ metrics beside them (the native loop's do not).
+    metrics_with_rollouts: bool = True
+    example: str | None = None  # one sample in a line for the log
+    evals: dict[str, float] | None = None  # an evaluation that finished during the step
+
+
 class Stopped(Exception):
     """SIGTERM arrived: wind down with a checkpoint."""
 
 
-class RunnerBase(Generic[D]):
-    """A run's steps from its current one to `total_steps`, each by `train_step`."""
+class RunnerBase(Generic[D, B]):
+    """A run's steps from its current one to `total_steps`, each by `train_step`; a driver
+    (`D`: its part of the run, `B`: its form of a step's batch) hands in batches and hooks."""
 
     def __init__(
         self,
@@ -118,8 +161,36 @@ class RunnerBase(Generic[D]):
         """The driver's own part of the run; what it starts, it leaves to `exits` to end."""
         raise NotImplementedError
 
-    async def train_step(self, run: RunContext[D], step: int) -> None:
+    # The driver's hooks into a step ----------------------------------------------------------
+
+    async def next_batch(self, run: RunContext[D], step: int, times: dict[str, float]) -> Any:
+        """Step `step`'s batch as the driver draws it (sampled, or taken from where it was
+        sampled); what the wait took, in `times` under the driver's own time/ names."""
         raise NotImplementedError
+
+    def read(self, run: RunContext[D], step: int, drawn: Any) -> Batch[B]:
+        """The drawn batch as the learner's sequences (timed as training)."""
+        raise NotImplementedError
+
+    async def settle(
+        self, run: RunContext[D], batch: Batch[B], prepared: Prepared
+    ) -> list[Sequence]:
+        """What trains of the prepared sequences."""
+        return prepared.sequences
+
+    def training_window(self, run: RunContext[D]) -> contextlib.AbstractContextManager[None]:
+        """Held while the learner trains and the new weights are published."""
+        return contextlib.nullcontext()
+
+    async def publish(self, run: RunContext[D], step: int) -> None:
+        """The weights step `step` trained, to what samples (in the training window)."""
+
+    async def report(self, run: RunContext[D], done: Stepped[B]) -> Report:
+        """What the step records (after it trained): its metrics, rollouts, example, evals."""
+        raise NotImplementedError
+
+    async def after_step(self, run: RunContext[D], step: int) -> None:
+        """What follows a step once it is recorded and checkpointed."""
 
     # Set-up --------------------------------------------------------------------------------
 
@@ -193,6 +264,41 @@ class RunnerBase(Generic[D]):
         return training
 
     # The RL step ---------------------------------------------------------------------------
+
+    async def train_step(self, run: RunContext[D], step: int) -> None:
+        """One step, whatever the driver: its batch, prepared, trained, recorded, saved."""
+        times: dict[str, float] = {}
+        with timed(times, "step"):
+            drawn = await self.next_batch(run, step, times)
+            with timed(times, "train"):
+                batch = self.read(run, step, drawn)
+                prepared = self.prepare(
+                    batch.sequences,
+                    step,
+                    batch.bound,
+                    self.keep_flat_groups(run),
+                    rebn_limit=batch.rebn_limit,
+                    seed=batch.seed,
+                )
+                trained = await self.settle(run, batch, prepared)
+                with self.training_window(run):
+                    train = trained or batch.train_empty
+                    train_metrics = await self.train(run, trained) if train else {}
+                    await self.publish(run, step)
+        self.step = step
+        report = await self.report(
+            run, Stepped(step, batch, prepared, trained, train_metrics, times)
+        )
+        with_rollouts = report.metrics if report.metrics_with_rollouts else None
+        run.reporter.rollouts(step, report.records, with_rollouts)
+        run.reporter.step(step, self.total_steps, report.metrics, report.reward)
+        if report.example:
+            print(report.example, flush=True)
+        if report.evals:
+            run.reporter.eval(step, report.evals)
+        if self.checkpoint_due(step):
+            await self.checkpoint(run)
+        await self.after_step(run, step)
 
     def prepare(
         self,

@@ -26,9 +26,11 @@ from core.verifiers import VerifiersRunConfig
 from core.verifiers_wire import Group
 from runners.doors.face import DRAIN_S, InferenceFace, serving
 from runners.doors.requests import SamplingDefaults
+from runners.train.learner import Sequence
 from runners.train.report import timed
-from runners.train.run_base import RunContext, RunnerBase
+from runners.train.run_base import Batch, Prepared, Report, RunContext, RunnerBase, Stepped
 from runners.verifiers.driver import Driver, DriverConfig, EnvironmentFailed, sampling_args
+from runners.verifiers.groups import Batch as Rollouts
 from runners.verifiers.groups import read_groups
 from runners.verifiers.records import rollout_records
 
@@ -50,7 +52,7 @@ class Data:
 Run = RunContext[Data]
 
 
-class VerifiersTrainer(RunnerBase[Data]):
+class VerifiersTrainer(RunnerBase[Data, Rollouts]):
     def __init__(self, settings: Settings, folder: RunFolder, spec: RunSpec, engine: Engine):
         config = VerifiersRunConfig.model_validate(spec.config)
         super().__init__(settings, folder, spec.run_id, engine, config, config.total_steps)
@@ -111,42 +113,46 @@ class VerifiersTrainer(RunnerBase[Data]):
         )
         return Data(face, driver, context)
 
-    async def train_step(self, run: Run, step: int) -> None:
-        data = run.data
-        times: dict[str, float] = {}
-        with timed(times, "step"):
-            with timed(times, "sample"):
-                groups = await self._until_stopped(self._groups(data, step))
-            with timed(times, "train"):
-                # Sampled on policy: by the weights the step before left.
-                batch = read_groups(groups, step - 1, data.context)
-                errors = batch.errors()
-                if batch.all_failed():
-                    raise EnvironmentFailed(
-                        f"every rollout of step {step} failed in the environment; the first "
-                        f"said: {errors[0]}"
-                    )
-                if errors:
-                    log.warning(
-                        "step %d: %d of %d rollouts failed in the environment and are left out "
-                        "of training; the first said: %s",
-                        step,
-                        len(errors),
-                        len(batch.rewards()),
-                        errors[0],
-                    )
-                prepared = self.prepare(batch.sequences, step, 0, self.keep_flat_groups(run))
-                trained = batch.settle(prepared.sequences, prepared.dropped_groups)
-                local = run.backend == "local"
-                with data.face.paused() if local else contextlib.nullcontext():
-                    train_metrics = await self.train(run, trained) if trained else {}
-                    data.face.set_sampler(await self.snapshot(run.training), step)
-        self.step = step
-        metrics = {**batch.metrics(), **train_metrics, **data.face.stats.take(), **times}
-        run.reporter.rollouts(step, lambda: rollout_records(batch), metrics)
-        run.reporter.step(step, self.total_steps, metrics, batch.reward_mean())
-        if self.checkpoint_due(step):
-            await self.checkpoint(run)
+    async def next_batch(self, run: Run, step: int, times: dict[str, float]) -> list[Group]:
+        with timed(times, "sample"):
+            return await self._until_stopped(self._groups(run.data, step))
+
+    def read(self, run: Run, step: int, drawn: list[Group]) -> Batch[Rollouts]:
+        # Sampled on policy: by the weights the step before left.
+        batch = read_groups(drawn, step - 1, run.data.context)
+        errors = batch.errors()
+        if batch.all_failed():
+            raise EnvironmentFailed(
+                f"every rollout of step {step} failed in the environment; the first "
+                f"said: {errors[0]}"
+            )
+        if errors:
+            log.warning(
+                "step %d: %d of %d rollouts failed in the environment and are left out "
+                "of training; the first said: %s",
+                step,
+                len(errors),
+                len(batch.rewards()),
+                errors[0],
+            )
+        return Batch(batch, batch.sequences, 0, train_empty=False)
+
+    async def settle(self, run: Run, batch: Batch[Rollouts], prepared: Prepared) -> list[Sequence]:
+        return batch.own.settle(prepared.sequences, prepared.dropped_groups)
+
+    def training_window(self, run: Run) -> contextlib.AbstractContextManager[None]:
+        # The local backend trains on what also samples: one at a time.
+        local = run.backend == "local"
+        return run.data.face.paused() if local else contextlib.nullcontext()
+
+    async def publish(self, run: Run, step: int) -> None:
+        run.data.face.set_sampler(await self.snapshot(run.training), step)
+
+    async def report(self, run: Run, done: Stepped[Rollouts]) -> Report:
+        batch = done.batch.own
+        stats = run.data.face.stats.take()
+        metrics = {**batch.metrics(), **done.train_metrics, **stats, **done.times}
+        return Report(metrics, batch.reward_mean(), lambda: rollout_records(batch))
 
     async def _groups(self, data: Data, step: int) -> list[Group]:
         """This step's groups, played at once: examples (step-1)*groups_per_step onwards."""
