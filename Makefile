@@ -66,7 +66,7 @@ $(OLDEST_SDK_STAMP): $(OLDEST_SDK_LOCK) | $(BIN)/uv
 # lock's pins; once per environment and lock (var/verifiers/deps). A failure is the environment's:
 # shown in its listing, it does not stop the install. The server does the same for a new folder.
 verifiers-deps: $(STAMP) $(VERIFIERS_STAMP)
-	$(BIN)/python -m server.environments.verifiers_deps
+	$(BIN)/python -m server.environments.verifiers.deps
 
 install: $(STAMP) $(ATROPOS_STAMP) $(VERIFIERS_STAMP) $(OLDEST_SDK_STAMP) verifiers-deps
 

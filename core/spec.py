@@ -7,8 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-# Whose environment it is: ours (environments.base), Atropos's or a verifiers one.
-Framework = Literal["rlcs", "atropos", "verifiers"]
+from core.frameworks import Framework
 
 
 class _Frozen(BaseModel):

@@ -33,13 +33,11 @@ from server.engine.hosts import EngineHosts
 from server.engine.room import EngineRoom
 from server.engine.service import EngineService
 from server.environments import routes as environment_routes
-from server.environments.atropos_config import describe_atropos
 from server.environments.catalog import Catalog
 from server.environments.configs import ConfigService
 from server.environments.inspector import Inspectors
 from server.environments.model_check import ModelCheck
-from server.environments.verifiers_config import describe_verifiers
-from server.environments.verifiers_deps import DependencyInstaller
+from server.environments.verifiers.deps import DependencyInstaller
 from server.errors import DomainError, headers_for, status_for
 from server.guards.access import LoopbackUnlessToken, insecure_warning
 from server.guards.validation import (
@@ -93,7 +91,7 @@ def build_services(settings: Settings) -> Services:
     catalog = Catalog(
         settings.environment_dirs,
         PROJECT_ROOT,
-        Inspectors(settings, {"atropos": describe_atropos, "verifiers": describe_verifiers}),
+        Inspectors(settings),
         dependencies=DependencyInstaller.from_settings(settings),
     )
     models = ModelCheck.from_settings(settings)

@@ -34,6 +34,7 @@ from runners.doors.face import InferenceFace, serving
 from runners.doors.free_prompts import answer_prompts
 from runners.doors.requests import SamplingDefaults
 from runners.episodes.render import Renderer
+from runners.models.loading import tokenizer_folder
 
 UNSCORED = (
     "an Atropos environment scores only the items it makes itself (its get_next_item gives "
@@ -49,7 +50,6 @@ class AtroposInference:
         job: InferenceJob,
         sampler: Any,
         tokenizer: Any,
-        tokenizer_dir: str,
         context: int | None,
     ) -> None:
         self.settings = settings
@@ -57,7 +57,8 @@ class AtroposInference:
         self.config = AtroposRunConfig.model_validate(job.source.config)
         self.sampler = sampler
         self.tokenizer = tokenizer
-        self.tokenizer_dir = tokenizer_dir
+        # The tokenizer's folder, by name: the environment's own process loads it again.
+        self.tokenizer_dir = tokenizer_folder(job.model, settings.models_dir)
         self.context = context
         self.end_ids = Renderer(tokenizer, "plain").stop_token_ids()
 

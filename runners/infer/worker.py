@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from core.frameworks import FRAMEWORKS, load
 from core.settings import Settings
 from core.spec import InferenceJob
 from environments.base import BaseEnv, EnvConfig, EnvContext, SingleTurnEnv, Unscorable
@@ -43,10 +44,9 @@ class Worker:
         self, job: InferenceJob, cancel: threading.Event | None = None
     ) -> dict[str, Any]:
         started = time.monotonic()
-        if job.source.framework == "atropos":
-            return await self.atropos(job, started)
-        if job.source.framework == "verifiers":
-            return await self.verifiers(job, started)
+        inference = FRAMEWORKS[job.source.framework].inference
+        if inference is not None:
+            return await self.framework_job(job, started, inference)
         env_cls = load_env_class(Path(job.source.env_file), job.source.env_class)
         config = env_cls.Config.model_validate(job.source.config)
         model = job.model
@@ -76,50 +76,21 @@ class Worker:
             "latency_s": round(time.monotonic() - started, 3),
         }
 
-    async def atropos(self, job: InferenceJob, started: float) -> dict[str, Any]:
-        """An Atropos environment's items (or free prompts), scored in its own interpreter."""
-        from core.atropos import AtroposRunConfig
+    async def framework_job(self, job: InferenceJob, started: float, path: str) -> dict[str, Any]:
+        """Another framework's environment (core.frameworks: its `inference` class at `path`)
+        scoring its items, or free prompts, in its own interpreter."""
         from core.model_names import context_length
-        from runners.atropos.inference import AtroposInference
-        from runners.models.loading import tokenizer_folder
 
-        config = AtroposRunConfig.model_validate(job.source.config)
-        backend = resolve_backend(config.backend, self.settings)
-        sampler = await self._sampler(backend, job.model, job.adapter)
-        models = self.settings.models_dir
-        tokenizer = self._renderer(job.model, EnvConfig(model_name=job.model)).tokenizer
-        inference = AtroposInference(
-            self.settings,
-            job,
-            sampler,
-            tokenizer,
-            tokenizer_folder(job.model, models),
-            context_length(job.model, models) if backend == "local" else None,
-        )
-        results = await inference.run(Budget.from_job(job).deadline)
-        return {
-            "ok": True,
-            "model": job.model,
-            "backend": backend,
-            "results": results,
-            "latency_s": round(time.monotonic() - started, 3),
-        }
-
-    async def verifiers(self, job: InferenceJob, started: float) -> dict[str, Any]:
-        """A verifiers environment's examples (or free prompts), scored by its rubric in its
-        own interpreter."""
-        from core.model_names import context_length
-        from core.verifiers import VerifiersRunConfig
-        from runners.verifiers.inference import VerifiersInference
-
-        config = VerifiersRunConfig.model_validate(job.source.config)
+        run_config = FRAMEWORKS[job.source.framework].run_config
+        assert run_config is not None  # a framework with its own inference has its run config
+        config = load(run_config).model_validate(job.source.config)
         backend = resolve_backend(config.backend, self.settings)
         sampler = await self._sampler(backend, job.model, job.adapter)
         tokenizer = self._renderer(job.model, EnvConfig(model_name=job.model)).tokenizer
         context = (
             context_length(job.model, self.settings.models_dir) if backend == "local" else None
         )
-        inference = VerifiersInference(self.settings, job, sampler, tokenizer, context)
+        inference = load(path)(self.settings, job, sampler, tokenizer, context)
         results = await inference.run(Budget.from_job(job).deadline)
         return {
             "ok": True,

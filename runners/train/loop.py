@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from core import lifecycle
 from core.db import make_engine
 from core.failures import RunFailure
+from core.frameworks import FRAMEWORKS, load
 from core.models import RunStatus
 from core.procs import process_start_time
 from core.run_folder import RunFolder
@@ -48,6 +49,8 @@ from runners.train.run_base import Batch, Report, RunContext, RunnerBase, Steppe
 from runners.train.seeds import RunSeeds
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from sqlalchemy.engine import Engine
 
     from runners.backends.surface import SamplingClient, TrainingClient
@@ -280,17 +283,11 @@ def main(argv: list[str] | None = None) -> int:
 def runner_for(
     settings: Settings, folder: RunFolder, spec: RunSpec, engine: Engine
 ) -> RunnerBase[Any, Any]:
-    """The loop that trains this run: ours, or the Atropos or verifiers trainer (their
-    environments run in processes of their own, docs/atropos.md, docs/verifiers.md)."""
-    if spec.framework == "atropos":
-        from runners.atropos.trainer import AtroposTrainer
-
-        return AtroposTrainer(settings, folder, spec, engine)
-    if spec.framework == "verifiers":
-        from runners.verifiers.trainer import VerifiersTrainer
-
-        return VerifiersTrainer(settings, folder, spec, engine)
-    return Trainer(settings, folder, spec, engine)
+    """The loop that trains this run: its framework's trainer (core.frameworks; another
+    framework's environments run in processes of their own, docs/atropos.md, docs/verifiers.md)."""
+    trainer: Callable[[Settings, RunFolder, RunSpec, Engine], RunnerBase[Any, Any]]
+    trainer = load(FRAMEWORKS[spec.framework].trainer)
+    return trainer(settings, folder, spec, engine)
 
 
 async def _run(trainer: RunnerBase[Any, Any]) -> int:

@@ -16,12 +16,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from core.spec import EnvSource, Framework
+from core.frameworks import Framework
+from core.spec import EnvSource
 from core.verifiers import Generation
 from server.environments import discovery
 from server.environments.inspector import ConfigSchema, InspectFailed, Inspectors
 from server.environments.schemas import EnvironmentOut
-from server.environments.verifiers_deps import Dependencies, DependencyInstaller
+from server.environments.verifiers.deps import Dependencies, DependencyInstaller
 from server.errors import Conflict, InvalidValue, NotFound
 
 # Letters, digits, '_', '-' and single dots between them: nothing that walks a path.

@@ -18,6 +18,7 @@ from sqlmodel import Session, col, select
 
 from core.atropos import AtroposRunConfig
 from core.db import read_session, write_session
+from core.frameworks import FRAMEWORKS, Framework, load
 from core.model_names import LOCAL_DEFAULT_MODEL, default_model
 from core.models import EnvironmentConfig, Selection, iso, utcnow
 from core.spec import EnvSource
@@ -42,16 +43,14 @@ class ResolvedConfig(EnvConfig):
     model_config = ConfigDict(extra="allow", validate_assignment=False)
 
 
+# What a framework's whole config validates as: its run config, or ours.
 Resolved = ResolvedConfig | AtroposRunConfig | VerifiersRunConfig
-RESOLVED: dict[str, type[Resolved]] = {
-    "rlcs": ResolvedConfig,
-    "atropos": AtroposRunConfig,
-    "verifiers": VerifiersRunConfig,
-}
 
 
-# How a message names an environment of another framework.
-OTHER_FRAMEWORKS = {"rlcs": "one of ours", "atropos": "an Atropos", "verifiers": "a verifiers"}
+def resolved_config(framework: Framework) -> type[Resolved]:
+    """The class a framework's whole config validates as (FRAMEWORKS' run config, or ours)."""
+    run_config = FRAMEWORKS[framework].run_config
+    return ResolvedConfig if run_config is None else load(run_config)
 
 
 class ConfigService:
@@ -185,7 +184,7 @@ class ConfigService:
                 raise InvalidValue(f"field 'environments': {exc.detail}") from None
             if entry.framework != "rlcs":
                 raise InvalidValue(
-                    f"field 'environments': '{name}' is {OTHER_FRAMEWORKS[entry.framework]} "
+                    f"field 'environments': '{name}' is {FRAMEWORKS[entry.framework].label} "
                     "environment; it trains in a run of its own and cannot be mixed into another "
                     "environment's run."
                 )
@@ -300,7 +299,7 @@ def _validate(config_schema: ConfigSchema, values: dict[str, Any]) -> Resolved:
         dumped = _check(config_schema, values)
     except ConfigInvalid as exc:
         raise InvalidValue(describe_errors(exc.errors)) from None
-    resolved = RESOLVED[config_schema.framework]
+    resolved = resolved_config(config_schema.framework)
     try:
         return resolved.model_validate(dumped)
     except ValidationError as exc:

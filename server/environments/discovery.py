@@ -8,7 +8,7 @@ with helper modules and a config.yaml: they are found both directly in an enviro
 and one folder down. A class counts when it derives from a root class, directly or through
 classes defined in the scanned files. The third, verifiers environments (`verifiers`), come as
 published: a folder with a `pyproject.toml` naming the environment and its module beside it
-(verifiers_discovery.py). Results are cached per file by (mtime, size).
+(verifiers/discovery.py). Results are cached per file by (mtime, size).
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from core.spec import Framework
+from core.frameworks import Framework
 from core.verifiers import Generation
-from server.environments import verifiers_discovery
+from server.environments.verifiers import discovery as verifiers_discovery
 
 RLCS: Framework = "rlcs"
 ATROPOS: Framework = "atropos"
@@ -67,7 +67,7 @@ def scan(dirs: list[Path]) -> list[FoundEnv]:
         for sub in sorted(p for p in folder.iterdir() if p.is_dir() and _visible(p.name)):
             published = verifiers_discovery.read_folder(sub)
             if published is not None:
-                found.append(FoundEnv(**published.__dict__, framework="verifiers"))
+                found.append(FoundEnv(**published.__dict__))
                 continue
             for path in sorted(sub.glob("*.py")):
                 if path not in parsed:

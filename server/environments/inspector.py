@@ -16,9 +16,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from core import procs, verifiers
-from core.atropos import INSPECT_SCRIPT, offline_environment
+from core import procs
+from core.atropos import offline_environment
 from core.child import Child
+from core.frameworks import FRAMEWORKS, Framework, load
 from core.inspect_wire import (
     ANSWER,
     Described,
@@ -29,8 +30,6 @@ from core.inspect_wire import (
     Validated,
 )
 from core.settings import PROJECT_ROOT, Settings
-from core.spec import Framework
-from server.environments.discovery import ATROPOS
 
 log = logging.getLogger(__name__)
 INSPECTOR_MODULE = "runners.inspector"
@@ -104,19 +103,15 @@ class InspectorCommand:
         cls, settings: Settings, path: Path, class_name: str, framework: Framework
     ) -> InspectorCommand:
         env = settings.inspector_environment()
-        if framework == "rlcs":
-            argv = [settings.python_executable, "-m", INSPECTOR_MODULE, str(path), class_name]
+        entry = FRAMEWORKS[framework]
+        python, script = entry.python(settings), entry.inspect_script
+        if script is None:
+            argv = [python, "-m", INSPECTOR_MODULE, str(path), class_name]
             return cls(argv, PROJECT_ROOT, env)
-        if framework == ATROPOS:
-            python, script = settings.atropos_python, INSPECT_SCRIPT
-            needs = "RLCS_ATROPOS_PYTHON at a Python with atroposlib 0.4 (.venv-atropos)"
-        else:
-            python, script = settings.verifiers_python, verifiers.INSPECT_SCRIPT
-            needs = "RLCS_VERIFIERS_PYTHON at a Python with verifiers 0.3 (.venv-verifiers)"
         if not Path(python).is_file():
             raise InspectFailed(
                 f"it is an {framework} environment, and its interpreter {python} does not "
-                f"exist: run `make install`, or point {needs}"
+                f"exist: run `make install`, or point {entry.python_needs}"
             )
         # By path in the framework's interpreter, in the file's folder, as it runs there.
         argv = [python, str(script), str(path), class_name]
@@ -189,14 +184,11 @@ def describe_ours(first: Described, ask: Ask) -> ConfigSchema:
 
 class Inspectors:
     """Inspector processes by (file, class, mtime), at most MAX_PROCESSES alive; one that was
-    ended (evicted, timed out, crashed) is started again when next asked. `describers` turn
-    another framework's inspector's first answer into the config the user sees."""
+    ended (evicted, timed out, crashed) is started again when next asked. Each framework's
+    describer (core.frameworks) turns its inspector's first answer into the config shown."""
 
-    def __init__(
-        self, settings: Settings, describers: dict[Framework, Describe] | None = None
-    ) -> None:
+    def __init__(self, settings: Settings) -> None:
         self._settings = settings
-        self._describe: dict[Framework, Describe] = {"rlcs": describe_ours, **(describers or {})}
         self._lock = threading.Lock()
         self._alive: OrderedDict[Key, InspectorProcess] = OrderedDict()
 
@@ -205,9 +197,9 @@ class Inspectors:
     ) -> ConfigSchema:
         """Import the file in an inspector and describe its Config; InspectFailed else."""
         key = (path, class_name, mtime, framework)
-        describe = self._describe.get(framework)
-        if describe is None:
-            raise InspectFailed(f"this server does not inspect {framework} environments")
+        # By path: another framework's describer module imports this one.
+        described_by = FRAMEWORKS[framework].describe
+        describe: Describe = describe_ours if described_by is None else load(described_by)
         process, first = self._start(key)
         self._keep(key, process)
 

@@ -10,6 +10,7 @@ from pydantic import (
     Field,
 )
 
+from core.frameworks import Framework
 from server.schemas import MAX_FIELDS, Request
 
 
@@ -29,7 +30,7 @@ class EnvironmentOut(BaseModel):
     description: str
     importable: bool | None = Field(description="null until an import was attempted")
     error: str | None
-    framework: Literal["rlcs", "atropos", "verifiers"] = Field(
+    framework: Framework = Field(
         description="Whose environment it is: ours (environments.base), Atropos's "
         "(atroposlib.envs.base, trained unchanged; docs/atropos.md) or a verifiers "
         "environment folder (trained unchanged; docs/verifiers.md)"
@@ -51,7 +52,7 @@ class SelectOut(BaseModel):
     file_path: str
     class_name: str | None
     description: str
-    framework: Literal["rlcs", "atropos", "verifiers"]
+    framework: Framework
     config: dict[str, Any]
 
 

@@ -178,7 +178,7 @@ def test_make_install_installs_every_environments_dependencies_once(
         "RLCS_VAR_DIR": str(tmp_path / "var"),
         "RLCS_VERIFIERS_PYTHON": interpreter,
     }
-    argv = [sys.executable, "-m", "server.environments.verifiers_deps"]
+    argv = [sys.executable, "-m", "server.environments.verifiers.deps"]
     first = subprocess.run(argv, env=env, cwd=PROJECT_ROOT, capture_output=True, text=True)
     assert first.returncode == 0, first.stderr
     assert f"vowel-table: rlcs_vowel_table @ {wheel.as_uri()} installed now" in first.stdout

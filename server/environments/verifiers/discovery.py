@@ -14,6 +14,7 @@ import tomllib
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from core.frameworks import Framework
 from core.verifiers import V0_ENTRY, Generation
 
 V1_MODULE = "verifiers.v1"
@@ -30,6 +31,7 @@ class Published:
     syntax_error: str | None = None
     generation: Generation | None = None
     folder: Path | None = None  # the environment's folder (its pyproject.toml's)
+    framework: Framework = "verifiers"
 
 
 _cache: dict[Path, tuple[tuple[float, ...], Published | None]] = {}

@@ -25,7 +25,7 @@ from packaging.utils import canonicalize_name
 
 from core.process import Process
 from core.settings import PROJECT_ROOT, Settings
-from server.environments.verifiers_discovery import stamp
+from server.environments.verifiers.discovery import stamp
 
 log = logging.getLogger(__name__)
 State = Literal["none", "installing", "installed", "failed"]
