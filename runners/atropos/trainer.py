@@ -43,11 +43,12 @@ from runners.atropos.groups import read_batch
 from runners.atropos.rollout_records import sequence_records
 from runners.atropos.watch import EvalWatch, LogWatch, MetricsTap
 from runners.doors.face import DRAIN_S, InferenceFace, serving
+from runners.doors.face_runner import FaceRunner
 from runners.doors.requests import SamplingDefaults
 from runners.train import staleness
 from runners.train.learner import Sequence
 from runners.train.report import timed
-from runners.train.run_base import Batch, Prepared, Report, RunContext, RunnerBase, Stepped
+from runners.train.run_base import Batch, Prepared, Report, RunContext, Stepped
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
@@ -69,7 +70,7 @@ class Drawn:
     recomputed: int = 0  # sequences whose logprobs were recomputed (sent without)
 
 
-class AtroposTrainer(RunnerBase[Feed, Drawn]):
+class AtroposTrainer(FaceRunner[Feed, Drawn]):
     def __init__(self, settings: Settings, folder: RunFolder, spec: RunSpec, engine: Engine):
         config = AtroposRunConfig.model_validate(spec.config)
         super().__init__(settings, folder, spec.run_id, engine, config, config.total_steps)
@@ -277,14 +278,6 @@ class AtroposTrainer(RunnerBase[Feed, Drawn]):
         trained = drawn.batch.settle(prepared.sequences, prepared.dropped_groups)
         drawn.recomputed = await self.fill_logprobs(run.data.face, trained)
         return trained
-
-    def training_window(self, run: Run) -> contextlib.AbstractContextManager[None]:
-        # The local backend trains on what also samples: one at a time.
-        local = run.backend == "local"
-        return run.data.face.paused() if local else contextlib.nullcontext()
-
-    async def publish(self, run: Run, step: int) -> None:
-        run.data.face.set_sampler(await self.snapshot(run.training), step)
 
     async def report(self, run: Run, done: Stepped[Drawn]) -> Report:
         feed, face, drawn = run.data, run.data.face, done.batch.own

@@ -25,10 +25,11 @@ from core.spec import RunSpec
 from core.verifiers import VerifiersRunConfig
 from core.verifiers_wire import Group
 from runners.doors.face import DRAIN_S, InferenceFace, serving
+from runners.doors.face_runner import FaceRunner
 from runners.doors.requests import SamplingDefaults
 from runners.train.learner import Sequence
 from runners.train.report import timed
-from runners.train.run_base import Batch, Prepared, Report, RunContext, RunnerBase, Stepped
+from runners.train.run_base import Batch, Prepared, Report, RunContext, Stepped
 from runners.verifiers.driver import Driver, DriverConfig, EnvironmentFailed, sampling_args
 from runners.verifiers.groups import Batch as Rollouts
 from runners.verifiers.groups import read_groups
@@ -52,7 +53,7 @@ class Data:
 Run = RunContext[Data]
 
 
-class VerifiersTrainer(RunnerBase[Data, Rollouts]):
+class VerifiersTrainer(FaceRunner[Data, Rollouts]):
     def __init__(self, settings: Settings, folder: RunFolder, spec: RunSpec, engine: Engine):
         config = VerifiersRunConfig.model_validate(spec.config)
         super().__init__(settings, folder, spec.run_id, engine, config, config.total_steps)
@@ -139,14 +140,6 @@ class VerifiersTrainer(RunnerBase[Data, Rollouts]):
 
     async def settle(self, run: Run, batch: Batch[Rollouts], prepared: Prepared) -> list[Sequence]:
         return batch.own.settle(prepared.sequences, prepared.dropped_groups)
-
-    def training_window(self, run: Run) -> contextlib.AbstractContextManager[None]:
-        # The local backend trains on what also samples: one at a time.
-        local = run.backend == "local"
-        return run.data.face.paused() if local else contextlib.nullcontext()
-
-    async def publish(self, run: Run, step: int) -> None:
-        run.data.face.set_sampler(await self.snapshot(run.training), step)
 
     async def report(self, run: Run, done: Stepped[Rollouts]) -> Report:
         batch = done.batch.own
