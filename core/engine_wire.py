@@ -20,24 +20,19 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic import Field, TypeAdapter
 
 from core.infer_wire import FromWorker, ToWorker
+from core.line import Line
 from core.tinker_wire import Reply, Request
 
 WIRE = 2  # the version this tree speaks; a client of another is turned away by name
 
 
-class _Line(BaseModel):
-    model_config = ConfigDict(
-        extra="forbid", frozen=True, ser_json_bytes="base64", val_json_bytes="base64"
-    )
-
-
 # Client to host ---------------------------------------------------------------------------
 
 
-class Hello(_Line):
+class Hello(Line):
     kind: Literal["hello"] = "hello"
     wire: int
     client: str  # "server", "run r-3f9c2a1b", ...: what /engine lists it as
@@ -45,28 +40,28 @@ class Hello(_Line):
     pid: int
 
 
-class Beat(_Line):
+class Beat(Line):
     kind: Literal["beat"] = "beat"
 
 
-class Ask(_Line):
+class Ask(Line):
     """The host's state, answered by a `Status` with the same id."""
 
     kind: Literal["ask"] = "ask"
     id: int
 
 
-class TinkerCall(_Line):
+class TinkerCall(Line):
     kind: Literal["tinker"] = "tinker"
     request: Request
 
 
-class InferCall(_Line):
+class InferCall(Line):
     kind: Literal["infer"] = "infer"
     message: ToWorker
 
 
-class Claim(_Line):
+class Claim(Line):
     """A base model this client will load here, counted against the host's room until it is
     loaded (or the client goes); answered by a `Status` with the same id."""
 
@@ -81,7 +76,7 @@ ToHost = Annotated[Hello | Beat | Ask | Claim | TinkerCall | InferCall, Field(di
 # Host to client ---------------------------------------------------------------------------
 
 
-class Welcome(_Line):
+class Welcome(Line):
     kind: Literal["welcome"] = "welcome"
     wire: int
     pid: int
@@ -90,31 +85,31 @@ class Welcome(_Line):
     slot: str  # which host of its machine: "node/index"
 
 
-class Turned(_Line):
+class Turned(Line):
     """The host will not serve this client (then it closes the connection)."""
 
     kind: Literal["turned"] = "turned"
     detail: str
 
 
-class TinkerReply(_Line):
+class TinkerReply(Line):
     kind: Literal["tinker"] = "tinker"
     reply: Reply
 
 
-class InferReply(_Line):
+class InferReply(Line):
     kind: Literal["infer"] = "infer"
     message: FromWorker
 
 
-class BaseHeld(_Line):
+class BaseHeld(Line):
     name: str
     bytes: int  # its weights; for a claim not loaded yet, the weight files' size (0: unknown)
     users: int  # training clients and samplers on it; for a claim, the clients claiming it
     loaded: bool = True  # False: claimed by a client placed here, not loaded yet
 
 
-class LaneHeld(_Line):
+class LaneHeld(Line):
     """One training lane of a base: whether a client trains on it now, and how many wait."""
 
     base: str
@@ -123,7 +118,7 @@ class LaneHeld(_Line):
     waiting: int
 
 
-class ClientSeen(_Line):
+class ClientSeen(Line):
     client: str
     role: str
     pid: int
@@ -135,7 +130,7 @@ class ClientSeen(_Line):
     bases: list[str] = []  # the base models its training clients and samplers are on
 
 
-class Status(_Line):
+class Status(Line):
     kind: Literal["status"] = "status"
     id: int
     pid: int

@@ -8,29 +8,26 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic import Field, TypeAdapter
 
+from core.line import Line
 from core.spec import ChatJob, InferenceJob, WarmJob
 
 
-class _Line(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class Job(_Line):
+class Job(Line):
     kind: Literal["job"] = "job"
     id: int
     job: InferenceJob | ChatJob | WarmJob = Field(discriminator="op")
 
 
-class Cancel(_Line):
+class Cancel(Line):
     """Its client went away: the worker stops the job's local sampling at the next step."""
 
     kind: Literal["cancel"] = "cancel"
     id: int
 
 
-class Partial(_Line):
+class Partial(Line):
     """New text of one choice of a streamed chat, before its answer."""
 
     kind: Literal["partial"] = "partial"
@@ -39,7 +36,7 @@ class Partial(_Line):
     delta: str
 
 
-class Done(_Line):
+class Done(Line):
     """A job's answer; `id` is None for a line that was not a job at all."""
 
     kind: Literal["done"] = "done"

@@ -10,16 +10,12 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic import Field, TypeAdapter
+
+from core.line import Line
 
 
-class _Line(BaseModel):
-    model_config = ConfigDict(
-        extra="forbid", frozen=True, validate_by_name=True, serialize_by_alias=True
-    )
-
-
-class Validate(_Line):
+class Validate(Line):
     """Server to inspector: values to validate as the environment's config validates them;
     with `load`, the environment is also loaded with them as a run would load it (verifiers):
     a `Failed` answer then says why a run could not start."""
@@ -28,7 +24,7 @@ class Validate(_Line):
     load: bool = False
 
 
-class Described(_Line):
+class Described(Line):
     """The config's fields, JSON schema and defaults: what the server shows and edits."""
 
     kind: Literal["described"] = "described"
@@ -40,17 +36,17 @@ class Described(_Line):
     servers: dict[str, Any] | None = None
 
 
-class Validated(_Line):
+class Validated(Line):
     kind: Literal["validated"] = "validated"
     values: dict[str, Any]  # as the config dumps them
 
 
-class Invalid(_Line):
+class Invalid(Line):
     kind: Literal["invalid"] = "invalid"
     errors: list[dict[str, Any]]  # pydantic's errors, JSON only (plain_error)
 
 
-class Failed(_Line):
+class Failed(Line):
     """The file's import, or its config's validator, raised or exited: what and where."""
 
     kind: Literal["failed"] = "failed"

@@ -18,19 +18,14 @@ from __future__ import annotations
 
 from typing import Annotated, Any, ClassVar, Generic, Literal, TypeVar, cast
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic import BaseModel, Field, TypeAdapter
 
-
-class _Line(BaseModel):
-    model_config = ConfigDict(
-        extra="forbid", frozen=True, ser_json_bytes="base64", val_json_bytes="base64"
-    )
-
+from core.line import Line
 
 # Answers ----------------------------------------------------------------------------------
 
 
-class ModelReady(_Line):
+class ModelReady(Line):
     """A training client exists (create_model, or a model loaded from a state checkpoint)."""
 
     kind: Literal["model_ready"] = "model_ready"
@@ -41,12 +36,12 @@ class ModelReady(_Line):
     steps: int
 
 
-class StateLoaded(_Line):
+class StateLoaded(Line):
     kind: Literal["state_loaded"] = "state_loaded"
     steps: int
 
 
-class RolloutText(_Line):
+class RolloutText(Line):
     """A sequence sampled or a datum trained, as its run's rollouts show it (decoded by the
     host, which has the tokenizer)."""
 
@@ -59,7 +54,7 @@ class RolloutText(_Line):
     advantage: float | None = None  # a datum's mean over the tokens it trained
 
 
-class Trained(_Line):
+class Trained(Line):
     """A forward_backward (or forward): the SDK's ForwardBackwardOutput protobuf, and what the
     session's step counts of it."""
 
@@ -71,29 +66,29 @@ class Trained(_Line):
     records: list[RolloutText] = []  # its datums (forward_backward only)
 
 
-class Stepped(_Line):
+class Stepped(Line):
     kind: Literal["stepped"] = "stepped"
     metrics: dict[str, float]
 
 
-class Saved(_Line):
+class Saved(Line):
     kind: Literal["saved"] = "saved"
     folder: str
     steps: int
 
 
-class LossReady(_Line):
+class LossReady(Line):
     kind: Literal["loss_ready"] = "loss_ready"
 
 
-class SamplerReady(_Line):
+class SamplerReady(Line):
     """A sampler is open; `base_model` is what it samples on (a saved checkpoint names it)."""
 
     kind: Literal["sampler_ready"] = "sampler_ready"
     base_model: str = ""
 
 
-class Sampled(_Line):
+class Sampled(Line):
     """A sample: the SDK's SampleResponse protobuf, and how many tokens it sampled."""
 
     kind: Literal["sampled"] = "sampled"
@@ -102,27 +97,27 @@ class Sampled(_Line):
     records: list[RolloutText] = []
 
 
-class HeldModel(_Line):
+class HeldModel(Line):
     model: str
     size_bytes: int
     users: int
 
 
-class Released(_Line):
+class Released(Line):
     """Models and samplers dropped; the base models the host still holds."""
 
     kind: Literal["released"] = "released"
     held: list[HeldModel]
 
 
-class Cancelled(_Line):
+class Cancelled(Line):
     """Samples of a cancel group told to stop at their next decode step."""
 
     kind: Literal["cancelled"] = "cancelled"
     samples: int
 
 
-class Failed(_Line):
+class Failed(Line):
     """The request failed: `user` for what its caller can fix, `server` for the rest;
     `failure`: the run failure's kind behind it, when it was one (core/failures.py: "model",
     "checkpoint", "disk_full"), so that a run records it as it would have in-process."""
@@ -153,7 +148,7 @@ A = TypeVar("A", bound=BaseModel)
 # Requests ---------------------------------------------------------------------------------
 
 
-class Op(_Line, Generic[A]):
+class Op(Line, Generic[A]):
     """A request whose answer (when it does not fail) is an A. `id` is the client's;
     `op`, each request's literal, discriminates Request."""
 
@@ -175,7 +170,7 @@ class Op(_Line, Generic[A]):
         return cast(A, answer) if isinstance(answer, self._answer) else None
 
 
-class LoraSpec(_Line):
+class LoraSpec(Line):
     rank: int
     seed: int | None = None
     train_unembed: bool = True
@@ -370,12 +365,12 @@ def sampler_of(request: Op[Any]) -> str | None:
 # The host's lines -------------------------------------------------------------------------
 
 
-class Accepted(_Line):
+class Accepted(Line):
     kind: Literal["accepted"] = "accepted"
     id: int
 
 
-class Refused(_Line):
+class Refused(Line):
     """A request that could not even be queued, and the HTTP status its POST answers."""
 
     kind: Literal["refused"] = "refused"
@@ -384,7 +379,7 @@ class Refused(_Line):
     detail: str
 
 
-class Done(_Line):
+class Done(Line):
     """A request's answer, and how long it ran: from when the host could start it (it was
     taken, and its model's earlier requests were done) to its answer, in seconds."""
 

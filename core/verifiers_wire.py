@@ -9,14 +9,12 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic import Field, TypeAdapter
+
+from core.line import Line
 
 
-class _Line(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class Roll(_Line):
+class Roll(Line):
     """Runner to driver: play one dataset example `size` times (a group) and score it."""
 
     kind: Literal["roll"] = "roll"
@@ -27,7 +25,7 @@ class Roll(_Line):
     sampling: dict[str, Any] = Field(description="the chat request's sampling fields")
 
 
-class Ready(_Line):
+class Ready(Line):
     """The environment loaded: its class and how many examples each split holds (0: a v1
     taskset without end)."""
 
@@ -37,7 +35,7 @@ class Ready(_Line):
     eval_examples: int = Field(ge=0)
 
 
-class Step(_Line):
+class Step(Line):
     """One model call of a rollout, as verifiers recorded it from the face's answer."""
 
     prompt_ids: list[int]
@@ -46,7 +44,7 @@ class Step(_Line):
     completion_mask: list[int]
 
 
-class Rollout(_Line):
+class Rollout(Line):
     """One scored rollout: its reward and the rubric's metrics, its model calls, and its text
     for the rollout viewer and test inference."""
 
@@ -73,14 +71,14 @@ class Rollout(_Line):
         return len(first.prompt_ids) + (mask.index(1) if 1 in mask else len(mask))
 
 
-class Group(_Line):
+class Group(Line):
     kind: Literal["group"] = "group"
     id: int
     example: int
     rollouts: list[Rollout]
 
 
-class Failed(_Line):
+class Failed(Line):
     """The environment failed to load (`id` None) or to play a roll (its id)."""
 
     kind: Literal["failed"] = "failed"

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import threading
 import time
 import weakref
 from collections.abc import Callable
@@ -31,6 +30,7 @@ from core.checkpoint_check import CheckpointUnusable
 from core.engine_client import EngineClient, EngineLost
 from core.engine_placement import placing
 from core.model_names import ModelNotAvailable
+from core.pending import PendingCalls
 from core.settings import Settings
 from core.tinker_wire import (
     Accepted,
@@ -68,24 +68,25 @@ class _Calls:
 
     def __init__(self, client: EngineClient) -> None:
         self.client = client
-        self._ids = itertools.count(1)
-        self._lock = threading.Lock()
-        self._waiting: dict[int, tuple[LocalFuture[Any], Callable[[Any], Any]]] = {}
-        self.lost: str | None = None
+        self._waiting: PendingCalls[tuple[LocalFuture[Any], Callable[[Any], Any]]]
+        self._waiting = PendingCalls()
         client.start(on_tinker=self._reply, on_end=self._end)
+
+    @property
+    def lost(self) -> str | None:
+        """Why the connection to the host is gone, once it is."""
+        return self._waiting.ended
 
     def call(self, request: Op[Any], then: Callable[[Any], Any]) -> LocalFuture[Any]:
         """Send `request`; its future gets `then(answer)`, or fails (a refusal, a failure,
         the host's going)."""
         future: LocalFuture[Any] = LocalFuture()
-        request = request.model_copy(update={"id": next(self._ids)})
-        with self._lock:
-            if self.lost is not None:
-                future.set_exception(EngineLost(self.lost))
-                return future
-            self._waiting[request.id] = (future, then)
-        if not self.client.send_tinker(request):
-            self._settle(request.id, error=EngineLost(self.client.why_gone()))
+        request_id = self._waiting.add((future, then))
+        if request_id is None:
+            future.set_exception(EngineLost(str(self.lost)))  # ended: it says why
+            return future
+        if not self.client.send_tinker(request.model_copy(update={"id": request_id})):
+            self._settle(request_id, error=EngineLost(self.client.why_gone()))
         return future
 
     def _reply(self, reply: Reply) -> None:
@@ -100,8 +101,7 @@ class _Calls:
                 pass
 
     def _settle(self, request_id: int, answer: Any = None, error: Exception | None = None) -> None:
-        with self._lock:
-            waiting = self._waiting.pop(request_id, None)
+        waiting = self._waiting.pop(request_id)
         if waiting is None:
             return
         future, then = waiting
@@ -116,10 +116,7 @@ class _Calls:
             future.set_exception(error)
 
     def _end(self, why: str) -> None:
-        with self._lock:
-            self.lost = why
-            waiting, self._waiting = list(self._waiting.values()), {}
-        for future, _ in waiting:
+        for future, _ in self._waiting.end(why):
             if not future.done():
                 future.set_exception(EngineLost(why))
 

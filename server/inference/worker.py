@@ -8,7 +8,6 @@ with runs: a late request is given up on, never answered by restarting a host.
 
 from __future__ import annotations
 
-import itertools
 import logging
 import queue
 import threading
@@ -19,6 +18,7 @@ from typing import Any, Protocol
 
 from core.engine_client import EngineClient
 from core.infer_wire import Cancel, Done, FromWorker, Job, Partial, ToWorker
+from core.pending import PendingCalls
 from core.settings import Settings
 from core.spec import InferenceJob, WorkerJob
 from server.engine.hosts import EngineHosts
@@ -52,10 +52,8 @@ class _Waiting:
 class InferenceWorker:
     def __init__(self, settings: Settings, hosts: EngineHosts) -> None:
         self._hosts = hosts
-        self._lock = threading.Lock()  # the waiting table
         self._slots = threading.BoundedSemaphore(MAX_IN_FLIGHT)
-        self._waiting: dict[int, _Waiting] = {}
-        self._ids = itertools.count(1)
+        self._waiting: PendingCalls[_Waiting] = PendingCalls()  # never ended: carriers come back
         self.client = InferenceClient(settings, self._route, self._ended)
         hosts.listen(Listener(on_infer=self._route, on_end=self._host_ended))
 
@@ -106,10 +104,9 @@ class InferenceWorker:
         abandoned: threading.Event | None,
         on_partial: Callable[[Partial], None] | None = None,
     ) -> dict[str, Any]:
-        job_id = next(self._ids)
         waiting = _Waiting(carrier, queue.Queue())
-        with self._lock:
-            self._waiting[job_id] = waiting
+        job_id = self._waiting.add(waiting)
+        assert job_id is not None  # the table is never ended
         try:
             if not carrier.send_infer(Job(id=job_id, job=job)):
                 raise Unavailable(carrier.why_gone())
@@ -139,14 +136,12 @@ class InferenceWorker:
                     case Partial() if on_partial is not None:
                         on_partial(message)
         finally:
-            with self._lock:
-                self._waiting.pop(job_id, None)
+            self._waiting.pop(job_id)
 
     def _route(self, carrier: Carrier, message: FromWorker) -> None:
         """On a reading thread: a line to the request it answers (a late line of a request
         given up on goes nowhere)."""
-        with self._lock:
-            waiting = self._waiting.get(message.id) if message.id is not None else None
+        waiting = self._waiting.get(message.id)
         if waiting is not None and waiting.carrier is carrier:
             waiting.lines.put(message)
 
@@ -156,16 +151,12 @@ class InferenceWorker:
     def _ended(self, carrier: Carrier | ClientLife) -> None:
         """A host (or the connection to it), or the inference client, is gone: its requests
         hear it."""
-        with self._lock:
-            mine = [w for w in self._waiting.values() if w.carrier is carrier]
-        for waiting in mine:
+        for waiting in [w for w in self._waiting.waiting() if w.carrier is carrier]:
             waiting.lines.put(None)
 
     def stop(self) -> None:
         """The server stops: requests still waiting give up (the hosts go on), and the
         inference client ends."""
-        with self._lock:
-            waiting = list(self._waiting.values())
-        for entry in waiting:
+        for entry in self._waiting.waiting():
             entry.lines.put(None)
         self.client.stop()

@@ -11,14 +11,14 @@ place, and `on_exit` hears which host and why: the models of its sessions went w
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from core.engine_client import EngineClient
+from core.pending import PendingCalls
 from core.tinker_wire import Accepted, Answer, Done, Failed, Op, Refused, Reply
 from server.engine.hosts import EngineHosts
 from server.engine.link import Listener
@@ -37,20 +37,19 @@ class Refusal:
     detail: str
 
 
-@dataclass(eq=False)
-class _Pending:
-    """The requests one connection to the host owes an acknowledgement or an answer."""
+@dataclass(frozen=True)
+class _Call:
+    """A request a connection to the host owes an acknowledgement, then maybe an answer."""
 
-    acks: dict[int, asyncio.Future[Refusal | None]] = field(default_factory=dict)
-    answers: dict[int, OnAnswer] = field(default_factory=dict)
+    ack: asyncio.Future[Refusal | None]
+    on_answer: OnAnswer | None
 
 
 class EngineTinker:
     def __init__(self, hosts: EngineHosts, on_exit: Callable[[int, str], None]) -> None:
         self._hosts = hosts
         self._on_exit = on_exit  # told (on the event loop) which host died, and why
-        self._pending: dict[int, _Pending] = {}  # by id() of the connection
-        self._ids = itertools.count(1)
+        self._pending: dict[int, PendingCalls[_Call]] = {}  # by id() of the connection
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
         hosts.listen(
@@ -83,30 +82,28 @@ class EngineTinker:
             raise Unavailable("the server is shutting down")
         link = self._hosts.links[host]
         client = await asyncio.to_thread(link.client)  # may start the host: seconds
-        pending = self._pending.setdefault(id(client), _Pending())
-        request = request.model_copy(update={"id": next(self._ids)})
+        pending = self._pending.setdefault(id(client), PendingCalls())
         ack: asyncio.Future[Refusal | None] = self._loop.create_future()
-        pending.acks[request.id] = ack
-        if on_answer is not None:
-            pending.answers[request.id] = on_answer  # before sending: it may come back at once
+        request_id = pending.add(_Call(ack, on_answer))  # before sending: it may come back at once
+        if request_id is None:  # the connection ended meanwhile
+            raise Unavailable(client.why_gone())
         try:
             # A large body may fill the socket until the host reads it: not on the event loop.
-            if not await asyncio.to_thread(client.send_tinker, request):
+            sent = request.model_copy(update={"id": request_id})
+            if not await asyncio.to_thread(client.send_tinker, sent):
                 raise Unavailable(client.why_gone())
             refusal = await asyncio.wait_for(asyncio.shield(ack), ACK_TIMEOUT_S)
         except TimeoutError:
-            pending.answers.pop(request.id, None)
+            pending.pop(request_id)
             raise Unavailable(
                 f"the engine host {link.slot.name} did not take the request within "
                 f"{ACK_TIMEOUT_S:.0f} s; see {link.log_path}"
             ) from None
         except BaseException:
-            pending.answers.pop(request.id, None)
+            pending.pop(request_id)
             raise
-        finally:
-            pending.acks.pop(request.id, None)
-        if refusal is not None:
-            pending.answers.pop(request.id, None)
+        if refusal is not None or on_answer is None:
+            pending.pop(request_id)  # no answer to wait for
         return refusal
 
     def stop(self) -> None:
@@ -128,13 +125,13 @@ class EngineTinker:
             return
         match reply:
             case Accepted(id=request_id):
-                _settle(pending.acks.get(request_id), None)
+                _settle(pending.get(request_id), None)
             case Refused(id=request_id, status=status, detail=detail) if request_id is not None:
-                _settle(pending.acks.get(request_id), Refusal(status, detail))
+                _settle(pending.get(request_id), Refusal(status, detail))
             case Done(id=request_id, answer=answer, run_s=run_s):
-                on_answer = pending.answers.pop(request_id, None)
-                if on_answer is not None:
-                    on_answer(answer, run_s)
+                call = pending.pop(request_id)
+                if call is not None and call.on_answer is not None:
+                    call.on_answer(answer, run_s)
             case Refused(detail=detail):
                 log.warning("the engine host refused a line that was not a request: %s", detail)
 
@@ -144,13 +141,16 @@ class EngineTinker:
             return  # this connection never carried a Tinker request
         if self._closed:
             why = "the server is shutting down"
-        for ack in pending.acks.values():
-            _settle(ack, Refusal(503, why))
-        for on_answer in pending.answers.values():
-            on_answer(Failed(error=why, category="server"), 0.0)
+        calls = pending.end(why)
+        for call in calls:
+            _settle(call, Refusal(503, why))
+        for call in calls:
+            if call.on_answer is not None:
+                call.on_answer(Failed(error=why, category="server"), 0.0)
         self._on_exit(client.slot.index, why)
 
 
-def _settle(ack: asyncio.Future[Refusal | None] | None, refusal: Refusal | None) -> None:
-    if ack is not None and not ack.done():
-        ack.set_result(refusal)
+def _settle(call: _Call | None, refusal: Refusal | None) -> None:
+    """A call's acknowledgement (None: taken), unless it had one already."""
+    if call is not None and not call.ack.done():
+        call.ack.set_result(refusal)
