@@ -9,7 +9,7 @@ from fastapi import APIRouter, Depends, Header, Path, Query
 
 from core.models import SWEEP_ID
 from server.deps import Services, services
-from server.runs.wait import MAX_WAIT_S, wait_for_sweep
+from server.runs.wait import MAX_WAIT_S
 from server.sweeps.schemas import (
     SweepCreatedOut,
     SweepCreateIn,
@@ -18,6 +18,7 @@ from server.sweeps.schemas import (
     SweepStoppedOut,
     SweepWaitOut,
 )
+from server.sweeps.wait import wait_for_sweep
 
 router = APIRouter(tags=["sweeps"])
 Svc = Annotated[Services, Depends(services)]
