@@ -27,7 +27,7 @@ from core.models import utcnow
 from core.schema import upgrade as upgrade_schema
 from core.settings import PROJECT_ROOT, Settings
 from server import __version__
-from server.deps import Services, require_token
+from server.container import Services
 from server.engine import routes as engine_routes
 from server.engine.hosts import EngineHosts
 from server.engine.room import EngineRoom
@@ -39,7 +39,7 @@ from server.environments.inspector import Inspectors
 from server.environments.model_check import ModelCheck
 from server.environments.verifiers.deps import DependencyInstaller
 from server.errors import DomainError, headers_for, status_for
-from server.guards.access import LoopbackUnlessToken, insecure_warning
+from server.guards.access import LoopbackUnlessToken, insecure_warning, require_token
 from server.guards.validation import (
     FASTAPI_UNREADABLE_BODY,
     unreadable_body,

@@ -66,6 +66,12 @@ PLANTED = [
         "server.mcp.tools -> server.health.routes",
     ),
     (
+        "container-for-faces",
+        "server/runs/views.py",
+        "from server.container import Services",
+        "server.runs.views -> server.container",
+    ),
+    (
         "tinker-api-imports",
         "server/tinker_api/rest.py",
         "import server.runs.service",

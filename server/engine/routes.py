@@ -8,13 +8,14 @@ from typing import Annotated
 from fastapi import APIRouter, Depends
 from fastapi.concurrency import run_in_threadpool
 
-from server.deps import Services, services
+from server.engine.deps import engine_service
 from server.engine.schemas import EngineOut
+from server.engine.service import EngineService
 
 router = APIRouter(tags=["engine"])
 
 
 @router.get("/engine")
-async def engine_status(svc: Annotated[Services, Depends(services)]) -> EngineOut:
+async def engine_status(engine: Annotated[EngineService, Depends(engine_service)]) -> EngineOut:
     """The host as it is now (`running: false` when none runs: a read starts nothing)."""
-    return await run_in_threadpool(svc.engine_status.status)
+    return await run_in_threadpool(engine.status)

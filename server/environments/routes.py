@@ -6,8 +6,9 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Path
 
-from server.deps import Services, services
-from server.environments.catalog import NAME_MAX, NAME_PATTERN
+from server.environments.catalog import NAME_MAX, NAME_PATTERN, Catalog
+from server.environments.configs import ConfigService
+from server.environments.deps import catalog, config_service
 from server.environments.schemas import (
     ConfigEditIn,
     ConfigOut,
@@ -17,7 +18,8 @@ from server.environments.schemas import (
 )
 
 router = APIRouter(tags=["environments"])
-Svc = Annotated[Services, Depends(services)]
+Environments = Annotated[Catalog, Depends(catalog)]
+Configs = Annotated[ConfigService, Depends(config_service)]
 EnvName = Annotated[
     str,
     Path(
@@ -29,30 +31,30 @@ EnvName = Annotated[
 
 
 @router.get("/environments")
-def list_environments(svc: Svc) -> list[EnvironmentOut]:
-    return svc.catalog.listing()
+def list_environments(environments: Environments) -> list[EnvironmentOut]:
+    return environments.listing()
 
 
 @router.post("/environments/{name}/select")
-def select_environment(name: EnvName, svc: Svc) -> SelectOut:
-    return svc.configs.select(name)
+def select_environment(name: EnvName, configs: Configs) -> SelectOut:
+    return configs.select(name)
 
 
 @router.get("/environments/{name}/config")
-def get_environment_config(name: EnvName, svc: Svc) -> ConfigOut:
-    return svc.configs.view(name)
+def get_environment_config(name: EnvName, configs: Configs) -> ConfigOut:
+    return configs.view(name)
 
 
 @router.put("/environments/{name}/config")
-def put_environment_config(name: EnvName, body: ConfigPutIn, svc: Svc) -> ConfigOut:
-    return svc.configs.set_fields(name, body.values)
+def put_environment_config(name: EnvName, body: ConfigPutIn, configs: Configs) -> ConfigOut:
+    return configs.set_fields(name, body.values)
 
 
 @router.get("/config")
-def get_config(svc: Svc) -> ConfigOut:
-    return svc.configs.view(svc.configs.selected())
+def get_config(configs: Configs) -> ConfigOut:
+    return configs.view(configs.selected())
 
 
 @router.post("/config")
-def edit_config(body: ConfigEditIn, svc: Svc) -> ConfigOut:
-    return svc.configs.set_fields(svc.configs.selected(), {body.field: body.value})
+def edit_config(body: ConfigEditIn, configs: Configs) -> ConfigOut:
+    return configs.set_fields(configs.selected(), {body.field: body.value})

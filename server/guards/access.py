@@ -11,11 +11,13 @@ import base64
 import binascii
 import secrets
 
+from fastapi import Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from core.net import is_loopback, parse_ip
 from core.settings import Settings
-from server.guards.web import send_error
+from server.errors import Forbidden, Unauthorized
+from server.guards.web import SAFE_METHODS, send_error
 
 
 def remote_peer(host: str | None) -> bool:
@@ -82,3 +84,27 @@ def insecure_warning() -> str:
         "token. Anyone on the network can start runs and read results. Set RLCS_API_TOKEN "
         "instead unless a firewall or a 127.0.0.1-only port mapping keeps others out."
     )
+
+
+def require_token(request: Request) -> None:
+    """The bearer-token check protected routes depend on: the admin token may do anything;
+    read tokens may list and watch."""
+    settings = request.app.state.settings
+    token = settings.api_token
+    if token is None:
+        return
+    given = request.headers.get("authorization", "")
+    if token_matches(given, token.get_secret_value()):
+        return
+    # Every read token is compared (no early exit), each in constant time.
+    read_only = [token_matches(given, t) for t in settings.read_token_values]
+    if not any(read_only):
+        raise Unauthorized(
+            "Missing or wrong token: send the header 'Authorization: Bearer <RLCS_API_TOKEN>'."
+        )
+    if request.method not in SAFE_METHODS:
+        raise Forbidden(
+            f"This token is read-only (scope: read): it may list and watch runs but not "
+            f"{request.method} {request.url.path} (start, stop, resume, select, edit or "
+            "inference). Send the admin token, RLCS_API_TOKEN, for that."
+        )

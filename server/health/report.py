@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from server import __version__
-from server.deps import Services
+from server.container import Services
 from server.health.schemas import HealthOut
 
 

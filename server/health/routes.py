@@ -9,7 +9,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends
 from fastapi.responses import HTMLResponse
 
-from server.deps import Services, services
+from server.container import Services, services
 from server.health.report import health_report
 from server.health.schemas import HealthOut
 

@@ -6,8 +6,9 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Request
 
-from server.deps import Services, services
+from server.inference.deps import inference_service
 from server.inference.schemas import InferenceOut, inference_in
+from server.inference.service import InferenceService
 
 
 def router_for(max_prompts: int) -> APIRouter:
@@ -18,9 +19,9 @@ def router_for(max_prompts: int) -> APIRouter:
     @router.post("/test/inference")
     async def test_inference(
         body: body_model,  # type: ignore[valid-type]  # a class made at run time, as intended
-        svc: Annotated[Services, Depends(services)],
+        inference: Annotated[InferenceService, Depends(inference_service)],
         request: Request,
     ) -> InferenceOut:
-        return await svc.inference.infer_for(body, request.is_disconnected)
+        return await inference.infer_for(body, request.is_disconnected)
 
     return router

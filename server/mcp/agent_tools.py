@@ -12,8 +12,9 @@ from server.mcp.progress import Probe
 from server.mcp.registry import Call, ToolSpec
 from server.mcp.texts import run_line
 from server.runs.schemas import RunForkedOut, RunWaitOut
-from server.runs.wait import parse_until, wait_for_run, wait_for_sweep
+from server.runs.wait import parse_until, wait_for_run
 from server.sweeps.schemas import SweepCreatedOut, SweepCreateIn, SweepDetailOut, SweepWaitOut
+from server.sweeps.wait import wait_for_sweep
 
 
 def _run_probe(call: Call, run_id: str) -> Probe:

@@ -13,8 +13,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.types import Receive, Scope, Send
 
-from server.deps import Services, require_token
+from server.container import Services
 from server.errors import DomainError, status_for
+from server.guards.access import require_token
 from server.mcp.server import build_server
 
 

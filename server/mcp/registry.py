@@ -11,7 +11,7 @@ from typing import Any
 from mcp import types
 from pydantic import BaseModel
 
-from server.deps import Services
+from server.container import Services
 from server.mcp.progress import Progress
 
 # A tool's coroutine: its answer model (the REST route's), or a finished CallToolResult.

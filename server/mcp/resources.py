@@ -12,7 +12,7 @@ from mcp.server.lowlevel.helper_types import ReadResourceContents
 from mcp.shared.exceptions import McpError
 from pydantic import AnyUrl
 
-from server.deps import Services
+from server.container import Services
 from server.errors import DomainError, NotFound
 
 LOG_TAIL = 200  # lines: what fits an agent's context; GET /runs/{id}/logs?tail= reads more

@@ -15,7 +15,7 @@ from pydantic import AnyUrl, ValidationError
 from sqlalchemy.exc import OperationalError
 
 from server import __version__
-from server.deps import Services
+from server.container import Services
 from server.errors import DomainError
 from server.guards.validation import validation_detail
 from server.mcp import resources

@@ -8,11 +8,12 @@ from fastapi import APIRouter, Depends, Path, Query
 
 from core.models import RUN_ID
 from core.rollout_store import Filters
-from server.deps import Services, services
+from server.runs.deps import rollout_service
 from server.runs.rollout_schemas import RolloutPageOut, RolloutStepsOut
+from server.runs.rollouts import RolloutService
 
 router = APIRouter(tags=["runs"])
-Svc = Annotated[Services, Depends(services)]
+Rollouts = Annotated[RolloutService, Depends(rollout_service)]
 RunId = Annotated[str, Path(pattern=RUN_ID.pattern, description="A run id such as r-3f9c2a1b")]
 MAX_PAGE = 1000
 
@@ -20,7 +21,7 @@ MAX_PAGE = 1000
 @router.get("/runs/{run_id}/rollouts")
 def run_rollouts(
     run_id: RunId,
-    svc: Svc,
+    rollouts: Rollouts,
     step: Annotated[int | None, Query(ge=0, le=1_000_000_000, description="Only this step")] = None,
     group: Annotated[
         int | None, Query(ge=0, le=1_000_000_000, description="Only this group of the step")
@@ -39,10 +40,10 @@ def run_rollouts(
     """The episodes the run recorded, in step order, a page at a time: each with its prompt,
     completion, reward, advantage and the environment's and the model's text apart."""
     filters = Filters(step, group, min_reward, max_reward, prompt_key)
-    return svc.rollouts.page(run_id, filters, limit, cursor)
+    return rollouts.page(run_id, filters, limit, cursor)
 
 
 @router.get("/runs/{run_id}/rollouts/steps")
-def run_rollout_steps(run_id: RunId, svc: Svc) -> RolloutStepsOut:
+def run_rollout_steps(run_id: RunId, rollouts: Rollouts) -> RolloutStepsOut:
     """Each recorded step: episodes sampled and kept, their rewards, what the cap thinned."""
-    return svc.rollouts.steps(run_id)
+    return rollouts.steps(run_id)

@@ -1,6 +1,6 @@
-"""Waiting without polling: on a run, `until=terminal` (it has finished) or `until=step:N` (it
-has recorded step N, or finished); on a sweep, until all its runs have finished. Answered as
-soon as that holds or the timeout passes."""
+"""Waiting without polling on a run: `until=terminal` (it has finished) or `until=step:N` (it
+has recorded step N, or finished), answered as soon as that holds or the timeout passes; a
+sweep's wait (server/sweeps/wait.py) keeps the same bounds."""
 
 from __future__ import annotations
 
@@ -13,8 +13,6 @@ from core.models import FINISHED, Run, RunStatus
 from server.errors import InvalidValue
 from server.runs.schemas import RunWaitOut
 from server.runs.service import RunService
-from server.sweeps.schemas import SweepWaitOut
-from server.sweeps.service import SweepService
 
 MAX_WAIT_S = 600.0  # one request holds a connection at most this long; ask again after it
 POLL_S = 0.2  # a database read of one row: the answer comes within this of the event
@@ -54,18 +52,4 @@ async def wait_for_run(runs: RunService, run_id: str, until: str, timeout_s: flo
         if met or left <= 0:
             detail = await asyncio.to_thread(runs.get, run.id)
             return RunWaitOut(**detail.model_dump(), condition_met=met)
-        await asyncio.sleep(min(POLL_S, left))
-
-
-async def wait_for_sweep(sweeps: SweepService, sweep_id: str, timeout_s: float) -> SweepWaitOut:
-    """The sweep's results once every run has finished, or as they are at the timeout."""
-    deadline = time.monotonic() + min(timeout_s, MAX_WAIT_S)
-    sweeps.row(sweep_id)  # 404/422 at once
-    while True:
-        runs = await asyncio.to_thread(sweeps.members, sweep_id)
-        met = all(RunStatus(run.status) in FINISHED for run in runs)
-        left = deadline - time.monotonic()
-        if met or left <= 0:
-            detail = await asyncio.to_thread(sweeps.get, sweep_id)
-            return SweepWaitOut(**detail.model_dump(), condition_met=met)
         await asyncio.sleep(min(POLL_S, left))

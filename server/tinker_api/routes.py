@@ -13,10 +13,11 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Header, Query, Request, Response
 from fastapi.responses import FileResponse
 
-from server.deps import Services, services
 from server.errors import BadRequest
 from server.tinker_api import schemas
 from server.tinker_api.auth import check_key
+from server.tinker_api.deps import tinker_rest, tinker_service
+from server.tinker_api.rest import TinkerRest
 from server.tinker_api.schemas import JsonObject
 from server.tinker_api.service import TinkerService
 from server.tinker_api.sessions.futures import Outcome
@@ -31,12 +32,8 @@ def tinker_key(request: Request) -> None:
 router = APIRouter(prefix="/api/v1", tags=["tinker"], dependencies=[Depends(tinker_key)])
 
 
-def tinker(svc: Annotated[Services, Depends(services)]) -> TinkerService:
-    return svc.tinker
-
-
-Tk = Annotated[TinkerService, Depends(tinker)]
-Svc = Annotated[Services, Depends(services)]
+Tk = Annotated[TinkerService, Depends(tinker_service)]
+Rest = Annotated[TinkerRest, Depends(tinker_rest)]
 
 
 # Handshake and housekeeping ----------------------------------------------------------------
@@ -192,21 +189,21 @@ def get_server_capabilities(tk: Tk) -> JsonObject:
 
 @router.get("/training_runs")
 def list_training_runs(
-    svc: Svc,
+    rest: Rest,
     limit: Annotated[int, Query(ge=1, le=1000)] = 20,
     offset: Annotated[int, Query(ge=0)] = 0,
 ) -> JsonObject:
-    return svc.tinker_rest.training_runs(limit, offset)
+    return rest.training_runs(limit, offset)
 
 
 @router.get("/training_runs/{model_id}")
-def get_training_run(model_id: str, svc: Svc) -> JsonObject:
-    return svc.tinker_rest.training_run(model_id)
+def get_training_run(model_id: str, rest: Rest) -> JsonObject:
+    return rest.training_run(model_id)
 
 
 @router.get("/training_runs/{model_id}/checkpoints")
-def list_checkpoints(model_id: str, svc: Svc) -> JsonObject:
-    return svc.tinker_rest.checkpoints(model_id)
+def list_checkpoints(model_id: str, rest: Rest) -> JsonObject:
+    return rest.checkpoints(model_id)
 
 
 # Before the DELETE of a checkpoint, whose path would take these suffixes in.
@@ -244,23 +241,23 @@ def copy_weights(
 
 
 @router.delete("/training_runs/{model_id}/checkpoints/{checkpoint_id:path}")
-def delete_checkpoint(model_id: str, checkpoint_id: str, svc: Svc) -> JsonObject:
-    svc.tinker_rest.delete_checkpoint(model_id, checkpoint_id)
+def delete_checkpoint(model_id: str, checkpoint_id: str, rest: Rest) -> JsonObject:
+    rest.delete_checkpoint(model_id, checkpoint_id)
     return {}
 
 
 @router.get("/checkpoints")
 def list_user_checkpoints(
-    svc: Svc,
+    rest: Rest,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     offset: Annotated[int, Query(ge=0)] = 0,
 ) -> JsonObject:
-    return svc.tinker_rest.user_checkpoints(limit, offset)
+    return rest.user_checkpoints(limit, offset)
 
 
 @router.post("/weights_info")
-def weights_info(body: schemas.WeightsInfoIn, svc: Svc) -> JsonObject:
-    return svc.tinker_rest.weights_info(body.tinker_path)
+def weights_info(body: schemas.WeightsInfoIn, rest: Rest) -> JsonObject:
+    return rest.weights_info(body.tinker_path)
 
 
 # Signed downloads: a plain GET with no key, as the SDK's command line fetches them ------------

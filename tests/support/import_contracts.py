@@ -1,9 +1,8 @@
 """Import-linter contracts the built-in ones lack: no two of our modules on an import cycle,
 and a package that may import only the modules it names.
 
-import-linter's own `acyclic_siblings` counts a subpackage as one node, and our server has
-package-level loops by design (each domain's routes import `server.deps`, whose Services
-container names each domain's service), while the layering rule has always been about modules.
+import-linter's own `acyclic_siblings` counts a subpackage as one node, while the layering
+rule has always been about modules.
 The graph is the one grimp builds for every contract: every import, those inside functions too.
 """
 

@@ -1,5 +1,5 @@
-"""Dependencies shared by routes: the service container and the bearer-token check (the admin
-token may do anything; read tokens may list and watch)."""
+"""The service container the app builds in its lifespan, for the app and its faces (/mcp, /v1,
+/health) only: a domain's routes ask for their own service (its `deps` module)."""
 
 from __future__ import annotations
 
@@ -13,9 +13,6 @@ from server.engine.hosts import EngineHosts
 from server.engine.service import EngineService
 from server.environments.catalog import Catalog
 from server.environments.configs import ConfigService
-from server.errors import Forbidden, Unauthorized
-from server.guards.access import token_matches
-from server.guards.web import SAFE_METHODS
 from server.inference.service import InferenceService
 from server.launch.supervisor import Supervisor
 from server.openai_compat.chat import ChatService
@@ -59,25 +56,3 @@ class Services:
 def services(request: Request) -> Services:
     svc: Services = request.app.state.services  # set by the app's lifespan
     return svc
-
-
-def require_token(request: Request) -> None:
-    settings = request.app.state.settings
-    token = settings.api_token
-    if token is None:
-        return
-    given = request.headers.get("authorization", "")
-    if token_matches(given, token.get_secret_value()):
-        return
-    # Every read token is compared (no early exit), each in constant time.
-    read_only = [token_matches(given, t) for t in settings.read_token_values]
-    if not any(read_only):
-        raise Unauthorized(
-            "Missing or wrong token: send the header 'Authorization: Bearer <RLCS_API_TOKEN>'."
-        )
-    if request.method not in SAFE_METHODS:
-        raise Forbidden(
-            f"This token is read-only (scope: read): it may list and watch runs but not "
-            f"{request.method} {request.url.path} (start, stop, resume, select, edit or "
-            "inference). Send the admin token, RLCS_API_TOKEN, for that."
-        )
