@@ -3,11 +3,7 @@ which it need not import)."""
 
 from __future__ import annotations
 
-from fastapi import Request
-
 from server.engine.service import EngineService
+from server.service_of import service_of
 
-
-def engine_service(request: Request) -> EngineService:
-    service: EngineService = request.app.state.services.engine_status
-    return service
+engine_service = service_of("engine_status", EngineService)

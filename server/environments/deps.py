@@ -3,17 +3,10 @@ container, which they need not import)."""
 
 from __future__ import annotations
 
-from fastapi import Request
-
 from server.environments.catalog import Catalog
 from server.environments.configs import ConfigService
+from server.service_of import service_of
 
+catalog = service_of("catalog", Catalog)
 
-def catalog(request: Request) -> Catalog:
-    service: Catalog = request.app.state.services.catalog
-    return service
-
-
-def config_service(request: Request) -> ConfigService:
-    service: ConfigService = request.app.state.services.configs
-    return service
+config_service = service_of("configs", ConfigService)

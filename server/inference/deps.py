@@ -3,11 +3,7 @@ which it need not import)."""
 
 from __future__ import annotations
 
-from fastapi import Request
-
 from server.inference.service import InferenceService
+from server.service_of import service_of
 
-
-def inference_service(request: Request) -> InferenceService:
-    service: InferenceService = request.app.state.services.inference
-    return service
+inference_service = service_of("inference", InferenceService)

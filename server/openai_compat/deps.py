@@ -3,11 +3,7 @@ they need not import)."""
 
 from __future__ import annotations
 
-from fastapi import Request
-
 from server.openai_compat.chat import ChatService
+from server.service_of import service_of
 
-
-def chat_service(request: Request) -> ChatService:
-    service: ChatService = request.app.state.services.chat
-    return service
+chat_service = service_of("chat", ChatService)

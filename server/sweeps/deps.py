@@ -3,11 +3,7 @@ which they need not import)."""
 
 from __future__ import annotations
 
-from fastapi import Request
-
+from server.service_of import service_of
 from server.sweeps.service import SweepService
 
-
-def sweep_service(request: Request) -> SweepService:
-    service: SweepService = request.app.state.services.sweeps
-    return service
+sweep_service = service_of("sweeps", SweepService)

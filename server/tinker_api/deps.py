@@ -3,17 +3,10 @@ which they need not import)."""
 
 from __future__ import annotations
 
-from fastapi import Request
-
+from server.service_of import service_of
 from server.tinker_api.rest import TinkerRest
 from server.tinker_api.service import TinkerService
 
+tinker_service = service_of("tinker", TinkerService)
 
-def tinker_service(request: Request) -> TinkerService:
-    service: TinkerService = request.app.state.services.tinker
-    return service
-
-
-def tinker_rest(request: Request) -> TinkerRest:
-    service: TinkerRest = request.app.state.services.tinker_rest
-    return service
+tinker_rest = service_of("tinker_rest", TinkerRest)

@@ -3,11 +3,7 @@ which they need not import)."""
 
 from __future__ import annotations
 
-from fastapi import Request
-
+from server.service_of import service_of
 from server.webhooks.service import WebhookService
 
-
-def webhook_service(request: Request) -> WebhookService:
-    service: WebhookService = request.app.state.services.webhooks
-    return service
+webhook_service = service_of("webhooks", WebhookService)
