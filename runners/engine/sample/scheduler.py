@@ -38,6 +38,7 @@ from runners.engine.sample.adapter_table import AdapterTable
 from runners.engine.sample.batch import DecodeBatch, Row
 from runners.engine.sample.dynamic_batch import DynamicCacheBatch
 from runners.engine.sample.packed_model import PackedModel, packable
+from runners.engine.sample.product_routes import routes_for
 from runners.engine.sample.prompt_scores import PromptScoring
 from runners.engine.sample.sampling_model import SamplingModel, resolve_sampling_dtype
 from runners.engine.sample.slot_batch import SlotBatch
@@ -167,7 +168,9 @@ def packing_wanted(host: ModelHost) -> bool:
 def sampling_model(host: ModelHost, dtype: torch.dtype) -> SamplingModel | PackedModel:
     """The sampler's copy of the host's model: packed when it can be, else plain modules."""
     if packing_wanted(host):
-        return PackedModel(host, dtype)
+        return PackedModel(
+            host, dtype, routes_for(host.device, dtype, kernel=host.cpu_adapter_kernel)
+        )
     return SamplingModel(host, dtype)
 
 
