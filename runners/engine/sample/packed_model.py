@@ -128,11 +128,7 @@ class PackedModel:
         reason = packable(host)
         if reason is not None:
             raise ValueError(f"this model cannot be packed: {reason}")
-        if routes is None:
-            wanted = host.cpu_adapter_kernel if kernel is None else kernel
-            routes = routes_for(host.device, dtype, kernel=wanted, masked=masked, onednn=onednn)
-        elif (masked, onednn, kernel) != (None, None, None):
-            raise ValueError("give the routes or the choices that make them, not both")
+        routes = _chosen_routes(host, dtype, routes, masked=masked, onednn=onednn, kernel=kernel)
         model = host.model.get_base_model() if host.is_lora else host.model
         self.config = model.config
         self.dtype = dtype
@@ -491,6 +487,25 @@ class PackedModel:
         # The final norm's weight stays a multiply: a tied unembedding is also the embedding.
         normed = _normalize(hidden, self.eps, self._eps)
         return self.head((normed * self.norm_out).to(self.head.dtype), rows)
+
+
+def _chosen_routes(
+    host: ModelHost,
+    dtype: torch.dtype,
+    routes: Routes | None,
+    *,
+    masked: bool | None,
+    onednn: bool | None,
+    kernel: bool | None,
+) -> Routes:
+    """`routes` as given, or made from the choices a caller may name instead (`kernel` None:
+    the host's `cpu_adapter_kernel`)."""
+    if routes is None:
+        wanted = host.cpu_adapter_kernel if kernel is None else kernel
+        return routes_for(host.device, dtype, kernel=wanted, masked=masked, onednn=onednn)
+    if (masked, onednn, kernel) != (None, None, None):
+        raise ValueError("give the routes or the choices that make them, not both")
+    return routes
 
 
 def _head_dtype(host: ModelHost, dtype: torch.dtype) -> torch.dtype:
