@@ -415,8 +415,26 @@ class PackedModel:
         """One token per row (`tokens`, `positions`: [rows, 1]; rows = cache.rows; row r on
         adapter slot `adapters[r]`) attending to the columns `mask` [rows, columns] allows;
         logits [rows, vocab]."""
-        rows, columns = mask.shape
         column = positions[:, 0].clamp(max=cache.length - 1)
+        threads = self._threads
+        attend = self._cached(cache, mask, column, threads)
+        rotations = self._rotations(column)
+        threads.narrow(len(mask))
+        try:
+            adapted = self.rows(adapters)
+            hidden = self._layers(
+                F.embedding(tokens[:, 0], self.embedding), rotations, attend, adapted
+            )
+            return self._logits(hidden, adapted)
+        finally:
+            threads.end()
+
+    def _cached(
+        self, cache: SlotCache, mask: torch.Tensor, column: torch.Tensor, threads: Threads
+    ) -> Attend:
+        """Attention of one token per row, written at its `column` of the cache, over the
+        columns `mask` [rows, columns] allows (the products widened to `threads`)."""
+        rows, columns = mask.shape
         row = torch.arange(rows, device=mask.device)
         bias = torch.zeros(mask.shape, dtype=self.dtype, device=mask.device)
         bias = bias.masked_fill_(~mask, -torch.inf).view(rows, 1, 1, columns)
@@ -439,17 +457,7 @@ class PackedModel:
             threads.narrow_again()
             return out.reshape(rows, self.heads * self.head_dim)
 
-        rotations = self._rotations(column)
-        threads = self._threads
-        threads.narrow(rows)
-        try:
-            adapted = self.rows(adapters)
-            hidden = self._layers(
-                F.embedding(tokens[:, 0], self.embedding), rotations, attend, adapted
-            )
-            return self._logits(hidden, adapted)
-        finally:
-            threads.end()
+        return attend
 
     def _layers(
         self,
