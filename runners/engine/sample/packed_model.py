@@ -17,7 +17,8 @@ stay valid; slots are allocated as loads reach them, up to `slots`, and given ba
 adapter table closes them, `shrink`); nothing is
 merged into the base weights, so updates smaller than a bf16 step of a weight still reach the
 sampler. On a CPU with native bf16 products, the base products go through oneDNN on weights
-packed once, and a decode step's threads follow `cpu_products.Threads`.
+packed once, and a decode step's threads follow `cpu_products.Threads`. Which route each
+product takes is decided outside, by `product_routes.routes_for`.
 """
 
 from __future__ import annotations
