@@ -73,15 +73,7 @@ def publish(target: Path, build: Callable[[Path], None]) -> Path:
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-tmp-{os.getpid()}-", dir=parent))
     old: Path | None = None
     try:
-        try:
-            build(tmp)
-            seal(tmp)
-        except Exception as exc:
-            code = disk_full_errno(exc, tmp)  # before the temp folder goes: it is evidence
-            if code is not None:
-                _release_files(exc)
-                raise DiskFull(code, os.strerror(code), str(target)) from exc
-            raise
+        _build_sealed(tmp, build, target)
         if target.exists():
             old = parent / f".{target.name}-old-{os.getpid()}-{tmp.name.rsplit('-', 1)[-1]}"
             os.rename(target, old)
@@ -99,6 +91,19 @@ def publish(target: Path, build: Callable[[Path], None]) -> Path:
             shutil.rmtree(old, ignore_errors=True)
         _remove_if_empty(parent)
     return target
+
+
+def _build_sealed(tmp: Path, build: Callable[[Path], None], target: Path) -> None:
+    """`build` into `tmp` and seal it; a full disk raises DiskFull naming `target`."""
+    try:
+        build(tmp)
+        seal(tmp)
+    except Exception as exc:
+        code = disk_full_errno(exc, tmp)  # before the temp folder goes: it is evidence
+        if code is not None:
+            _release_files(exc)
+            raise DiskFull(code, os.strerror(code), str(target)) from exc
+        raise
 
 
 def write_record(folder: Path, filename: str, record: dict[str, Any]) -> None:

@@ -128,19 +128,7 @@ class ModelHost:
         self.users = 0
         self._users_lock = threading.Lock()
         self._on_unused = on_unused
-        self.is_lora = hasattr(model, "peft_config")
-        self.file_keys: dict[str, str] = lora.file_key_map(model) if self.is_lora else {}
-        # The adapter's parameters, in model order (the optimizer and its saved state rely on it).
-        adapter_names = set(self.file_keys.values())
-        self.params: dict[str, nn.Parameter] = {
-            n: p for n, p in model.named_parameters() if n in adapter_names
-        }
-        self.signature = (
-            lora.adapter_signature(model.peft_config["default"]) if self.is_lora else None
-        )
-        config = model.peft_config["default"] if self.is_lora else None
-        self.lora_rank = int(config.r) if config is not None else 0
-        self.lora_scale = lora.scaling(config) if config is not None else 0.0
+        self._read_adapter(model)
         # The sampler's adapter slots: how many adapters decode side by side, and the largest
         # rank a slot takes (see packed_model.py).
         self.adapter_slots = adapter_slots
@@ -156,6 +144,23 @@ class ModelHost:
         self._closers: list[Callable[[], None]] = []
         self._closers_lock = threading.Lock()
         self.closed = False  # for good: its owner let it go (its weights may be freed)
+
+    def _read_adapter(self, model: lora.LanguageModel) -> None:
+        """The LoRA adapter's parameters, file keys, signature, rank and scale (none on a
+        plain model)."""
+        self.is_lora = hasattr(model, "peft_config")
+        self.file_keys: dict[str, str] = lora.file_key_map(model) if self.is_lora else {}
+        # The adapter's parameters, in model order (the optimizer and its saved state rely on it).
+        adapter_names = set(self.file_keys.values())
+        self.params: dict[str, nn.Parameter] = {
+            n: p for n, p in model.named_parameters() if n in adapter_names
+        }
+        self.signature = (
+            lora.adapter_signature(model.peft_config["default"]) if self.is_lora else None
+        )
+        config = model.peft_config["default"] if self.is_lora else None
+        self.lora_rank = int(config.r) if config is not None else 0
+        self.lora_scale = lora.scaling(config) if config is not None else 0.0
 
     @property
     def max_positions(self) -> int | None:

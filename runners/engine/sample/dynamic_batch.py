@@ -79,28 +79,7 @@ class DynamicCacheBatch:
         """Pick a token for every row; rows that finish leave. Returns the finished rows."""
         assert self._logits is not None
         rows = self.rows
-        passes = Passes.of(rows)
-        ban = None
-        if passes.banning:
-            ban = (
-                self._tensor(ban_lists(rows), torch.long),
-                self._tensor(
-                    [r.banning and len(r.tokens) < r.min_tokens for r in rows], torch.bool
-                ),
-            )
-        picked = select_tokens(
-            self._logits,
-            self._tensor([r.temperature for r in rows], torch.float32),
-            self._tensor([r.top_k for r in rows], torch.long),
-            self._tensor([r.top_p for r in rows], torch.float32),
-            row_keys(
-                self._tensor([r.seed for r in rows], torch.long),
-                self._tensor([len(r.tokens) for r in rows], torch.long),
-            ),
-            filtered=passes.filtered,
-            greedy=passes.greedy,
-            ban=ban,
-        )
+        picked = self._pick(self._logits, rows)
         tokens_f, logprobs = picked.tolist()  # the step's one transfer to the host
         tokens = [int(t) for t in tokens_f]
         keep: list[int] = []
@@ -123,6 +102,31 @@ class DynamicCacheBatch:
         self._mask = torch.cat([self._mask, torch.ones_like(self._mask[:, :1])], dim=1)
         self._logits = self._forward(next_ids, self._mask, self._positions, self._cache)
         return [rows[s] for s in done]
+
+    def _pick(self, logits: torch.Tensor, rows: list[Row]) -> torch.Tensor:
+        """Each row's next token and its logprob ([2, rows]) under the row's own settings."""
+        passes = Passes.of(rows)
+        ban = None
+        if passes.banning:
+            ban = (
+                self._tensor(ban_lists(rows), torch.long),
+                self._tensor(
+                    [r.banning and len(r.tokens) < r.min_tokens for r in rows], torch.bool
+                ),
+            )
+        return select_tokens(
+            logits,
+            self._tensor([r.temperature for r in rows], torch.float32),
+            self._tensor([r.top_k for r in rows], torch.long),
+            self._tensor([r.top_p for r in rows], torch.float32),
+            row_keys(
+                self._tensor([r.seed for r in rows], torch.long),
+                self._tensor([len(r.tokens) for r in rows], torch.long),
+            ),
+            filtered=passes.filtered,
+            greedy=passes.greedy,
+            ban=ban,
+        )
 
     def _forward(self, ids, mask, positions, cache) -> torch.Tensor:
         with torch.no_grad():

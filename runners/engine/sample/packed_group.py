@@ -42,6 +42,20 @@ EXACT_ADAPTER_OUTPUTS = 32768
 KERNEL_ROWS = 64
 
 
+def _stacked_bias(layers: list[nn.Linear], weight: torch.Tensor) -> torch.Tensor | None:
+    """The layers' biases stacked as their rows are in `weight` (zeros for a layer without
+    one, in `weight`'s dtype); None when no layer has one."""
+    if not any(layer.bias is not None for layer in layers):
+        return None
+    bias = weight.new_zeros(weight.shape[0])
+    at = 0
+    for layer in layers:
+        if layer.bias is not None:
+            bias[at : at + layer.out_features] = layer.bias.detach().to(weight.dtype)
+        at += layer.out_features
+    return bias
+
+
 class PackedGroup:
     """The base rows of the group's layers, and adapter slots of `members` layers each (`slots`
     to begin with; more as `reserve` opens them)."""
@@ -62,8 +76,7 @@ class PackedGroup:
         into each adapter's A as it loads."""
         base = torch.cat([layer.weight.detach() for layer in layers]).float()
         self.columns = None if columns is None else columns.detach().float()
-        if self.columns is not None:
-            base = base * self.columns
+        base = base if self.columns is None else base * self.columns
         self.dtype = dtype
         self.names = names
         self.widths = [layer.out_features for layer in layers]
@@ -74,15 +87,7 @@ class PackedGroup:
         self.rank = 0  # ranks per member a slot holds now (grown by loads)
         self.weight = base.to(dtype)  # masked: the base rows, then every slot's A rows
         self.base: torch.Tensor | None = self.weight
-        self.base_bias: torch.Tensor | None = None
-        if any(layer.bias is not None for layer in layers):
-            bias = self.weight.new_zeros(self.out)
-            at = 0
-            for layer in layers:
-                if layer.bias is not None:
-                    bias[at : at + layer.out_features] = layer.bias.detach().to(dtype)
-                at += layer.out_features
-            self.base_bias = bias
+        self.base_bias = _stacked_bias(layers, self.weight)
         self.bias = self.base_bias  # the masked route's, as long as its weight
         adapter_dtype = dtype if masked else torch.float32
         self.a_t = torch.zeros(slots, self.inputs, 0, dtype=adapter_dtype, device=base.device)

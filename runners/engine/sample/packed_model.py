@@ -17,13 +17,15 @@ stay valid; slots are allocated as loads reach them, up to `slots`, and given ba
 adapter table closes them, `shrink`); nothing is
 merged into the base weights, so updates smaller than a bf16 step of a weight still reach the
 sampler. On a CPU with native bf16 products, the base products go through oneDNN on weights
-packed once, and a decode step's threads follow `cpu_products.Threads`.
+packed once, and a decode step's threads follow `cpu_products.Threads`. Which route each
+product takes is decided outside, by `product_routes.routes_for`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -31,8 +33,9 @@ from torch import nn
 
 from runners.engine.host import AdapterWeights, ModelHost
 from runners.engine.sample import lora_rows
-from runners.engine.sample.cpu_products import Threads, uses_onednn
+from runners.engine.sample.cpu_products import Threads
 from runners.engine.sample.packed_group import PackedGroup
+from runners.engine.sample.product_routes import Routes, routes_for
 from runners.engine.sample.row_adapters import RowAdapters, group_rows
 from runners.engine.sample.slot_cache import AdapterIndex, SlotCache, supports
 
@@ -112,83 +115,90 @@ class PackedModel:
         self,
         host: ModelHost,
         dtype: torch.dtype,
-        onednn: bool | None = None,
+        routes: Routes | None = None,
         *,
-        masked: bool | None = None,
         slots: int | None = None,
+        masked: bool | None = None,
+        onednn: bool | None = None,
         kernel: bool | None = None,
     ) -> None:
-        """`onednn`: base products through oneDNN's packed weights (None: where `uses_onednn`).
-        `masked`: the adapters' masked route (None: on CUDA), else apart (packed_group.py).
-        `slots`: adapters held at once (None: the host's `adapter_slots`). `kernel`: a bf16
-        copy's adapter updates on the CPU through the fused kernel where it can be built
-        (None: the host's `cpu_adapter_kernel`)."""
+        """`routes`: the products' routes (product_routes.py); None: `routes_for` the host's
+        device with `masked`, `onednn` and `kernel` (None: the host's `cpu_adapter_kernel`) as
+        its choices, which only it takes. `slots`: adapters held at once (None: the host's
+        `adapter_slots`)."""
         reason = packable(host)
         if reason is not None:
             raise ValueError(f"this model cannot be packed: {reason}")
+        routes = _chosen_routes(host, dtype, routes, masked=masked, onednn=onednn, kernel=kernel)
         model = host.model.get_base_model() if host.is_lora else host.model
-        config = model.config
-        self.config = config
+        self.config = model.config
         self.dtype = dtype
         self.device = host.device
         self.slots = max(1, host.adapter_slots if slots is None else slots)  # the most at once
         self.max_rank = host.max_lora_rank
-        self.masked = self.device.type == "cuda" if masked is None else masked
-        use_onednn = uses_onednn(self.device, dtype) if onednn is None else onednn
-        self.onednn = use_onednn and not self.masked
+        self.masked = routes.masked
+        self.onednn = routes.onednn
         self.slot_ranks = [0] * self.slots  # the rank loaded in each slot (0: none)
         self.layout = 0  # counts reallocations of the slots' tensors (captured graphs go)
-
-        def base(name: str) -> nn.Linear:
-            module = model.get_submodule(name)
-            layer = module.get_base_layer() if hasattr(module, "get_base_layer") else module
-            assert isinstance(layer, nn.Linear)
-            return layer
-
-        def group(*members: str, columns: torch.Tensor | None = None) -> PackedGroup:
-            layers = [base(n) for n in members]
-            names = list(members)
-            return PackedGroup(layers, names, dtype, 0, masked=self.masked, columns=columns)
-
         decoder = model.get_decoder()
         prefix = _module_name(model, decoder)
-        self.layers: list[_Layer] = []
         with torch.no_grad():
-            for i, layer in enumerate(decoder.layers):
-                at = f"{prefix}layers.{i}"
-                attn = layer.self_attn
-                self.layers.append(
-                    _Layer(
-                        qkv=group(
-                            *(f"{at}.self_attn.{p}_proj" for p in "qkv"),
-                            columns=layer.input_layernorm.weight,
-                        ),
-                        q_norm=_norm_weight(getattr(attn, "q_norm", None), dtype),
-                        k_norm=_norm_weight(getattr(attn, "k_norm", None), dtype),
-                        o=group(f"{at}.self_attn.o_proj"),
-                        gate_up=group(
-                            f"{at}.mlp.gate_proj",
-                            f"{at}.mlp.up_proj",
-                            columns=layer.post_attention_layernorm.weight,
-                        ),
-                        down=group(f"{at}.mlp.down_proj"),
-                    )
-                )
-            head_name = _module_name(model, model.get_output_embeddings()).rstrip(".")
-            head_dtype = _head_dtype(host, dtype)
-            self.head = PackedGroup(
-                [base(head_name)], [head_name], head_dtype, 0, masked=self.masked
-            )
-            embedding = model.get_input_embeddings().weight
-            # Tied: the unembedding's base rows are the embedding (one copy of the table, where
-            # both keep the sampler's dtype).
-            self.tied = (
-                embedding.data_ptr() == base(head_name).weight.data_ptr() and head_dtype == dtype
-            )
-            self._embedding = None if self.tied else embedding.detach().to(dtype)
-            self.norm_out = decoder.norm.weight.detach().to(dtype)
+            self.layers = [
+                self._pack_layer(model, f"{prefix}layers.{i}", layer)
+                for i, layer in enumerate(decoder.layers)
+            ]
+            self._pack_head(host, model, decoder)
         self._layer_names = {name for g in self._groups() for name in g.names}
-        first = decoder.layers[0].self_attn
+        self._read_geometry(decoder)
+        self._route_products(routes)
+
+    def _group(
+        self, model: nn.Module, *members: str, columns: torch.Tensor | None = None
+    ) -> PackedGroup:
+        """One product group of `model`'s base linear layers `members` (`columns`: a norm's
+        weight folded into its input columns)."""
+        layers = [_base_linear(model, name) for name in members]
+        return PackedGroup(
+            layers, list(members), self.dtype, 0, masked=self.masked, columns=columns
+        )
+
+    def _pack_layer(self, model: Any, at: str, layer: Any) -> _Layer:
+        """Decoder layer `at` of `model` as its four product groups and its q/k norms."""
+        attn = layer.self_attn
+        return _Layer(
+            qkv=self._group(
+                model,
+                *(f"{at}.self_attn.{p}_proj" for p in "qkv"),
+                columns=layer.input_layernorm.weight,
+            ),
+            q_norm=_norm_weight(getattr(attn, "q_norm", None), self.dtype),
+            k_norm=_norm_weight(getattr(attn, "k_norm", None), self.dtype),
+            o=self._group(model, f"{at}.self_attn.o_proj"),
+            gate_up=self._group(
+                model,
+                f"{at}.mlp.gate_proj",
+                f"{at}.mlp.up_proj",
+                columns=layer.post_attention_layernorm.weight,
+            ),
+            down=self._group(model, f"{at}.mlp.down_proj"),
+        )
+
+    def _pack_head(self, host: ModelHost, model: Any, decoder: Any) -> None:
+        """The unembedding's group, the embedding (unless tied to it) and the final norm."""
+        head_name = _module_name(model, model.get_output_embeddings()).rstrip(".")
+        head_dtype = _head_dtype(host, self.dtype)
+        head = _base_linear(model, head_name)
+        self.head = PackedGroup([head], [head_name], head_dtype, 0, masked=self.masked)
+        embedding = model.get_input_embeddings().weight
+        # Tied: the unembedding's base rows are the embedding (one copy of the table, where
+        # both keep the sampler's dtype).
+        self.tied = embedding.data_ptr() == head.weight.data_ptr() and head_dtype == self.dtype
+        self._embedding = None if self.tied else embedding.detach().to(self.dtype)
+        self.norm_out = decoder.norm.weight.detach().to(self.dtype)
+
+    def _read_geometry(self, decoder: Any) -> None:
+        """Heads, widths, the norms' epsilon and the rotary module, from the first layer."""
+        config, first = self.config, decoder.layers[0].self_attn
         self.eps = float(decoder.norm.variance_epsilon)
         self._eps = torch.tensor(self.eps, dtype=torch.float32, device=self.device)
         self.scaling = float(first.scaling)
@@ -197,20 +207,22 @@ class PackedModel:
         self.kv_heads = int(getattr(config, "num_key_value_heads", None) or self.heads)
         self.hidden = int(config.hidden_size)
         self._rotary = decoder.rotary_emb
-        self._rotate_half = _rotate_half_matrix(self.head_dim, dtype, self.device)
-        self._cos = self._sin = torch.zeros(0, self.head_dim, dtype=dtype, device=self.device)
+        self._rotate_half = _rotate_half_matrix(self.head_dim, self.dtype, self.device)
+        self._cos = self._sin = torch.zeros(0, self.head_dim, dtype=self.dtype, device=self.device)
         # Rotary as one batched product per layer on CUDA (one kernel); on the CPU as three
         # elementwise operations, which are as quick and, small, never wait on a second
         # thread (a matrix product does, for milliseconds, on a loaded CPU).
         self.matrix_rotary = self.device.type == "cuda"
+
+    def _route_products(self, routes: Routes) -> None:
+        """The groups in the sampler's dtype (a float32 head apart) onto oneDNN and the fused
+        kernel as `routes` say; a decode step's threads follow oneDNN's."""
         self._threads = Threads(torch.get_num_threads() if self.onednn else 1)
-        same_dtype = [g for g in self._groups() if g.dtype == dtype]  # a float32 head apart
+        same_dtype = [g for g in self._groups() if g.dtype == self.dtype]
         if self.onednn:
             for g in same_dtype:
                 g.use_onednn(self._threads, keep_plain=g is self.head and self.tied)
-        bf16_cpu = self.device.type == "cpu" and dtype == torch.bfloat16 and not self.masked
-        wanted = host.cpu_adapter_kernel if kernel is None else kernel
-        self.kernel = lora_rows.kernel() if bf16_cpu and wanted else None
+        self.kernel = lora_rows.kernel() if routes.kernel else None
         if self.kernel is not None:
             for g in same_dtype:
                 g.use_kernel(self.kernel, self._threads)
@@ -404,8 +416,26 @@ class PackedModel:
         """One token per row (`tokens`, `positions`: [rows, 1]; rows = cache.rows; row r on
         adapter slot `adapters[r]`) attending to the columns `mask` [rows, columns] allows;
         logits [rows, vocab]."""
-        rows, columns = mask.shape
         column = positions[:, 0].clamp(max=cache.length - 1)
+        threads = self._threads
+        attend = self._cached(cache, mask, column, threads)
+        rotations = self._rotations(column)
+        threads.narrow(len(mask))
+        try:
+            adapted = self.rows(adapters)
+            hidden = self._layers(
+                F.embedding(tokens[:, 0], self.embedding), rotations, attend, adapted
+            )
+            return self._logits(hidden, adapted)
+        finally:
+            threads.end()
+
+    def _cached(
+        self, cache: SlotCache, mask: torch.Tensor, column: torch.Tensor, threads: Threads
+    ) -> Attend:
+        """Attention of one token per row, written at its `column` of the cache, over the
+        columns `mask` [rows, columns] allows (the products widened to `threads`)."""
+        rows, columns = mask.shape
         row = torch.arange(rows, device=mask.device)
         bias = torch.zeros(mask.shape, dtype=self.dtype, device=mask.device)
         bias = bias.masked_fill_(~mask, -torch.inf).view(rows, 1, 1, columns)
@@ -428,17 +458,7 @@ class PackedModel:
             threads.narrow_again()
             return out.reshape(rows, self.heads * self.head_dim)
 
-        rotations = self._rotations(column)
-        threads = self._threads
-        threads.narrow(rows)
-        try:
-            adapted = self.rows(adapters)
-            hidden = self._layers(
-                F.embedding(tokens[:, 0], self.embedding), rotations, attend, adapted
-            )
-            return self._logits(hidden, adapted)
-        finally:
-            threads.end()
+        return attend
 
     def _layers(
         self,
@@ -478,6 +498,25 @@ class PackedModel:
         return self.head((normed * self.norm_out).to(self.head.dtype), rows)
 
 
+def _chosen_routes(
+    host: ModelHost,
+    dtype: torch.dtype,
+    routes: Routes | None,
+    *,
+    masked: bool | None,
+    onednn: bool | None,
+    kernel: bool | None,
+) -> Routes:
+    """`routes` as given, or made from the choices a caller may name instead (`kernel` None:
+    the host's `cpu_adapter_kernel`)."""
+    if routes is None:
+        wanted = host.cpu_adapter_kernel if kernel is None else kernel
+        return routes_for(host.device, dtype, kernel=wanted, masked=masked, onednn=onednn)
+    if (masked, onednn, kernel) != (None, None, None):
+        raise ValueError("give the routes or the choices that make them, not both")
+    return routes
+
+
 def _head_dtype(host: ModelHost, dtype: torch.dtype) -> torch.dtype:
     """The unembedding's dtype (its base and its adapter): with `cast_lm_head_to_fp32`, float32
     where the trainer computes its logits in float32 (a float32 model: a bf16 sampler's logits
@@ -485,6 +524,14 @@ def _head_dtype(host: ModelHost, dtype: torch.dtype) -> torch.dtype:
     computes them in bf16, as the sampler does."""
     trained = host.model.get_output_embeddings().weight.dtype
     return torch.float32 if host.cast_lm_head_to_fp32 and trained == torch.float32 else dtype
+
+
+def _base_linear(model: nn.Module, name: str) -> nn.Linear:
+    """The base layer of `model`'s linear layer `name` (under its LoRA wrapper, if any)."""
+    module: Any = model.get_submodule(name)
+    layer = module.get_base_layer() if hasattr(module, "get_base_layer") else module
+    assert isinstance(layer, nn.Linear)
+    return layer
 
 
 def _norm_weight(norm: nn.Module | None, dtype: torch.dtype) -> torch.Tensor | None:

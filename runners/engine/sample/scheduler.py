@@ -38,6 +38,7 @@ from runners.engine.sample.adapter_table import AdapterTable
 from runners.engine.sample.batch import DecodeBatch, Row
 from runners.engine.sample.dynamic_batch import DynamicCacheBatch
 from runners.engine.sample.packed_model import PackedModel, packable
+from runners.engine.sample.product_routes import routes_for
 from runners.engine.sample.prompt_scores import PromptScoring
 from runners.engine.sample.sampling_model import SamplingModel, resolve_sampling_dtype
 from runners.engine.sample.slot_batch import SlotBatch
@@ -167,7 +168,9 @@ def packing_wanted(host: ModelHost) -> bool:
 def sampling_model(host: ModelHost, dtype: torch.dtype) -> SamplingModel | PackedModel:
     """The sampler's copy of the host's model: packed when it can be, else plain modules."""
     if packing_wanted(host):
-        return PackedModel(host, dtype)
+        return PackedModel(
+            host, dtype, routes_for(host.device, dtype, kernel=host.cpu_adapter_kernel)
+        )
     return SamplingModel(host, dtype)
 
 
@@ -279,28 +282,36 @@ class DecodeScheduler:
                     self._fail_backlog(RuntimeError("the sampler could admit no waiting request"))
                     continue
                 in_flight += joining
-                # In slot order: a batch that forms at once holds each adapter's rows together,
-                # which the CPU's products read as blocks without gathering (row_adapters.py).
-                joining.sort(key=lambda request: request.slot or 0)
-                rows = [row for request in joining for row in request.rows]
-                if rows:
-                    batch.join(rows)
-                    self.batches += 1
-                    self.sequences += len(rows)
+                self._join(batch, joining)
                 if len(batch):
                     batch.step()
-                # Answered the step their last row finished (at once for prompt logprobs only).
-                done = [r for r in in_flight if all(row.stop_reason for row in r.rows)]
-                for request in done:
-                    in_flight.remove(request)
-                    self._answer(request)
-                if done:
-                    self._empty_closed_slots()  # a closed adapter's last request may be over
+                self._answer_finished(in_flight)
             except Exception as exc:
                 for request in in_flight:
                     self._let_go(request)
                 self._fail(in_flight, exc)
                 in_flight, self._batch = [], None  # its state is unknown: build it afresh
+
+    def _join(self, batch: DecodeBatch, joining: list[SampleRequest]) -> None:
+        """The rows of the requests admitted now into `batch`, in slot order: a batch that
+        forms at once holds each adapter's rows together, which the CPU's products read as
+        blocks without gathering (row_adapters.py)."""
+        joining.sort(key=lambda request: request.slot or 0)
+        rows = [row for request in joining for row in request.rows]
+        if rows:
+            batch.join(rows)
+            self.batches += 1
+            self.sequences += len(rows)
+
+    def _answer_finished(self, in_flight: list[SampleRequest]) -> None:
+        """Answer, and take out of `in_flight`, the requests whose last row finished this step
+        (at once for prompt logprobs only)."""
+        done = [r for r in in_flight if all(row.stop_reason for row in r.rows)]
+        for request in done:
+            in_flight.remove(request)
+            self._answer(request)
+        if done:
+            self._empty_closed_slots()  # a closed adapter's last request may be over
 
     def _admit(self, batch: DecodeBatch) -> list[SampleRequest]:
         """Backlogged requests that join now (fair turns; admission.py), their adapters in

@@ -171,6 +171,18 @@ class SlotBatch:
             )
         self.prefills += 1
         lengths = torch.tensor([len(r.prompt) for r in rows], device=self._device)
+        self._set_settings(slots, rows)
+        self._pos[slots] = lengths[:, None]
+        picked = self._select(logits, slots, Passes.of(rows))
+        self._tok[slots] = picked[0].long()[:, None]
+        self._count[slots] = 1
+        for slot, row in zip(free, rows, strict=True):
+            self.rows[slot] = row
+        tokens, logprobs = picked.tolist()
+        return self._settle(free, list(rows), tokens, logprobs)
+
+    def _set_settings(self, slots: torch.Tensor, rows: list[Row]) -> None:
+        """Each joining row's sampling settings into its slot, its token count back to 0."""
         self._seed[slots] = torch.tensor([r.seed for r in rows], device=self._device)
         self._count[slots] = 0
         self._temp[slots] = torch.tensor([r.temperature for r in rows], device=self._device)
@@ -180,14 +192,6 @@ class SlotBatch:
         minimum = [r.min_tokens if r.banning else 0 for r in rows]
         self._min[slots] = torch.tensor(minimum, device=self._device)
         self._set_bans(slots, rows)
-        self._pos[slots] = lengths[:, None]
-        picked = self._select(logits, slots, Passes.of(rows))
-        self._tok[slots] = picked[0].long()[:, None]
-        self._count[slots] = 1
-        for slot, row in zip(free, rows, strict=True):
-            self.rows[slot] = row
-        tokens, logprobs = picked.tolist()
-        return self._settle(free, list(rows), tokens, logprobs)
 
     def _set_bans(self, slots: torch.Tensor, rows: list[Row]) -> None:
         lists = ban_lists(rows)

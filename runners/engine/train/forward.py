@@ -45,25 +45,9 @@ def validate_data(
     batch = DatumBatch([], [], [])
     for i, datum in enumerate(data):
         where = f"data[{i}]"
-        tokens = datum.model_input.to_ints()
-        if not tokens:
-            raise ValueError(f"{where}.model_input is empty")
-        if min(tokens) < 0 or max(tokens) >= vocab:
-            raise ValueError(f"{where}.model_input has token ids outside [0, {vocab})")
-        if max_positions is not None and len(tokens) > max_positions:
-            raise ValueError(
-                f"{where} has {len(tokens)} tokens; this model's context is {max_positions}"
-            )
+        tokens = _checked_tokens(datum, where, vocab, max_positions)
         check_input_keys(loss_fn, datum.loss_fn_inputs, where=f"{where}.loss_fn_inputs")
-        inputs: dict[str, torch.Tensor] = {}
-        for key, value in datum.loss_fn_inputs.items():
-            tensor = value.to_torch()
-            if tensor.dim() != 1 or tensor.numel() != len(tokens):
-                raise ValueError(
-                    f"{where}.loss_fn_inputs[{key!r}] has shape {tuple(tensor.shape)}; "
-                    f"expected ({len(tokens)},), one entry per model_input token"
-                )
-            inputs[key] = tensor
+        inputs = _per_token_inputs(datum, where, len(tokens))
         targets = inputs.pop("target_tokens")
         if targets.is_floating_point():
             raise ValueError(f"{where}.loss_fn_inputs['target_tokens'] must be int64")
@@ -82,6 +66,36 @@ def validate_data(
         batch.targets.append(targets.long())
         batch.inputs.append({k: v.float() for k, v in inputs.items()})
     return batch
+
+
+def _checked_tokens(
+    datum: types.Datum, where: str, vocab: int, max_positions: int | None
+) -> list[int]:
+    """The datum's token ids: not empty, in the vocabulary, within the model's context."""
+    tokens = datum.model_input.to_ints()
+    if not tokens:
+        raise ValueError(f"{where}.model_input is empty")
+    if min(tokens) < 0 or max(tokens) >= vocab:
+        raise ValueError(f"{where}.model_input has token ids outside [0, {vocab})")
+    if max_positions is not None and len(tokens) > max_positions:
+        raise ValueError(
+            f"{where} has {len(tokens)} tokens; this model's context is {max_positions}"
+        )
+    return tokens
+
+
+def _per_token_inputs(datum: types.Datum, where: str, length: int) -> dict[str, torch.Tensor]:
+    """The datum's loss inputs as tensors, each checked to hold one entry per token."""
+    inputs: dict[str, torch.Tensor] = {}
+    for key, value in datum.loss_fn_inputs.items():
+        tensor = value.to_torch()
+        if tensor.dim() != 1 or tensor.numel() != length:
+            raise ValueError(
+                f"{where}.loss_fn_inputs[{key!r}] has shape {tuple(tensor.shape)}; "
+                f"expected ({length},), one entry per model_input token"
+            )
+        inputs[key] = tensor
+    return inputs
 
 
 def microbatches(lengths: list[int], token_budget: int) -> list[list[int]]:
@@ -137,6 +151,11 @@ def autocast_dtype(device: torch.device, model: LanguageModel) -> torch.dtype | 
     return None
 
 
+def _autocast(half: torch.dtype | None) -> torch.autocast:
+    """CUDA autocast in the base's half dtype (`autocast_dtype`); None: off."""
+    return torch.autocast("cuda", dtype=half or torch.bfloat16, enabled=half is not None)
+
+
 def _adapter_inputs_kept(model: LanguageModel, autocast: bool) -> contextlib.AbstractContextManager:
     """Under autocast, peft's cast of each LoRA layer's input to the adapter's float32 is
     turned off: autocast casts it straight back to the half dtype for the matmul, so those two
@@ -174,45 +193,56 @@ def run_loss(
     logprobs: list[torch.Tensor | None] = [None] * len(lengths)
     total = torch.zeros((), device=device)
     sums: dict[str, torch.Tensor] = {}  # the loss's own metrics, summed over micro-batches
-    decoder, head = model.get_decoder(), model.get_output_embeddings()
     half = autocast_dtype(device, model)
-    autocast = half is not None
-    with _adapter_inputs_kept(model, autocast):
+    with _adapter_inputs_kept(model, half is not None):
         for group in microbatches(lengths, token_budget):
-            ids, real = right_pad([batch.tokens[i] for i in group], pad_id)
-            targets = torch.cat([batch.targets[i] for i in group]).to(device)
-            with (
-                torch.set_grad_enabled(backward),
-                torch.autocast("cuda", dtype=half or torch.bfloat16, enabled=autocast),
-            ):
-                # Right padding needs no mask: causal attention keeps pads out of real positions.
-                hidden = decoder(input_ids=ids.to(device), use_cache=False).last_hidden_state
-                # Row-major selection keeps datum order: datum group[0]'s positions, then the next.
-                token_lp = target_logprobs(hidden[real.to(device).bool()], targets, head)
-                inputs = {
-                    key: torch.cat([batch.inputs[i][key] for i in group]).to(device)
-                    for key in batch.inputs[group[0]]
-                }
-                loss = compute_loss(loss_fn, token_lp, inputs, config, [lengths[i] for i in group])
+            sizes = [lengths[i] for i in group]
+            with torch.set_grad_enabled(backward), _autocast(half):
+                token_lp, inputs = _group_logprobs(model, batch, group, pad_id, device)
+                loss = compute_loss(loss_fn, token_lp, inputs, config, sizes)
             if backward:
                 # The scale goes on the loss, before any half-precision gradient exists.
                 (loss * loss_scale if loss_scale != 1.0 else loss).backward()
             total += loss.detach()
             for key, value in loss_metrics(loss_fn, token_lp, inputs, config).items():
                 sums[key] = merged(key, sums.get(key), value)
-            for i, piece in zip(
-                group, token_lp.detach().split([lengths[i] for i in group]), strict=True
-            ):
+            for i, piece in zip(group, token_lp.detach().split(sizes), strict=True):
                 logprobs[i] = piece
-    # One transfer to the host for the whole call, then split per datum.
+    return types.ForwardBackwardOutput(
+        loss_fn_output_type="ArrayRecord",
+        loss_fn_outputs=_per_datum_logprobs(logprobs, lengths),
+        metrics={"loss:sum": float(total), **{key: float(v) for key, v in sums.items()}},
+    )
+
+
+def _group_logprobs(
+    model: LanguageModel, batch: DatumBatch, group: list[int], pad_id: int, device: torch.device
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """A micro-batch's target logprobs (datum `group[0]`'s positions, then the next datum's)
+    and its loss inputs, on `device`."""
+    ids, real = right_pad([batch.tokens[i] for i in group], pad_id)
+    targets = torch.cat([batch.targets[i] for i in group]).to(device)
+    # Right padding needs no mask: causal attention keeps pads out of real positions.
+    hidden = model.get_decoder()(input_ids=ids.to(device), use_cache=False).last_hidden_state
+    # Row-major selection keeps datum order: datum group[0]'s positions, then the next.
+    head = model.get_output_embeddings()
+    token_lp = target_logprobs(hidden[real.to(device).bool()], targets, head)
+    inputs = {
+        key: torch.cat([batch.inputs[i][key] for i in group]).to(device)
+        for key in batch.inputs[group[0]]
+    }
+    return token_lp, inputs
+
+
+def _per_datum_logprobs(
+    logprobs: list[torch.Tensor | None], lengths: list[int]
+) -> list[dict[str, types.TensorData]]:
+    """Each datum's target logprobs as a loss output: one transfer to the host for the whole
+    call, then split per datum."""
     flat = torch.cat([lp for lp in logprobs if lp is not None]).float().cpu().numpy()
     outputs: list[dict[str, types.TensorData]] = []
     offset = 0
     for n in lengths:
         outputs.append({"logprobs": types.TensorData.from_numpy(flat[offset : offset + n])})
         offset += n
-    return types.ForwardBackwardOutput(
-        loss_fn_output_type="ArrayRecord",
-        loss_fn_outputs=outputs,
-        metrics={"loss:sum": float(total), **{key: float(v) for key, v in sums.items()}},
-    )
+    return outputs

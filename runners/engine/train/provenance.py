@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from tinker import types
 
-from runners.engine.recorded_sequences import SequenceStore, UnknownSequence
+from runners.engine.recorded_sequences import RecordedSequence, SequenceStore, UnknownSequence
 from runners.engine.train.losses import RECORDED_LOGPROBS, RECORDED_MASK
 
 Span = types.PromptProvenanceSpan | types.SampledProvenanceSpan
@@ -48,6 +48,15 @@ def recorded_inputs(
         sequences,
         prompt_tokens_checked=False,
     )
+    _check_advantages(where, advantages, sampled)
+    return {
+        RECORDED_LOGPROBS: torch.from_numpy(logprobs),
+        RECORDED_MASK: torch.from_numpy(sampled.astype(np.float32)),
+    }
+
+
+def _check_advantages(where: str, advantages: torch.Tensor, sampled: np.ndarray) -> None:
+    """ValueError at the first nonzero advantage on a target that is no sampled token."""
     stray = np.flatnonzero((advantages.numpy() != 0) & ~sampled)
     if len(stray):
         i = int(stray[0])
@@ -56,10 +65,6 @@ def recorded_inputs(
             "that is no sampled token (its span names a prompt): stable_reinforce trains "
             "sampled tokens only, so give prompt positions advantage 0"
         )
-    return {
-        RECORDED_LOGPROBS: torch.from_numpy(logprobs),
-        RECORDED_MASK: torch.from_numpy(sampled.astype(np.float32)),
-    }
 
 
 def _read_spans(
@@ -83,31 +88,54 @@ def _read_spans(
     sampled = np.zeros(len(tokens), dtype=bool)
     position = 0
     for j, span in enumerate(spans):
-        try:
-            recorded = sequences.get(span.sequence_id)
-        except UnknownSequence as exc:
-            raise UnknownSequence(f"{where}[{j}]: {exc}") from None
+        label = f"{where}[{j}]"
+        recorded, actual = _recorded_run(label, span, sequences)
+        run = slice(position, position + span.length)
         is_sampled = isinstance(span, types.SampledProvenanceSpan)
-        source, part = (
-            (recorded.tokens, "sampled tokens") if is_sampled else (recorded.prompt, "prompt")
-        )
-        end = span.offset + span.length
-        if end > len(source):
-            raise ValueError(
-                f"{where}[{j}]: positions [{span.offset}, {end}) of sequence "
-                f"{span.sequence_id!r}'s {part}, which has {len(source)}"
-            )
-        claimed, actual = tokens[position : position + span.length], source[span.offset : end]
-        differ = np.flatnonzero(claimed != actual)
-        if len(differ) and (is_sampled or prompt_tokens_checked):
-            k = int(differ[0])
-            raise ValueError(
-                f"{where}[{j}]: the datum's token {int(claimed[k])} at position {position + k} "
-                f"is not what sequence {span.sequence_id!r} recorded at {part} position "
-                f"{span.offset + k} ({int(actual[k])}); a span names the tokens as sampled"
-            )
+        if is_sampled or prompt_tokens_checked:
+            _check_run(label, span, tokens[run], actual, position)
         if is_sampled:
-            logprobs[position : position + span.length] = recorded.logprobs[span.offset : end]
-            sampled[position : position + span.length] = True
+            logprobs[run] = recorded.logprobs[span.offset : span.offset + span.length]
+            sampled[run] = True
         position += span.length
     return logprobs, sampled
+
+
+def _part(span: Span) -> str:
+    """What of its sequence a span names, for messages."""
+    return "sampled tokens" if isinstance(span, types.SampledProvenanceSpan) else "prompt"
+
+
+def _recorded_run(
+    label: str, span: Span, sequences: SequenceStore
+) -> tuple[RecordedSequence, np.ndarray]:
+    """The recorded sequence `span` names and the run of its tokens (sampled or prompt) the
+    span claims; `label`: the span's place, for errors."""
+    try:
+        recorded = sequences.get(span.sequence_id)
+    except UnknownSequence as exc:
+        raise UnknownSequence(f"{label}: {exc}") from None
+    is_sampled = isinstance(span, types.SampledProvenanceSpan)
+    source = recorded.tokens if is_sampled else recorded.prompt
+    end = span.offset + span.length
+    if end > len(source):
+        raise ValueError(
+            f"{label}: positions [{span.offset}, {end}) of sequence "
+            f"{span.sequence_id!r}'s {_part(span)}, which has {len(source)}"
+        )
+    return recorded, source[span.offset : end]
+
+
+def _check_run(
+    label: str, span: Span, claimed: np.ndarray, actual: np.ndarray, position: int
+) -> None:
+    """ValueError at the first of the datum's tokens (`claimed`, from `position`) that is not
+    the recorded one (`actual`)."""
+    differ = np.flatnonzero(claimed != actual)
+    if len(differ):
+        k = int(differ[0])
+        raise ValueError(
+            f"{label}: the datum's token {int(claimed[k])} at position {position + k} "
+            f"is not what sequence {span.sequence_id!r} recorded at {_part(span)} position "
+            f"{span.offset + k} ({int(actual[k])}); a span names the tokens as sampled"
+        )

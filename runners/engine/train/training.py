@@ -43,6 +43,26 @@ LOSS_SCALE_KEY = "loss_scale"
 NewSampler = Callable[[ModelHost, AdapterWeights | None, bool, str], "LocalSamplingClient"]
 
 
+def _optimizer(host: ModelHost) -> torch.optim.AdamW:
+    """A training client's optimizer. The hyperparameters are set from AdamParams on every
+    step; these are placeholders. Its parameters are the host's, shared with other clients: it
+    only steps while this client's tensors are in them (ModelHost.training), so its state is
+    this client's."""
+    return torch.optim.AdamW(
+        list(host.params.values()), lr=1e-4, betas=(0.9, 0.95), eps=1e-12, weight_decay=0.0
+    )
+
+
+def _weights_from_gradients(
+    batch: DatumBatch, value: torch.Tensor, logprobs: list[torch.Tensor]
+) -> None:
+    """Each datum's cross_entropy weights set so that its backward pass carries a custom loss
+    `value` of `logprobs`: cross_entropy's loss is -sum(w * logprob), so w = -d(loss)/d(logprob)."""
+    grads = torch.autograd.grad(value, logprobs, allow_unused=True)
+    for inputs, grad, lp in zip(batch.inputs, grads, logprobs, strict=True):
+        inputs["weights"] = -(grad if grad is not None else torch.zeros_like(lp))
+
+
 class LocalTrainingClient:
     """A LoRA adapter being trained on one base model (tinker's TrainingClient surface)."""
 
@@ -78,12 +98,7 @@ class LocalTrainingClient:
         self.steps = 0
         self.forward_backward_calls = 0
         self._vocab = int(host.model.get_output_embeddings().weight.shape[0])
-        # The hyperparameters are set from AdamParams on every step; these are placeholders.
-        # Its parameters are the host's, shared with other clients: it only steps while this
-        # client's tensors are in them (ModelHost.training), so its state is this client's.
-        self._optimizer = torch.optim.AdamW(
-            list(host.params.values()), lr=1e-4, betas=(0.9, 0.95), eps=1e-12, weight_decay=0.0
-        )
+        self._optimizer = _optimizer(host)
         # A float16 base scales its loss (None elsewhere: nothing changes for bf16 or float32).
         self._loss_scale = loss_scale_for(host)
         self._worker = TurnWorker(host.lock)
@@ -319,10 +334,7 @@ class LocalTrainingClient:
             ]
             value, metrics = loss(logprobs)
             if backward:
-                grads = torch.autograd.grad(value, logprobs, allow_unused=True)
-                for inputs, grad, lp in zip(batch.inputs, grads, logprobs, strict=True):
-                    # cross_entropy's loss is -sum(w * logprob): w = -d(loss)/d(logprob).
-                    inputs["weights"] = -(grad if grad is not None else torch.zeros_like(lp))
+                _weights_from_gradients(batch, value, logprobs)
                 run_loss(
                     model,
                     batch,
