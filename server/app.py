@@ -7,8 +7,8 @@ transformers, tinker, wandb) is imported here or by anything this imports at sta
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
 
 from fastapi import Depends, FastAPI, Request
@@ -17,6 +17,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
+from sqlalchemy.engine import Engine
 from sqlalchemy.exc import OperationalError
 from starlette.exceptions import HTTPException
 from starlette.routing import Route
@@ -84,33 +85,22 @@ ERROR_CODES = ("400", "401", "403", "404", "409", "410", "413", "415", "422", "4
 
 
 def build_services(settings: Settings) -> Services:
-    settings.var_dir.mkdir(parents=True, exist_ok=True)
-    settings.runs_dir.mkdir(parents=True, exist_ok=True)
-    engine = make_engine(settings.db_url, settings.db_busy_timeout_s)
-    upgrade_schema(engine)
-    catalog = Catalog(
-        settings.environment_dirs,
-        PROJECT_ROOT,
-        Inspectors(settings),
-        dependencies=DependencyInstaller.from_settings(settings),
-    )
+    engine = _open_database(settings)
+    catalog = _catalog(settings)
     models = ModelCheck.from_settings(settings)
     configs = ConfigService(engine, catalog, models)
     metrics = MetricsService(engine, WandbReader.from_settings(settings))
     hosts = EngineHosts(settings)
     supervisor = Supervisor(settings, engine, EngineRoom(settings).wait_reason)
-    runs_service = RunService(
-        settings, engine, configs, metrics, supervisor.launchers, supervisor.wake
-    )
+    runs = RunService(settings, engine, configs, metrics, supervisor.launchers, supervisor.wake)
     worker = InferenceWorker(settings, hosts)
-    inference = InferenceService(settings, engine, configs, runs_service, worker, models)
-    streams = StreamSlots(settings.max_streams_per_client)
-    sweeps = SweepService(runs_service, configs, metrics)
+    inference = InferenceService(settings, engine, configs, runs, worker, models)
+    sweeps = SweepService(runs, configs, metrics)
     hooks = WebhookService(settings, engine, signing_key(settings))
     fanout = FanOut(engine, RunViews(settings, metrics), utcnow, sweep_view=sweeps.get)
     dispatch = WebhookDispatcher(settings, engine, supervisor.leadership, fanout, hooks.secret)
     tinker = TinkerService(settings, engine, hosts)
-    rollouts = RolloutService(engine, runs_service)
+    rollouts = RolloutService(engine, runs)
     supervisor.launchers.register(TinkerLauncher(engine, tinker))
     return Services(
         settings=settings,
@@ -118,25 +108,15 @@ def build_services(settings: Settings) -> Services:
         catalog=catalog,
         configs=configs,
         metrics=metrics,
-        runs=runs_service,
+        runs=runs,
         supervisor=supervisor,
         inference=inference,
-        streams=streams,
+        streams=StreamSlots(settings.max_streams_per_client),
         sweeps=sweeps,
-        forks=ForkService(runs_service, configs),
-        export=ExportService(settings, runs_service, metrics, rollouts),
+        forks=ForkService(runs, configs),
+        export=ExportService(settings, runs, metrics, rollouts),
         rollouts=rollouts,
-        chat=ChatService(
-            settings,
-            ChatModels(
-                engine,
-                configs,
-                inference,
-                models,
-                context=lambda name: context_length(name, settings.models_dir),
-            ),
-            worker,
-        ),
+        chat=_chat(settings, engine, configs, inference, models, worker),
         webhooks=hooks,
         webhook_dispatch=dispatch,
         tinker=tinker,
@@ -146,8 +126,63 @@ def build_services(settings: Settings) -> Services:
     )
 
 
+def _open_database(settings: Settings) -> Engine:
+    """The server's folders and database, its schema brought up to date."""
+    settings.var_dir.mkdir(parents=True, exist_ok=True)
+    settings.runs_dir.mkdir(parents=True, exist_ok=True)
+    engine = make_engine(settings.db_url, settings.db_busy_timeout_s)
+    upgrade_schema(engine)
+    return engine
+
+
+def _chat(
+    settings: Settings,
+    engine: Engine,
+    configs: ConfigService,
+    inference: InferenceService,
+    models: ModelCheck,
+    worker: InferenceWorker,
+) -> ChatService:
+    """The OpenAI-compatible chat: its model listing and the worker that decodes."""
+    listing = ChatModels(
+        engine,
+        configs,
+        inference,
+        models,
+        context=lambda name: context_length(name, settings.models_dir),
+    )
+    return ChatService(settings, listing, worker)
+
+
+def _catalog(settings: Settings) -> Catalog:
+    return Catalog(
+        settings.environment_dirs,
+        PROJECT_ROOT,
+        Inspectors(settings),
+        dependencies=DependencyInstaller.from_settings(settings),
+    )
+
+
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or Settings()
+    app = FastAPI(
+        title="RL control server",
+        version=__version__,
+        description="Discover RL environments, edit their config, run and watch LoRA training.",
+        lifespan=_lifespan(settings),
+    )
+    app.state.settings = settings
+    _add_guards(app, settings)
+    _add_error_handlers(app)
+    _add_routes(app, settings)
+    _document_errors(app)
+    openai_errors.install(app)  # errors on /v1 in OpenAI's shape
+    return app
+
+
+def _lifespan(settings: Settings) -> Callable[[FastAPI], AbstractAsyncContextManager[None]]:
+    """Build the services at start-up and start their background work; stop and close it all
+    at shutdown."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -174,13 +209,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             svc.metrics.close()
             svc.engine.dispose()
 
-    app = FastAPI(
-        title="RL control server",
-        version=__version__,
-        description="Discover RL environments, edit their config, run and watch LoRA training.",
-        lifespan=lifespan,
-    )
-    app.state.settings = settings
+    return lifespan
+
+
+def _add_guards(app: FastAPI, settings: Settings) -> None:
     # The last added runs first: peer check, then Host/Origin/JSON checks, then the body cap.
     if settings.cors_origins:
         app.add_middleware(
@@ -192,12 +224,20 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(BodyLimit, settings=settings)
     app.add_middleware(WebGuard, settings=settings)
     app.add_middleware(LoopbackUnlessToken, settings=settings)
+
+
+def _add_error_handlers(app: FastAPI) -> None:
     # Starlette types a handler as taking any Exception; each of ours takes the class it is
     # registered for, which is all it is ever given (hence the ignores).
     app.add_exception_handler(DomainError, _domain_error)  # type: ignore[arg-type]
     app.add_exception_handler(RequestValidationError, _validation_error)  # type: ignore[arg-type]
     app.add_exception_handler(OperationalError, _database_busy)  # type: ignore[arg-type]
     app.add_exception_handler(HTTPException, _http_error)  # type: ignore[arg-type]
+
+
+def _add_routes(app: FastAPI, settings: Settings) -> None:
+    """Every domain's routes: behind the bearer token but for health, the dashboard's files,
+    the Tinker SDK's API and MCP, which check their own way (or need none)."""
     app.include_router(health_routes.router)
     # The dashboard's scripts, styles and vendored chart library: no data in them, no token.
     app.mount("/static", StaticFiles(directory=health_routes.STATIC), name="static")
@@ -220,9 +260,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     # MCP (streamable HTTP); the endpoint checks the token itself, before any MCP handling.
     # A Route, not app.add_route: that one is typed for request handlers, and this is an ASGI app.
     app.router.routes.append(Route("/mcp", McpEndpoint(), include_in_schema=False))
-    _document_errors(app)
-    openai_errors.install(app)  # errors on /v1 in OpenAI's shape
-    return app
 
 
 async def _domain_error(_request: Request, exc: DomainError) -> JSONResponse:

@@ -12,6 +12,7 @@ import logging
 import threading
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy.engine import Engine
@@ -21,7 +22,8 @@ from core.model_names import LOCAL_DEFAULT_MODEL
 from core.models import TINKER_API
 from core.settings import Settings
 from core.spec import InferenceJob, WarmJob
-from server.environments.configs import ConfigService
+from server.environments.catalog import EnvEntry
+from server.environments.configs import ConfigService, Resolved
 from server.environments.model_check import ModelCheck
 from server.errors import DomainError, NotFound, Unavailable
 from server.inference.schemas import (
@@ -36,6 +38,17 @@ from server.runs.service import RunService
 log = logging.getLogger(__name__)
 WARMUP_TIMEOUT_S = 900.0  # a first start converts SmolLM2 from its GGUF (tens of seconds)
 CLIENT_POLL_S = 0.25  # how often a request in flight checks that its client is still there
+
+
+@dataclass(frozen=True)
+class Target:
+    """What a request samples: the environment (entry, resolved config), the model, and the
+    trained adapter when it names a run."""
+
+    entry: EnvEntry
+    config: Resolved
+    model: str
+    adapter: str | None
 
 
 class InferenceService:
@@ -71,34 +84,13 @@ class InferenceService:
     def infer(self, body: InferenceIn, abandoned: threading.Event | None = None) -> InferenceOut:
         arrived = time.time()
         budget = min(self._settings.inference_budget_s, self._settings.inference_timeout_s)
-        adapter = None
-        if body.run_id is not None:
-            run = self._runs.row(body.run_id)
-            if run.source == TINKER_API:
-                # A Tinker session trained no environment: score with the one asked for (or
-                # the selected one), sampling the session's model.
-                trained = json.loads(run.config_json).get("model_name")
-                name = body.environment or self._configs.selected()
-                entry, config = self._configs.resolve(name, {"model_name": trained})
-            else:
-                spec = self._runs.spec(run)
-                name = body.environment or run.environment
-                base = spec.config if name == run.environment else {}
-                entry, config = self._configs.revalidate(name, base, {})
-            adapter = self.adapter(body.run_id, body.checkpoint_step)
-            model = config.model_name
-        else:
-            name = body.environment or self._configs.selected()
-            entry, config = self._configs.resolve(name)
-            model = body.model or config.model_name
-            field = "model" if body.model is not None else "model_name (from the config)"
-            self._models.check(model, config.backend, field, "sample", error=NotFound)
+        target = self._target(body)
         if body.num_items:  # it plays its own items: it must load (verifiers: tried first)
-            self._configs.check_starts(entry.name, config)
+            self._configs.check_starts(target.entry.name, target.config)
         job = InferenceJob(
-            source=entry.source(config.model_dump(mode="json")),
-            model=model,
-            adapter=adapter,
+            source=target.entry.source(target.config.model_dump(mode="json")),
+            model=target.model,
+            adapter=target.adapter,
             prompts=body.prompts,
             num_items=body.num_items,
             max_tokens=body.max_tokens,
@@ -114,16 +106,41 @@ class InferenceService:
             abandoned=abandoned,
         )
         if not answer.get("ok"):
-            raise _error_for(answer, model)
+            raise _error_for(answer, target.model)
         results = [InferenceResult.model_validate(result) for result in answer["results"]]
         return InferenceOut(
-            environment=entry.name,
-            model=model,
-            adapter=adapter,
+            environment=target.entry.name,
+            model=target.model,
+            adapter=target.adapter,
             backend=answer["backend"],
             results=results,
             summary=summarize(results, answer["latency_s"]),
         )
+
+    def _target(self, body: InferenceIn) -> Target:
+        """The environment, model and adapter a request samples: a run's (its trained adapter)
+        or, without a run, the environment's model or the one asked for, checked."""
+        if body.run_id is None:
+            name = body.environment or self._configs.selected()
+            entry, config = self._configs.resolve(name)
+            model = body.model or config.model_name
+            field = "model" if body.model is not None else "model_name (from the config)"
+            self._models.check(model, config.backend, field, "sample", error=NotFound)
+            return Target(entry, config, model, adapter=None)
+        run = self._runs.row(body.run_id)
+        if run.source == TINKER_API:
+            # A Tinker session trained no environment: score with the one asked for (or
+            # the selected one), sampling the session's model.
+            trained = json.loads(run.config_json).get("model_name")
+            name = body.environment or self._configs.selected()
+            entry, config = self._configs.resolve(name, {"model_name": trained})
+        else:
+            spec = self._runs.spec(run)
+            name = body.environment or run.environment
+            base = spec.config if name == run.environment else {}
+            entry, config = self._configs.revalidate(name, base, {})
+        adapter = self.adapter(body.run_id, body.checkpoint_step)
+        return Target(entry, config, config.model_name, adapter)
 
     def warm_up(self) -> None:
         """Load the model a first request would use, and start the inference client, in the

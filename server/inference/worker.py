@@ -110,31 +110,7 @@ class InferenceWorker:
         try:
             if not carrier.send_infer(Job(id=job_id, job=job)):
                 raise Unavailable(carrier.why_gone())
-            deadline = time.monotonic() + timeout_s
-            cancelled = False
-            while True:
-                if abandoned is not None and abandoned.is_set() and not cancelled:
-                    cancelled = carrier.send_infer(Cancel(id=job_id))
-                    log.info("inference request %s cancelled: its client went away", job_id)
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    carrier.send_infer(Cancel(id=job_id))
-                    raise Unavailable(
-                        f"inference did not finish within {timeout_s:.0f} s (it was cancelled); "
-                        "send fewer prompts or a smaller max_tokens, or raise "
-                        "RLCS_INFERENCE_TIMEOUT_S."
-                    )
-                try:
-                    message = waiting.lines.get(timeout=min(remaining, POLL_S))
-                except queue.Empty:
-                    continue
-                match message:
-                    case None:
-                        raise Unavailable(carrier.why_gone())
-                    case Done(body=body):
-                        return body
-                    case Partial() if on_partial is not None:
-                        on_partial(message)
+            return _answer(carrier, job_id, waiting, timeout_s, abandoned, on_partial)
         finally:
             self._waiting.pop(job_id)
 
@@ -160,3 +136,40 @@ class InferenceWorker:
         for entry in self._waiting.waiting():
             entry.lines.put(None)
         self.client.stop()
+
+
+def _answer(
+    carrier: Carrier,
+    job_id: int,
+    waiting: _Waiting,
+    timeout_s: float,
+    abandoned: threading.Event | None,
+    on_partial: Callable[[Partial], None] | None,
+) -> dict[str, Any]:
+    """The answer to a sent job, its partial lines passed on meanwhile; the job is cancelled
+    when its client goes away (it still answers) or its time is up (503)."""
+    deadline = time.monotonic() + timeout_s
+    cancelled = False
+    while True:
+        if abandoned is not None and abandoned.is_set() and not cancelled:
+            cancelled = carrier.send_infer(Cancel(id=job_id))
+            log.info("inference request %s cancelled: its client went away", job_id)
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            carrier.send_infer(Cancel(id=job_id))
+            raise Unavailable(
+                f"inference did not finish within {timeout_s:.0f} s (it was cancelled); "
+                "send fewer prompts or a smaller max_tokens, or raise "
+                "RLCS_INFERENCE_TIMEOUT_S."
+            )
+        try:
+            message = waiting.lines.get(timeout=min(remaining, POLL_S))
+        except queue.Empty:
+            continue
+        match message:
+            case None:
+                raise Unavailable(carrier.why_gone())
+            case Done(body=body):
+                return body
+            case Partial() if on_partial is not None:
+                on_partial(message)

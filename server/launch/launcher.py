@@ -4,11 +4,13 @@ started its current attempt (`Run.launcher`), whatever the configured launcher i
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Protocol
 
 from pydantic import BaseModel, Field
 
 from core.models import Run
+from core.settings import Settings
 
 LOCAL_LAUNCHER = "local"
 
@@ -60,3 +62,8 @@ class Launcher(Protocol):
 def launcher_of(run: Run) -> str:
     """The launcher that started the run's current attempt (older rows say nothing: local)."""
     return run.launcher or LOCAL_LAUNCHER
+
+
+def runner_argv(settings: Settings, run_dir: str | Path) -> list[str]:
+    """The command of one attempt of a run, whichever launcher starts it."""
+    return [settings.python_executable, "-m", settings.runner_module, "--run-dir", str(run_dir)]

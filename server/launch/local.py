@@ -24,7 +24,7 @@ from core.models import FINISHED, Run, RunStatus, utcnow
 from core.run_folder import RunFolder
 from core.settings import PROJECT_ROOT, Settings
 from server.launch import exit_cause
-from server.launch.launcher import LOCAL_LAUNCHER, LauncherHealth
+from server.launch.launcher import LOCAL_LAUNCHER, LauncherHealth, runner_argv
 from server.launch.settle import Ending, settle
 
 log = logging.getLogger(__name__)
@@ -58,18 +58,10 @@ class LocalLauncher:
     # Starting ------------------------------------------------------------------------------
 
     def start(self, run: Run) -> bool:
-        with write_session(self._engine) as session:
-            row = session.get(Run, run.id)
-            if row is None or not lifecycle.transition(session, row, RunStatus.starting):
-                return True  # stopped meanwhile: nothing to start, the queue goes on
-            run_dir = Path(row.run_dir)
-        argv = [
-            self._settings.python_executable,
-            "-m",
-            self._settings.runner_module,
-            "--run-dir",
-            str(run_dir),
-        ]
+        run_dir = self._claim(run.id)
+        if run_dir is None:
+            return True  # stopped meanwhile: nothing to start, the queue goes on
+        argv = runner_argv(self._settings, run_dir)
         oom_before = exit_cause.read_counters()
         try:
             with RunFolder(run_dir).log.open("ab") as logfile:
@@ -92,14 +84,30 @@ class LocalLauncher:
                 details=f"could not start the runner ({' '.join(argv[:3])}): {exc}",
             )
             return True
+        self._record_started(run.id, proc, oom_before)
+        log.info("started run %s (pid %s)", run.id, proc.pid)
+        return True
+
+    def _claim(self, run_id: str) -> Path | None:
+        """Mark the queued run starting; its folder, or None when it was stopped meanwhile."""
+        with write_session(self._engine) as session:
+            row = session.get(Run, run_id)
+            if row is None or not lifecycle.transition(session, row, RunStatus.starting):
+                return None
+            return Path(row.run_dir)
+
+    def _record_started(
+        self, run_id: str, proc: subprocess.Popen[bytes], oom_before: exit_cause.OomCounters
+    ) -> None:
+        """Watch the new process, and record it (pid, start time) on the run."""
         start = procs.process_start_time(proc.pid)
-        earlier = self._watched.get(run.id)
+        earlier = self._watched.get(run_id)
         if earlier is not None and earlier.proc is not None:
             # The last attempt recorded its end and is still exiting: reap it when it does.
             _reap_in_background(earlier.proc)
-        self._watched[run.id] = _Watched(proc.pid, start, proc, oom_before=oom_before)
+        self._watched[run_id] = _Watched(proc.pid, start, proc, oom_before=oom_before)
         with write_session(self._engine) as session:
-            row = session.get(Run, run.id)
+            row = session.get(Run, run_id)
             if row is not None:
                 # Same status, new facts; the runner records `running` itself once it is up.
                 lifecycle.transition(
@@ -110,8 +118,6 @@ class LocalLauncher:
                     pid=proc.pid,
                     process_start=start,
                 )
-        log.info("started run %s (pid %s)", run.id, proc.pid)
-        return True
 
     # Watching ------------------------------------------------------------------------------
 

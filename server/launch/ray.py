@@ -19,7 +19,7 @@ from core.models import RAY_LAUNCHER, Run, RunStatus, utcnow
 from core.run_folder import RunFolder
 from core.settings import Settings
 from server.launch import exit_cause
-from server.launch.launcher import LauncherHealth
+from server.launch.launcher import LauncherHealth, runner_argv
 from server.launch.ray_jobs import FINAL_STATES, JobState, RayJobs, RayUnreachable, Resources
 from server.launch.settle import Ending, settle
 
@@ -82,15 +82,7 @@ class RayLauncher:
             run_spec=spec.model_dump_json(exclude_none=True),
             resume_point=resume.model_dump_json() if resume is not None else None,
         )
-        entrypoint = shlex.join(
-            [
-                self._settings.python_executable,
-                "-m",
-                self._settings.runner_module,
-                "--run-dir",
-                run.run_dir,
-            ]
-        )
+        entrypoint = shlex.join(runner_argv(self._settings, run.run_dir))
         # The job's stored metadata names the run, never a key: keys travel in env_vars only.
         metadata = {"rlcs_run_id": run.id, "environment": run.environment}
         try:
@@ -109,8 +101,15 @@ class RayLauncher:
                 details=f"Ray refused the job: {exc}"[:4000],
             )
             return True
+        self._record_submitted(run.id, job_id)
+        log.info("submitted run %s as Ray job %s", run.id, job_id)
+        return True
+
+    def _record_submitted(self, run_id: str, job_id: str) -> None:
+        """Name the job on the queued run; a run cancelled while it was submitted has its job
+        stopped instead."""
         with write_session(self._engine) as session:
-            row = session.get(Run, run.id)
+            row = session.get(Run, run_id)
             submitted = row is not None and row.status == RunStatus.queued
             if submitted:
                 assert row is not None
@@ -124,8 +123,6 @@ class RayLauncher:
                 )
         if not submitted:  # cancelled while being submitted
             self.jobs.stop(job_id)
-        log.info("submitted run %s as Ray job %s", run.id, job_id)
-        return True
 
     def _note_waiting(self, run_id: str, why: str) -> None:
         with write_session(self._engine) as session:

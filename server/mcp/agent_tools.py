@@ -108,20 +108,30 @@ def _sweep_text(data: dict[str, Any]) -> str:
 
 
 def agent_tools() -> list[ToolSpec]:
+    """The tools beyond the reference client's, listed after them."""
+    return [_wait_for_run_tool(), *_sweep_tools(), _fork_run_tool()]
+
+
+def _wait_for_run_tool() -> ToolSpec:
+    """Wait on a run, with progress notifications."""
+    return ToolSpec(
+        name="rl_wait_for_run",
+        description="Wait until a run has finished (until='terminal') or recorded step N "
+        "(until='step:N'), or timeout_s passes (default 300, max 600), then answer with "
+        "the run as rl_check_status does plus condition_met. Sends progress notifications "
+        "(step/total_steps, latest reward/mean) while it waits. This costs nothing on the "
+        "server; call it again after a timeout. Cancelling the call stops the waiting, "
+        "never the run.",
+        args=WaitRunIn,
+        run=_wait_run,
+        out=RunWaitOut,
+        text=_waited_text,
+    )
+
+
+def _sweep_tools() -> list[ToolSpec]:
+    """Start a sweep, read it, wait on it."""
     return [
-        ToolSpec(
-            name="rl_wait_for_run",
-            description="Wait until a run has finished (until='terminal') or recorded step N "
-            "(until='step:N'), or timeout_s passes (default 300, max 600), then answer with "
-            "the run as rl_check_status does plus condition_met. Sends progress notifications "
-            "(step/total_steps, latest reward/mean) while it waits. This costs nothing on the "
-            "server; call it again after a timeout. Cancelling the call stops the waiting, "
-            "never the run.",
-            args=WaitRunIn,
-            run=_wait_run,
-            out=RunWaitOut,
-            text=_waited_text,
-        ),
         ToolSpec(
             name="rl_start_sweep",
             description="Queue a grid (every combination of `grid`) or a list (`runs`) of runs "
@@ -157,19 +167,23 @@ def agent_tools() -> list[ToolSpec]:
             out=SweepWaitOut,
             text=_sweep_text,
         ),
-        ToolSpec(
-            name="rl_fork_run",
-            description="Queue a new run from a run's state checkpoint (weights and optimizer "
-            "state; checkpoint_step, default the newest) with the parent's config plus the "
-            "overrides given (e.g. learning_rate, a larger total_steps); its steps continue "
-            "from the checkpoint's step. " + "Then rl_wait_for_run(run_id) on the new run.",
-            args=ForkRunIn,
-            run=_fork,
-            out=RunForkedOut,
-            text=lambda d: (
-                f"Run {d['run_id']} ({d['status']}) forked from "
-                f"{d['parent_run_id']} at step {d['parent_step']}. Next: rl_wait_for_run."
-            ),
-            read_only=False,
-        ),
     ]
+
+
+def _fork_run_tool() -> ToolSpec:
+    """Continue a run's checkpoint as a new run."""
+    return ToolSpec(
+        name="rl_fork_run",
+        description="Queue a new run from a run's state checkpoint (weights and optimizer "
+        "state; checkpoint_step, default the newest) with the parent's config plus the "
+        "overrides given (e.g. learning_rate, a larger total_steps); its steps continue "
+        "from the checkpoint's step. " + "Then rl_wait_for_run(run_id) on the new run.",
+        args=ForkRunIn,
+        run=_fork,
+        out=RunForkedOut,
+        text=lambda d: (
+            f"Run {d['run_id']} ({d['status']}) forked from "
+            f"{d['parent_run_id']} at step {d['parent_step']}. Next: rl_wait_for_run."
+        ),
+        read_only=False,
+    )

@@ -112,6 +112,18 @@ def _infer_text(data: dict[str, Any]) -> str:
 
 
 def reference_tools(settings: Settings) -> list[ToolSpec]:
+    """The eleven tools, in the order the reference client lists them."""
+    return [
+        *_environment_tools(),
+        *_config_tools(),
+        *_training_tools(),
+        *_result_tools(),
+        *_probe_tools(settings),
+    ]
+
+
+def _environment_tools() -> list[ToolSpec]:
+    """Find the environments and pick the one the other tools use."""
     return [
         ToolSpec(
             name="rl_list_environments",
@@ -137,6 +149,12 @@ def reference_tools(settings: Settings) -> list[ToolSpec]:
             ),
             read_only=False,
         ),
+    ]
+
+
+def _config_tools() -> list[ToolSpec]:
+    """Read and edit the selected environment's config."""
+    return [
         ToolSpec(
             name="rl_get_current_config",
             description="The selected environment's config: the fields you may change "
@@ -158,6 +176,12 @@ def reference_tools(settings: Settings) -> list[ToolSpec]:
             text=_config_text,
             read_only=False,
         ),
+    ]
+
+
+def _training_tools() -> list[ToolSpec]:
+    """Start a run, look at it, stop it."""
+    return [
         ToolSpec(
             name="rl_start_training",
             description="Queue a LoRA training run of the selected (or given) environment "
@@ -192,6 +216,12 @@ def reference_tools(settings: Settings) -> list[ToolSpec]:
             read_only=False,
             destructive=True,
         ),
+    ]
+
+
+def _result_tools() -> list[ToolSpec]:
+    """A run's results, and the list of runs."""
+    return [
         ToolSpec(
             name="rl_get_results",
             description="A run's final (or, while it runs, latest) metrics, the last rows of "
@@ -214,6 +244,12 @@ def reference_tools(settings: Settings) -> list[ToolSpec]:
                 + ", ".join(f"{r['run_id']} {r['status']}" for r in d["runs"][:20])
             ),
         ),
+    ]
+
+
+def _probe_tools(settings: Settings) -> list[ToolSpec]:
+    """Sample a model without training; is the server up."""
+    return [
         ToolSpec(
             name="rl_test_inference",
             description="Sample the selected environment's model (or a run's trained adapter "

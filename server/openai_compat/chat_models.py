@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC
 
@@ -110,6 +110,24 @@ class ChatModels:
             )
 
         data = [model(name, self._started, name, None) for name in self.base_models()]
+        runs, rows = self._sampled_runs()
+        for run in runs:
+            base = base_model_of(run)
+            steps: dict[int, Checkpoint] = {}
+            for row in rows:
+                if row.run_id == run.id and row.step not in steps:
+                    steps[row.step] = row
+            if not steps:
+                continue
+            latest = next(iter(steps.values()))
+            data.append(model(run.id, _epoch(latest), base, None))
+            for step, row in list(steps.items())[:MAX_STEPS_PER_RUN]:
+                data.append(model(f"{run.id}@step-{step}", _epoch(row), base, run.id))
+        return data
+
+    def _sampled_runs(self) -> tuple[Sequence[Run], Sequence[Checkpoint]]:
+        """The newest runs (MAX_RUNS) that saved a sampler checkpoint, and their sampler
+        checkpoints, newest first."""
         with read_session(self._engine) as session:
             with_samplers = select(Checkpoint.run_id).where(Checkpoint.kind == "sampler")
             runs = session.exec(
@@ -126,19 +144,7 @@ class ChatModels:
                 )
                 .order_by(col(Checkpoint.step).desc(), col(Checkpoint.id).desc())
             ).all()
-        for run in runs:
-            base = base_model_of(run)
-            steps: dict[int, Checkpoint] = {}
-            for row in rows:
-                if row.run_id == run.id and row.step not in steps:
-                    steps[row.step] = row
-            if not steps:
-                continue
-            latest = next(iter(steps.values()))
-            data.append(model(run.id, _epoch(latest), base, None))
-            for step, row in list(steps.items())[:MAX_STEPS_PER_RUN]:
-                data.append(model(f"{run.id}@step-{step}", _epoch(row), base, run.id))
-        return data
+        return runs, rows
 
 
 def base_model_of(run: Run) -> str:

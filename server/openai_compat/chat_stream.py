@@ -8,7 +8,7 @@ import asyncio
 import json
 import logging
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 from core.infer_wire import Partial
@@ -75,12 +75,7 @@ async def stream(service: ChatService, prepared: Prepared) -> AsyncIterator[str]
         while True:
             getter = asyncio.ensure_future(partials.get())
             await asyncio.wait({task, getter}, return_when=asyncio.FIRST_COMPLETED)
-            lines = [getter.result()] if getter.done() else []
-            if not getter.done():
-                getter.cancel()
-            while not partials.empty():
-                lines.append(partials.get_nowait())
-            for line in lines:
+            for line in _arrived(getter, partials):
                 sent[line.index] += line.delta
                 yield writer.choice(line.index, {"content": line.delta})
             if task.done():
@@ -91,18 +86,36 @@ async def stream(service: ChatService, prepared: Prepared) -> AsyncIterator[str]
             # Mid-stream, an error is an event the client raises (the status is sent).
             yield event(error_body(exc.detail, status_for(exc), None, None).model_dump(mode="json"))
             return
-        for choice in answer["choices"]:
-            index, text = choice["index"], choice["text"]
-            if text.startswith(sent[index]):
-                rest = text[len(sent[index]) :]
-                if rest:
-                    yield writer.choice(index, {"content": rest})
-            else:  # a decoder that rewrote earlier text: what was sent stands
-                log.warning("streamed text of choice %s diverged from the final text", index)
-            yield writer.choice(index, {}, choice["finish_reason"], choice["logprobs"])
+        for chunk in _closing_chunks(writer, answer, sent):
+            yield chunk
         if prepared.include_usage:
             yield writer.usage(answer)
         yield "data: [DONE]\n\n"
     finally:
         if not task.done():
             abandoned.set()  # the client went away: the worker stops at its next step
+
+
+def _arrived(getter: asyncio.Future[Partial], partials: asyncio.Queue[Partial]) -> list[Partial]:
+    """The lines the worker has sent since the last look: the awaited one if it came (else
+    the wait is cancelled), then any queued behind it."""
+    lines = [getter.result()] if getter.done() else []
+    if not getter.done():
+        getter.cancel()
+    while not partials.empty():
+        lines.append(partials.get_nowait())
+    return lines
+
+
+def _closing_chunks(writer: ChunkWriter, answer: dict[str, Any], sent: list[str]) -> Iterator[str]:
+    """Per choice, the final text not streamed yet, then the chunk with its finish_reason
+    (and logprobs)."""
+    for choice in answer["choices"]:
+        index, text = choice["index"], choice["text"]
+        if text.startswith(sent[index]):
+            rest = text[len(sent[index]) :]
+            if rest:
+                yield writer.choice(index, {"content": rest})
+        else:  # a decoder that rewrote earlier text: what was sent stands
+            log.warning("streamed text of choice %s diverged from the final text", index)
+        yield writer.choice(index, {}, choice["finish_reason"], choice["logprobs"])

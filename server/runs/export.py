@@ -20,7 +20,7 @@ from typing import Any
 from core.checkpoint_check import SAMPLER_KIND, is_remote
 from core.models import Run
 from core.settings import PROJECT_ROOT, Settings
-from server.errors import Conflict, InvalidValue, Unavailable
+from server.errors import Conflict, DomainError, InvalidValue, Unavailable
 from server.runs.metrics import MetricsService
 from server.runs.rollouts import RolloutService
 from server.runs.schemas import CheckpointOut, ExportOut
@@ -192,21 +192,7 @@ class ExportService:
             path.unlink(missing_ok=True)
 
     def _run_exporter(self, job: ExportJob, rollouts: Path | None) -> dict[str, Any]:
-        argv = [
-            self._settings.python_executable,
-            "-m",
-            "runners.export",
-            "--tinker-state" if job.tinker else "--sampler",
-            job.source,
-            "--out",
-            str(job.destination),
-            "--name",
-            f"{job.run_id}-step-{job.step}",
-            "--card",
-            json.dumps(job.card),
-        ]
-        argv += ["--merged"] * job.merged + ["--overwrite"] * job.overwrite
-        argv += ["--rollouts", str(rollouts)] if rollouts is not None else []
+        argv = _exporter_argv(self._settings.python_executable, job, rollouts)
         timeout = self._settings.export_timeout_s
         proc = subprocess.Popen(
             argv,
@@ -233,19 +219,7 @@ class ExportService:
             return answer
         why = answer.get("error") or f"the exporter exited with code {proc.returncode}"
         log.warning("export of %s step %s failed: %s\n%s", job.run_id, job.step, why, err[-4000:])
-        if proc.returncode == _EXIT_UNUSABLE:
-            raise Conflict(
-                f"checkpoint_step: the checkpoint at step {job.step} of run {job.run_id} cannot "
-                f"be exported ({why}); choose another step."
-            )
-        if proc.returncode == _EXIT_EXISTS:
-            raise Conflict(
-                f"path: {why}; pass overwrite: true to replace it, or choose another path."
-            )
-        raise Unavailable(
-            f"The export of run {job.run_id} step {job.step} failed: {why}. Nothing was written "
-            f"to {job.destination}; the server log has the details."
-        )
+        raise _failure(job, proc.returncode, why)
 
 
 def _last_json(text: str) -> dict[str, Any]:
@@ -257,3 +231,39 @@ def _last_json(text: str) -> dict[str, Any]:
         if isinstance(value, dict):
             return value
     return {}
+
+
+def _exporter_argv(python: str, job: ExportJob, rollouts: Path | None) -> list[str]:
+    """The command line of `python -m runners.export` for `job`."""
+    argv = [
+        python,
+        "-m",
+        "runners.export",
+        "--tinker-state" if job.tinker else "--sampler",
+        job.source,
+        "--out",
+        str(job.destination),
+        "--name",
+        f"{job.run_id}-step-{job.step}",
+        "--card",
+        json.dumps(job.card),
+    ]
+    argv += ["--merged"] * job.merged + ["--overwrite"] * job.overwrite
+    argv += ["--rollouts", str(rollouts)] if rollouts is not None else []
+    return argv
+
+
+def _failure(job: ExportJob, returncode: int, why: str) -> DomainError:
+    """The error a failed export answers with: a checkpoint that cannot be exported and a
+    destination that exists are the caller's to change (409); anything else is ours (503)."""
+    if returncode == _EXIT_UNUSABLE:
+        return Conflict(
+            f"checkpoint_step: the checkpoint at step {job.step} of run {job.run_id} cannot "
+            f"be exported ({why}); choose another step."
+        )
+    if returncode == _EXIT_EXISTS:
+        return Conflict(f"path: {why}; pass overwrite: true to replace it, or choose another path.")
+    return Unavailable(
+        f"The export of run {job.run_id} step {job.step} failed: {why}. Nothing was written "
+        f"to {job.destination}; the server log has the details."
+    )

@@ -27,17 +27,7 @@ class ForkService:
         loadable one by default) with the parent's frozen config plus `overrides`."""
         parent = self._runs.row(run_id)
         refuse_session(parent, "forked")
-        for name in FIXED_BY_CHECKPOINT:
-            if name in overrides:
-                raise InvalidValue(
-                    f"{name}: a fork continues the parent's weights, so it keeps the parent's "
-                    f"{name}; leave it out, or start a new run (POST /runs) to change it."
-                )
-        if "resume_from" in overrides:
-            raise InvalidValue(
-                "resume_from: a fork starts from its parent's checkpoint; choose which with "
-                "checkpoint_step instead."
-            )
+        _refuse_fixed_fields(overrides)
         checkpoint = self._runs.state_checkpoint(run_id, checkpoint_step, verb="fork from")
         spec = self._runs.spec(parent)
         base = {k: v for k, v in spec.config.items() if k != "resume_from"}
@@ -67,4 +57,20 @@ class ForkService:
             parent_run_id=parent.id,
             parent_step=checkpoint.step,
             resume_from=checkpoint.path,
+        )
+
+
+def _refuse_fixed_fields(overrides: dict[str, Any]) -> None:
+    """InvalidValue for an override a fork cannot take: a field its checkpoint fixes, or
+    resume_from (the fork's checkpoint is its parent's)."""
+    for name in FIXED_BY_CHECKPOINT:
+        if name in overrides:
+            raise InvalidValue(
+                f"{name}: a fork continues the parent's weights, so it keeps the parent's "
+                f"{name}; leave it out, or start a new run (POST /runs) to change it."
+            )
+    if "resume_from" in overrides:
+        raise InvalidValue(
+            "resume_from: a fork starts from its parent's checkpoint; choose which with "
+            "checkpoint_step instead."
         )

@@ -47,6 +47,31 @@ class References:
         parsed = checkpoint_refs.parse(reference)
         assert parsed is not None  # the config's own validation checked the form
         run_id, step = parsed
+        run, found = self._sampler_checkpoint(field, run_id, step)
+        base = str(json.loads(run.config_json).get("model_name", ""))
+        model = str(values.get("model_name"))
+        if same_base and base != model:
+            raise InvalidValue(
+                f"field '{field}': {reference} is an adapter on {base}, not on this run's model "
+                f"{model}; a KL reference must share the run's base model (or use 'base')."
+            )
+        backend = self._configs.backend_of(str(values.get("backend")))
+        remote = is_remote(found.path)
+        if remote != (backend == "tinker"):
+            where = "on Tinker" if remote else "on this machine"
+            raise InvalidValue(
+                f"field '{field}': {reference} was saved {where}, and this run trains on the "
+                f"{backend} backend, which cannot load it; name a checkpoint of a {backend} run."
+            )
+        if not same_base:
+            self._configs.check_model_name(base, values["backend"], field, "sample")
+        return checkpoint_refs.pinned(run_id, found.step)
+
+    def _sampler_checkpoint(
+        self, field: str, run_id: str, step: int | None
+    ) -> tuple[Run, Checkpoint]:
+        """The run a reference names and its sampler checkpoint at `step` (default: its
+        newest); InvalidValue naming the field and what there is when either is missing."""
         with read_session(self._engine) as session:
             run = session.get(Run, run_id)
             rows = session.exec(
@@ -68,21 +93,4 @@ class References:
                 + f" (its sampler checkpoints: steps {have}); name one of those, or wait for "
                 "one (a run saves one every save_every steps and when it ends)."
             )
-        base = str(json.loads(run.config_json).get("model_name", ""))
-        model = str(values.get("model_name"))
-        if same_base and base != model:
-            raise InvalidValue(
-                f"field '{field}': {reference} is an adapter on {base}, not on this run's model "
-                f"{model}; a KL reference must share the run's base model (or use 'base')."
-            )
-        backend = self._configs.backend_of(str(values.get("backend")))
-        remote = is_remote(found.path)
-        if remote != (backend == "tinker"):
-            where = "on Tinker" if remote else "on this machine"
-            raise InvalidValue(
-                f"field '{field}': {reference} was saved {where}, and this run trains on the "
-                f"{backend} backend, which cannot load it; name a checkpoint of a {backend} run."
-            )
-        if not same_base:
-            self._configs.check_model_name(base, values["backend"], field, "sample")
-        return checkpoint_refs.pinned(run_id, found.step)
+        return run, found

@@ -17,7 +17,7 @@ from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlmodel import SQLModel, col, select
 
 from core import lifecycle, rollout_store
-from core.checkpoint_check import STATE_KIND, check, first_usable
+from core.checkpoint_check import STATE_KIND
 from core.db import read_session, write_session
 from core.models import FINISHED, RUN_ID, TINKER_API, Checkpoint, Metric, Run, RunStatus
 from core.run_folder import RunFolder, hash_config, log_lines
@@ -27,6 +27,7 @@ from server.environments.catalog import EnvEntry
 from server.environments.configs import ConfigService, Resolved
 from server.errors import Conflict, InvalidValue, NotFound
 from server.launch.launchers import Launchers
+from server.runs.checkpoint_pick import at_step, newest_loadable
 from server.runs.metrics import MetricsService
 from server.runs.references import References
 from server.runs.schemas import (
@@ -40,6 +41,15 @@ from server.runs.schemas import (
     RunSummaryOut,
 )
 from server.runs.views import RunViews
+
+
+@dataclass(frozen=True)
+class FrozenConfig:
+    """A run's config as frozen into its folder and row: the values, their hash, its steps."""
+
+    values: dict[str, Any]
+    hash: str
+    total_steps: int
 
 
 @dataclass
@@ -349,6 +359,25 @@ class RunService:
             )
         checkpoint = self.state_checkpoint(run_id, checkpoint_step)
         spec = self.spec(run)
+        config = self._refrozen(run, spec, overrides, force)
+        folder = RunFolder(run.run_dir)
+        folder.write_spec(spec.with_config(config.values, config.hash))
+        folder.write_resume(ResumePoint(state_path=checkpoint.path, step=checkpoint.step))
+        attempt = self._reopen(run_id, checkpoint.step, config)
+        self._wake()
+        return RunResumedOut(
+            run_id=run_id,
+            status=RunStatus.queued.value,
+            attempt=attempt,
+            resume_step=checkpoint.step,
+            resume_from=checkpoint.path,
+        )
+
+    def _refrozen(
+        self, run: Run, spec: RunSpec, overrides: dict[str, Any], force: bool
+    ) -> FrozenConfig:
+        """The run's frozen config with `overrides`, revalidated and its run references pinned;
+        a 409 naming the fields that change when its hash does and not `force`."""
         _, config = self._configs.revalidate(run.environment, spec.config, overrides)
         config = config.model_copy(update=self._references.pins(config.model_dump(mode="json")))
         # A field added since the run was frozen, left unset, is no change to its config.
@@ -366,34 +395,26 @@ class RunService:
                 '"force": true to continue the checkpoint under the new config.',
                 changed_fields=changed,
             )
-        folder = RunFolder(run.run_dir)
-        folder.write_spec(spec.with_config(values, new_hash))
-        folder.write_resume(ResumePoint(state_path=checkpoint.path, step=checkpoint.step))
+        return FrozenConfig(values=values, hash=new_hash, total_steps=config.total_steps)
+
+    def _reopen(self, run_id: str, step: int, config: FrozenConfig) -> int:
+        """Queue the run again from `step` under `config`, dropping what it recorded after that
+        step; the new attempt's number."""
         with write_session(self._engine) as session:
             row = session.get(Run, run_id)
             if row is None or not lifecycle.reopen(session, row):
                 raise Conflict(f"Run {run_id} changed state meanwhile; try again.")
-            row.step = checkpoint.step
+            row.step = step
             row.total_steps = config.total_steps
-            row.config_json = json.dumps(values, sort_keys=True)
-            row.config_hash = new_hash
+            row.config_json = json.dumps(config.values, sort_keys=True)
+            row.config_hash = config.hash
             session.add(row)
             # Metrics and rollouts recorded after the checkpoint belong to steps to be redone.
             session.exec(
-                delete(Metric).where(
-                    col(Metric.run_id) == run_id, col(Metric.step) > checkpoint.step
-                )
+                delete(Metric).where(col(Metric.run_id) == run_id, col(Metric.step) > step)
             )
-            rollout_store.delete_after(session, run_id, checkpoint.step)
-            attempt = row.attempt
-        self._wake()
-        return RunResumedOut(
-            run_id=run_id,
-            status=RunStatus.queued.value,
-            attempt=attempt,
-            resume_step=checkpoint.step,
-            resume_from=checkpoint.path,
-        )
+            rollout_store.delete_after(session, run_id, step)
+            return row.attempt
 
     def state_checkpoint(
         self, run_id: str, step: int | None, verb: str = "resume from"
@@ -426,34 +447,8 @@ class RunService:
                 "steps and when it stops or ends); wait for one, or use another run."
             )
         if step is None:
-            if not verify:
-                return rows[0]
-            # The newest one that may be loaded: a half-written or corrupted one is passed over.
-            # Bound before unpacking: unpacked from the call, mypy infers the item type as
-            # `Checkpoint | None` (python/mypy#20219).
-            found = first_usable(rows, lambda r: r.path, kind)
-            usable, skipped = found
-            if usable is None:
-                tried = "; ".join(f"{path}: {why}" for path, why in skipped)
-                raise Conflict(
-                    f"Run {run_id} has no {kind} checkpoint that can be loaded to {verb} "
-                    f"({tried}); start a new run instead."
-                )
-            return usable
-        for row in rows:
-            if row.step == step:
-                verdict = check(row.path, kind) if verify else None
-                if verdict is not None and not verdict.usable:
-                    raise Conflict(
-                        f"checkpoint_step: the checkpoint at step {step} cannot be loaded "
-                        f"({verdict.reason}); {verb} another step or leave checkpoint_step out."
-                    )
-                return row
-        steps = ", ".join(str(s) for s in sorted({r.step for r in rows}))
-        raise NotFound(
-            f"checkpoint_step: run {run_id} has no checkpoint at step {step} ({kind}); "
-            f"it has steps {steps}."
-        )
+            return newest_loadable(run_id, rows, kind, verb) if verify else rows[0]
+        return at_step(run_id, rows, kind, step, verb, verify=verify)
 
     # Logs --------------------------------------------------------------------------------
 

@@ -7,6 +7,7 @@ import builtins
 import itertools
 import json
 import secrets
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
@@ -58,21 +59,8 @@ class SweepService:
                 return self._created(existing.id)
         sets = expand(grid, combos, max_runs)
         name = environment or self._configs.selected()
-        planned: list[PlannedRun] = []
         sweep_id = self._new_id()
-        for index, own in enumerate(sets):
-            clash = sorted(set(own) & {"environment"})
-            if clash:
-                raise InvalidValue(
-                    "grid: 'environment' cannot vary within a sweep; give it once at the top."
-                )
-            try:
-                entry, config = self._configs.resolve(name, {**base, **own})
-                self._configs.check_model(config)
-            except DomainError as exc:
-                where = f"combination {index + 1} of {len(sets)} ({_short(own)})" if own else "base"
-                raise type(exc)(f"{where}: {exc.detail} Nothing was created.", **exc.extra) from exc
-            planned.append(self._runs.plan(entry, config, sweep_id=sweep_id))
+        planned = self._plan(name, base, sets, sweep_id)
 
         def sweep_row() -> list[Sweep]:
             # Each member's own overrides by run id (the ids exist once launch named them).
@@ -89,6 +77,38 @@ class SweepService:
                 )
             ]
 
+        return self._launch(sweep_id, planned, sweep_row, idempotency_key)
+
+    def _plan(
+        self, name: str, base: dict[str, Any], sets: list[dict[str, Any]], sweep_id: str
+    ) -> list[PlannedRun]:
+        """A planned run for each set of overrides, each validated; the first bad one refuses
+        the whole sweep, naming its combination."""
+        planned: list[PlannedRun] = []
+        for index, own in enumerate(sets):
+            clash = sorted(set(own) & {"environment"})
+            if clash:
+                raise InvalidValue(
+                    "grid: 'environment' cannot vary within a sweep; give it once at the top."
+                )
+            try:
+                entry, config = self._configs.resolve(name, {**base, **own})
+                self._configs.check_model(config)
+            except DomainError as exc:
+                where = f"combination {index + 1} of {len(sets)} ({_short(own)})" if own else "base"
+                raise type(exc)(f"{where}: {exc.detail} Nothing was created.", **exc.extra) from exc
+            planned.append(self._runs.plan(entry, config, sweep_id=sweep_id))
+        return planned
+
+    def _launch(
+        self,
+        sweep_id: str,
+        planned: list[PlannedRun],
+        sweep_row: Callable[[], list[Sweep]],
+        idempotency_key: str | None,
+    ) -> SweepCreatedOut:
+        """Write the sweep and its runs at once; when a twin request won the race to write
+        them, its sweep."""
         try:
             self._runs.launch(planned, sweep_row)
         except IntegrityError:
