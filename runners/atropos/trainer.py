@@ -70,6 +70,17 @@ class Drawn:
     recomputed: int = 0  # sequences whose logprobs were recomputed (sent without)
 
 
+@dataclass
+class Environment:
+    """The environment's process, once started, and the watches on what it writes."""
+
+    process: Process
+    started_at: float  # time.monotonic()
+    log_watch: LogWatch
+    tap: MetricsTap
+    evals: EvalWatch
+
+
 class AtroposTrainer(FaceRunner[Feed, Drawn]):
     def __init__(self, settings: Settings, folder: RunFolder, spec: RunSpec, engine: Engine):
         config = AtroposRunConfig.model_validate(spec.config)
@@ -89,7 +100,7 @@ class AtroposTrainer(FaceRunner[Feed, Drawn]):
         """The face serving the current policy, the trajectory API (registered with) and the
         environment; each ends with the run, the face last (after what still samples)."""
         from core.model_names import context_length
-        from runners.models.loading import load_tokenizer, tokenizer_folder
+        from runners.models.loading import load_tokenizer
 
         cfg = self.config
         models = self.settings.models_dir
@@ -97,7 +108,34 @@ class AtroposTrainer(FaceRunner[Feed, Drawn]):
         context = context_length(cfg.model_name, models) if backend == "local" else None
         http = httpx.AsyncClient(timeout=30)
         exits.push_async_callback(http.aclose)
-        face = InferenceFace(
+        face = self._face(tokenizer, context)
+        face.set_sampler(await self.snapshot(training), self.step)
+        face_url = await exits.enter_async_context(serving(face))
+        exits.push_async_callback(self._retire, face)
+        api, api_url = await self._start_api(exits, http, face.key)
+        await self._register(http, api_url, context)
+        yaml_path = self._write_env_yaml(face, face_url, api_url)
+        env = self._start_environment(exits, face.key, yaml_path)
+        return Feed(
+            settings=self.settings,
+            total_steps=self.total_steps,
+            face=face,
+            context=context,
+            http=http,
+            api=api,
+            api_url=api_url,
+            env=env.process,
+            env_started_at=env.started_at,
+            log_watch=env.log_watch,
+            tap=env.tap,
+            evals=env.evals,
+            note_stall=self._note_stall,
+        )
+
+    def _face(self, tokenizer: Any, context: int | None) -> InferenceFace:
+        """The loopback face the environment samples the run's policy through."""
+        cfg = self.config
+        return InferenceFace(
             tokenizer,
             SamplingDefaults(
                 max_tokens=int(cfg.env_values().get("max_token_length") or 256),
@@ -109,57 +147,60 @@ class AtroposTrainer(FaceRunner[Feed, Drawn]):
             _end_ids(tokenizer),
             cfg.model_name,
         )
-        face.set_sampler(await self.snapshot(training), self.step)
-        face_url = await exits.enter_async_context(serving(face))
-        exits.push_async_callback(self._retire, face)
-        api, api_url = await self._start_api(exits, http, face.key)
-        await self._register(http, api_url, context)
+
+    @property
+    def _wandb_name(self) -> str:
+        return self.config.wandb_name or self.spec.environment
+
+    def _write_env_yaml(self, face: InferenceFace, face_url: str, api_url: str) -> Path:
+        """The environment's `--config` YAML: where the API and the face are, and its key."""
+        from runners.models.loading import tokenizer_folder
+
+        cfg = self.config
         self.work.mkdir(parents=True, exist_ok=True)
-        wandb_name = cfg.wandb_name or self.spec.environment
-        yaml_path = write_env_yaml(
+        return write_env_yaml(
             self.work / "env.yaml",
             cfg,
-            tokenizer_dir=tokenizer_folder(cfg.model_name, models),
+            tokenizer_dir=tokenizer_folder(cfg.model_name, self.settings.models_dir),
             api_url=api_url,
             face_url=face_url,
             key=face.key,
-            wandb_name=wandb_name,
+            wandb_name=self._wandb_name,
             evals_dir=self.work / "evals",
         )
+
+    def _start_environment(
+        self, exits: contextlib.AsyncExitStack, key: str, yaml_path: Path
+    ) -> Environment:
+        """`<atropos python> FILE serve --config YAML` in the file's folder, and the watches on
+        what it writes."""
         metrics_file = self.work / "env-metrics.jsonl"
         env_log = self.work / "env.log"
         log_start, metrics_start = _size(env_log), _size(metrics_file)
         env_file = Path(self.spec.env_file)
-        env = self._start(
+        process = self._start(
             exits,
-            face.key,
+            key,
             "the environment",
             [self.settings.atropos_python, str(env_file), "serve", "--config", str(yaml_path)],
             env_file.parent,
             env_log,
             **{
                 METRICS_FILE_VARIABLE: str(metrics_file),
-                "WANDB_MODE": "offline" if cfg.use_wandb else "disabled",
+                "WANDB_MODE": "offline" if self.config.use_wandb else "disabled",
                 "WANDB_DIR": str(self.work),
                 "WANDB_SILENT": "true",
             },
         )
+        started_at = time.monotonic()
         evals = self.work / "evals" / "metrics.json"
-        return Feed(
-            settings=self.settings,
-            total_steps=self.total_steps,
-            face=face,
-            context=context,
-            http=http,
-            api=api,
-            api_url=api_url,
-            env=env,
-            env_started_at=time.monotonic(),
+        return Environment(
+            process,
+            started_at,
             # From where this attempt starts: a resumed run's folder holds the last one's too.
             log_watch=LogWatch(env_log, offset=log_start),
-            tap=MetricsTap(metrics_file, wandb_name, offset=metrics_start),
+            tap=MetricsTap(metrics_file, self._wandb_name, offset=metrics_start),
             evals=EvalWatch(evals, seen=evals.stat().st_mtime if evals.exists() else 0.0),
-            note_stall=self._note_stall,
         )
 
     def _start(
@@ -195,17 +236,7 @@ class AtroposTrainer(FaceRunner[Feed, Drawn]):
                 exits,
                 key,
                 "the trajectory API",
-                [
-                    self.settings.atropos_python,
-                    "-m",
-                    "uvicorn",
-                    "atroposlib.api:app",
-                    "--host",
-                    "127.0.0.1",
-                    "--port",
-                    str(port),
-                    "--no-access-log",
-                ],
+                self._api_command(port),
                 self.folder.path,
                 self.work / "api.log",
             )
@@ -225,6 +256,19 @@ class AtroposTrainer(FaceRunner[Feed, Drawn]):
             if "address already in use" not in api.tail().lower():
                 break
         raise EnvironmentFailed(f"the trajectory API did not start: {api.describe()}")
+
+    def _api_command(self, port: int) -> list[str]:
+        return [
+            self.settings.atropos_python,
+            "-m",
+            "uvicorn",
+            "atroposlib.api:app",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--no-access-log",
+        ]
 
     async def _register(self, http: httpx.AsyncClient, api_url: str, context: int | None) -> None:
         """The trainer's registration, then a first /batch: the API counts the trainer as
