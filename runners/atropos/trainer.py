@@ -37,7 +37,7 @@ from core.run_folder import RunFolder
 from core.settings import Settings
 from core.spec import RunSpec
 from runners.atropos.env_yaml import write_env_yaml
-from runners.atropos.feed import EnvironmentFailed, Feed
+from runners.atropos.feed import Environment, EnvironmentFailed, Feed
 from runners.atropos.groups import Batch as Scored
 from runners.atropos.groups import read_batch
 from runners.atropos.rollout_records import sequence_records
@@ -68,17 +68,6 @@ class Drawn:
     groups: list[dict[str, Any]]
     batch: Scored
     recomputed: int = 0  # sequences whose logprobs were recomputed (sent without)
-
-
-@dataclass
-class Environment:
-    """The environment's process, once started, and the watches on what it writes."""
-
-    process: Process
-    started_at: float  # time.monotonic()
-    log_watch: LogWatch
-    tap: MetricsTap
-    evals: EvalWatch
 
 
 class AtroposTrainer(FaceRunner[Feed, Drawn]):
@@ -124,11 +113,7 @@ class AtroposTrainer(FaceRunner[Feed, Drawn]):
             http=http,
             api=api,
             api_url=api_url,
-            env=env.process,
-            env_started_at=env.started_at,
-            log_watch=env.log_watch,
-            tap=env.tap,
-            evals=env.evals,
+            env=env,
             note_stall=self._note_stall,
         )
 
@@ -330,8 +315,8 @@ class AtroposTrainer(FaceRunner[Feed, Drawn]):
             **done.prepared.off_policy,
             **done.train_metrics,
             **face.stats.take(),
-            **feed.log_watch.take(),
-            **feed.tap.take(),
+            **feed.env.log_watch.take(),
+            **feed.env.tap.take(),
             "atropos/recomputed_logprobs": float(drawn.recomputed),
             "atropos/queue_size": float(await feed.queue_size()),
             **done.times,
@@ -342,7 +327,7 @@ class AtroposTrainer(FaceRunner[Feed, Drawn]):
             drawn.batch.reward_mean(),
             lambda: sequence_records(drawn.groups, trained, face.decode, face.end_ids),
             example=_example(drawn.batch, face.decode),
-            evals=feed.evals.take(),
+            evals=feed.env.evals.take(),
         )
 
     def tag_policies(self, face: InferenceFace, sequences: list[Sequence]) -> None:
@@ -383,7 +368,7 @@ class AtroposTrainer(FaceRunner[Feed, Drawn]):
         """The environment and the API stop first (nothing more is needed of them), then the
         last checkpoint and W&B as for any run."""
         await run.data.stop_children()
-        evals = run.data.evals.take()
+        evals = run.data.env.evals.take()
         if evals:
             run.reporter.eval(self.step, evals)
         await super().tear_down(run, status)
