@@ -135,6 +135,7 @@ class AtroposTrainer(FaceRunner[Feed, Drawn]):
 
     @property
     def _wandb_name(self) -> str:
+        """The name the environment logs to W&B under (the prefix of its metrics' keys)."""
         return self.config.wandb_name or self.spec.environment
 
     def _write_env_yaml(self, face: InferenceFace, face_url: str, api_url: str) -> Path:
@@ -243,6 +244,7 @@ class AtroposTrainer(FaceRunner[Feed, Drawn]):
         raise EnvironmentFailed(f"the trajectory API did not start: {api.describe()}")
 
     def _api_command(self, port: int) -> list[str]:
+        """atroposlib's API app under uvicorn, on loopback `port`."""
         return [
             self.settings.atropos_python,
             "-m",
