@@ -3,7 +3,7 @@ streamable HTTP client), its tools, resources and progress passed through unchan
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import AsyncExitStack
 from typing import Any
 
@@ -87,6 +87,32 @@ def proxy(upstream: ClientSession, info: types.InitializeResult) -> Server[Any, 
     async def list_tools(_req: types.ListToolsRequest) -> types.ServerResult:
         return types.ServerResult(await upstream.list_tools())
 
+    async def list_resources(_req: types.ListResourcesRequest) -> types.ServerResult:
+        return types.ServerResult(await upstream.list_resources())
+
+    async def list_templates(_req: types.ListResourceTemplatesRequest) -> types.ServerResult:
+        return types.ServerResult(await upstream.list_resource_templates())
+
+    async def read_resource(req: types.ReadResourceRequest) -> types.ServerResult:
+        return types.ServerResult(await upstream.read_resource(req.params.uri))
+
+    server.request_handlers.update(
+        {
+            types.ListToolsRequest: list_tools,
+            types.CallToolRequest: _tool_caller(server, upstream),
+            types.ListResourcesRequest: list_resources,
+            types.ListResourceTemplatesRequest: list_templates,
+            types.ReadResourceRequest: read_resource,
+        }
+    )
+    return server
+
+
+def _tool_caller(
+    server: Server[Any, Any], upstream: ClientSession
+) -> Callable[[types.CallToolRequest], Awaitable[types.ServerResult]]:
+    """The handler of tool calls: the upstream's, its progress passed on to our caller."""
+
     async def call_tool(req: types.CallToolRequest) -> types.ServerResult:
         ctx = server.request_context
         token = ctx.meta.progressToken if ctx.meta is not None else None
@@ -104,22 +130,4 @@ def proxy(upstream: ClientSession, info: types.InitializeResult) -> Server[Any, 
         )
         return types.ServerResult(result)
 
-    async def list_resources(_req: types.ListResourcesRequest) -> types.ServerResult:
-        return types.ServerResult(await upstream.list_resources())
-
-    async def list_templates(_req: types.ListResourceTemplatesRequest) -> types.ServerResult:
-        return types.ServerResult(await upstream.list_resource_templates())
-
-    async def read_resource(req: types.ReadResourceRequest) -> types.ServerResult:
-        return types.ServerResult(await upstream.read_resource(req.params.uri))
-
-    server.request_handlers.update(
-        {
-            types.ListToolsRequest: list_tools,
-            types.CallToolRequest: call_tool,
-            types.ListResourcesRequest: list_resources,
-            types.ListResourceTemplatesRequest: list_templates,
-            types.ReadResourceRequest: read_resource,
-        }
-    )
-    return server
+    return call_tool

@@ -33,13 +33,27 @@ def build_parser() -> argparse.ArgumentParser:
         engine.show,
         "the engine hosts: each one's device, memory, models, lanes, clients",
     )
+    _envs_parser(top)
+    _config_parser(top)
+    _runs_parser(top)
+    _sweeps_parser(top)
+    webhooks.register(top, add)
+    export.register(top, add)
+    mcp.register(top, add)
+    _infer_parser(top)
+    _db_parser(top)
+    return parser
 
+
+def _envs_parser(top: Group) -> None:
     envs = top.add_parser("envs", help="list, select and inspect environments")
     env_cmds = envs.add_subparsers(dest="envs_command", metavar="ACTION", required=True)
     add(env_cmds, "list", commands.envs_list, "list discovered environments")
     add(env_cmds, "select", commands.envs_select, "select an environment").add_argument("name")
     add(env_cmds, "show", commands.envs_show, "show an environment's config").add_argument("name")
 
+
+def _config_parser(top: Group) -> None:
     config = top.add_parser("config", help="show or edit the config of an environment")
     config_cmds = config.add_subparsers(dest="config_command", metavar="ACTION", required=True)
     show = add(config_cmds, "show", commands.config_show, "show the selected environment's config")
@@ -54,16 +68,11 @@ def build_parser() -> argparse.ArgumentParser:
     set_.add_argument("value", metavar="VALUE", help="e.g. 8, true, 0.001, '{\"a\":1}', gpt2")
     set_.add_argument("--env", help="this environment instead of the selected one")
 
-    _runs_parser(top)
-    _sweeps_parser(top)
-    webhooks.register(top, add)
-    export.register(top, add)
-    mcp.register(top, add)
-    _infer_parser(top)
+
+def _db_parser(top: Group) -> None:
     db_p = top.add_parser("db", help="the database itself (run where the server runs)")
     db_cmds = db_p.add_subparsers(dest="db_command", metavar="ACTION", required=True)
     add(db_cmds, "upgrade", db.upgrade, "bring the schema to the newest migration")
-    return parser
 
 
 def _leaf_options() -> argparse.ArgumentParser:
@@ -98,7 +107,13 @@ def _global_options(parser: argparse.ArgumentParser) -> None:
 def _runs_parser(top: Group) -> None:
     runs_p = top.add_parser("runs", help="start, list, watch and stop training runs")
     cmds = runs_p.add_subparsers(dest="runs_command", metavar="ACTION", required=True)
+    _run_lifecycle_commands(cmds)
+    _run_attempt_commands(cmds)
+    _run_output_commands(cmds)
 
+
+def _run_lifecycle_commands(cmds: Group) -> None:
+    """start, list, status, stop, wait."""
     start = add(cmds, "start", runs.start, "start a run of the selected (or --env) environment")
     start.add_argument("--env", help="environment (default: the selected one)")
     _set_option(start)
@@ -124,6 +139,9 @@ def _runs_parser(top: Group) -> None:
     )
     _at_most_option(wait)
 
+
+def _run_attempt_commands(cmds: Group) -> None:
+    """resume and fork: a new attempt, or a new run, from a run's checkpoint."""
     resume = add(cmds, "resume", runs.resume, "a new attempt from the last state checkpoint")
     resume.add_argument("run")
     _set_option(resume)
@@ -141,6 +159,9 @@ def _runs_parser(top: Group) -> None:
         "--step", type=int, help="start from the state checkpoint of this step (default last)"
     )
 
+
+def _run_output_commands(cmds: Group) -> None:
+    """What a run wrote: its log, metrics, checkpoints, rollouts, a live view."""
     logs = add(cmds, "logs", runs.logs, "a run's log (the last lines, or --follow it)")
     logs.add_argument("run")
     logs.add_argument("--tail", type=int, default=100, help="last N lines (default 100)")

@@ -53,33 +53,37 @@ def list_(client: Client, args: argparse.Namespace) -> int:
     if not runs:
         say("no runs")
         return OK
-    rows = [
-        [
-            r["run_id"],
-            r["environment"],
-            r["status"] + (f" ({r['failure_kind']})" if r.get("failure_kind") else ""),
-            steps(r),
-            r.get("attempt"),
-            r.get("source", "api"),
-            cost_cell(r.get("cost")),
-            r.get("created_at"),
-            r.get("finished_at"),
-        ]
-        for r in runs
-    ]
-    headers = [
-        "RUN",
-        "ENVIRONMENT",
-        "STATUS",
-        "STEP",
-        "ATTEMPT",
-        "SOURCE",
-        "COST",
-        "CREATED",
-        "FINISHED",
-    ]
-    say(table(headers, rows))
+    rows = [_list_row(r) for r in runs]
+    say(table(RUN_COLUMNS, rows))
     return OK
+
+
+RUN_COLUMNS = [
+    "RUN",
+    "ENVIRONMENT",
+    "STATUS",
+    "STEP",
+    "ATTEMPT",
+    "SOURCE",
+    "COST",
+    "CREATED",
+    "FINISHED",
+]
+
+
+def _list_row(run: dict[str, Any]) -> list[Any]:
+    """A run's row in `runs list`, in RUN_COLUMNS' order."""
+    return [
+        run["run_id"],
+        run["environment"],
+        run["status"] + (f" ({run['failure_kind']})" if run.get("failure_kind") else ""),
+        steps(run),
+        run.get("attempt"),
+        run.get("source", "api"),
+        cost_cell(run.get("cost")),
+        run.get("created_at"),
+        run.get("finished_at"),
+    ]
 
 
 def status(client: Client, args: argparse.Namespace) -> int:
@@ -87,6 +91,16 @@ def status(client: Client, args: argparse.Namespace) -> int:
     if args.json:
         print_json(run)
         return OK
+    say(pairs(_status_items(client, run)))
+    # Details (a queue position, a crash's log tail) span lines: print them as they are.
+    if run.get("details"):
+        say("details:")
+        say("  " + str(run["details"]).replace("\n", "\n  "))
+    return OK
+
+
+def _status_items(client: Client, run: dict[str, Any]) -> list[tuple[str, Any]]:
+    """`runs status`'s label-value pairs: who the run is, where it stands, what it measured."""
     progress = run.get("progress") or {}
     fraction = progress.get("fraction") or 0.0
     per_step = progress.get("time_per_step_s")
@@ -118,12 +132,7 @@ def status(client: Client, args: argparse.Namespace) -> int:
         items.append(("failure", run["failure_kind"]))
     if run.get("exit_code") is not None:
         items.append(("exit code", run["exit_code"]))
-    say(pairs(items))
-    # Details (a queue position, a crash's log tail) span lines: print them as they are.
-    if run.get("details"):
-        say("details:")
-        say("  " + str(run["details"]).replace("\n", "\n  "))
-    return OK
+    return items
 
 
 def cost_cell(cost: dict[str, Any] | None) -> str | None:

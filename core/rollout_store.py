@@ -39,22 +39,7 @@ def write_step(
 ) -> Written:
     """The step's kept records and summary (replacing a step done again after a resume), then
     the run's size cap: older steps thinned first, the newest trimmed only if alone too big."""
-    rows: list[dict[str, Any]] = [
-        {
-            "run_id": run_id,
-            "step": step,
-            "kind": record.kind,
-            "group_index": record.group,
-            "position": record.index,
-            "reward": finite(record.reward),
-            "advantage": finite(record.advantage),
-            "picked": how,
-            "prompt_key": prompt_key(record.prompt),
-            "body_json": (body := body_json(record)),
-            "size": len(body.encode()),
-        }
-        for record, how in picked
-    ]
+    rows = [_rollout_row(run_id, step, record, how) for record, how in picked]
     rewards = Rewards.of(sampled)
     kind = sampled[0].kind if sampled else "episode"
     with write_session(engine) as session:
@@ -79,6 +64,23 @@ def write_step(
         session.flush()
         thinned = keep_under(session, run_id, max_bytes, newest=step)
     return Written(kept=len(rows), thinned_steps=thinned)
+
+
+def _rollout_row(run_id: str, step: int, record: RolloutRecord, how: Picked) -> dict[str, Any]:
+    """A kept record as its Rollout row (its body as JSON, and that body's size)."""
+    return {
+        "run_id": run_id,
+        "step": step,
+        "kind": record.kind,
+        "group_index": record.group,
+        "position": record.index,
+        "reward": finite(record.reward),
+        "advantage": finite(record.advantage),
+        "picked": how,
+        "prompt_key": prompt_key(record.prompt),
+        "body_json": (body := body_json(record)),
+        "size": len(body.encode()),
+    }
 
 
 def note_step(engine: Engine, run_id: str, step: int, note: str) -> None:

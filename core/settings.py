@@ -565,6 +565,30 @@ class Settings(BaseSettings):
         env = {
             "RLCS_VAR_DIR": str(self.var_dir),
             "RLCS_DATABASE_URL": self.db_url,
+            **self._engine_variables(),
+            "RLCS_MODELS_DIR": str(self.models_dir),
+            "RLCS_BACKEND_CALL_TIMEOUT_S": str(self.backend_call_timeout_s),
+            "RLCS_TINKER_CREATE_TIMEOUT_S": str(self.tinker_create_timeout_s),
+            "RLCS_ATROPOS_PYTHON": self.atropos_python,
+            "RLCS_ATROPOS_START_TIMEOUT_S": str(self.atropos_start_timeout_s),
+            "RLCS_ATROPOS_STALL_S": str(self.atropos_stall_s),
+            "RLCS_VERIFIERS_PYTHON": self.verifiers_python,
+            "RLCS_VERIFIERS_START_TIMEOUT_S": str(self.verifiers_start_timeout_s),
+            "PYTHONUNBUFFERED": "1",
+            "TINKER_TELEMETRY": os.environ.get("TINKER_TELEMETRY", "0"),
+            "OPENREWARD_DISABLE_UPDATE_CHECK": "1",
+        }
+        env.update(self._optional_variables())
+        if run_spec is not None:
+            env["RLCS_RUN_SPEC"] = run_spec
+        if resume_point is not None:
+            env["RLCS_RESUME_POINT"] = resume_point
+        env.update(self.secret_env())
+        return env
+
+    def _engine_variables(self) -> dict[str, str]:
+        """How a runner's engine places, sizes and serves what it trains and samples."""
+        return {
             "RLCS_DEVICE": self.device,
             "RLCS_DTYPE": self.dtype,
             "RLCS_SAMPLING_DTYPE": self.sampling_dtype,
@@ -578,36 +602,24 @@ class Settings(BaseSettings):
             "RLCS_ENGINE_CLIENT_TIMEOUT_S": str(self.engine_client_timeout_s),
             "RLCS_ENGINE_ADMISSION_WAIT_S": str(self.engine_admission_wait_s),
             "RLCS_ENGINE_IDLE_S": str(self.engine_idle_s),
-            "RLCS_MODELS_DIR": str(self.models_dir),
-            "RLCS_BACKEND_CALL_TIMEOUT_S": str(self.backend_call_timeout_s),
-            "RLCS_TINKER_CREATE_TIMEOUT_S": str(self.tinker_create_timeout_s),
-            "RLCS_ATROPOS_PYTHON": self.atropos_python,
-            "RLCS_ATROPOS_START_TIMEOUT_S": str(self.atropos_start_timeout_s),
-            "RLCS_ATROPOS_STALL_S": str(self.atropos_stall_s),
-            "RLCS_VERIFIERS_PYTHON": self.verifiers_python,
-            "RLCS_VERIFIERS_START_TIMEOUT_S": str(self.verifiers_start_timeout_s),
-            "PYTHONUNBUFFERED": "1",
-            "TINKER_TELEMETRY": os.environ.get("TINKER_TELEMETRY", "0"),
-            "OPENREWARD_DISABLE_UPDATE_CHECK": "1",
         }
+
+    def _optional_variables(self) -> dict[str, str]:
+        """The settings a runner is told only when they are set."""
+        optional: dict[str, str] = {}
         if self.tokens_per_microbatch is not None:
-            env["RLCS_TOKENS_PER_MICROBATCH"] = str(self.tokens_per_microbatch)
+            optional["RLCS_TOKENS_PER_MICROBATCH"] = str(self.tokens_per_microbatch)
         if self.engine_hosts is not None:
-            env["RLCS_ENGINE_HOSTS"] = self.engine_hosts
+            optional["RLCS_ENGINE_HOSTS"] = self.engine_hosts
         if self.engine_memory_budget_gb is not None:
-            env["RLCS_ENGINE_MEMORY_BUDGET_GB"] = str(self.engine_memory_budget_gb)
+            optional["RLCS_ENGINE_MEMORY_BUDGET_GB"] = str(self.engine_memory_budget_gb)
         if self.tinker_base_url:
-            env["TINKER_BASE_URL"] = self.tinker_base_url
+            optional["TINKER_BASE_URL"] = self.tinker_base_url
         if self.wandb_base_url:
-            env["WANDB_BASE_URL"] = self.wandb_base_url
+            optional["WANDB_BASE_URL"] = self.wandb_base_url
         if self.wandb_entity:
-            env["WANDB_ENTITY"] = self.wandb_entity
-        if run_spec is not None:
-            env["RLCS_RUN_SPEC"] = run_spec
-        if resume_point is not None:
-            env["RLCS_RESUME_POINT"] = resume_point
-        env.update(self.secret_env())
-        return env
+            optional["WANDB_ENTITY"] = self.wandb_entity
+        return optional
 
     def inspector_environment(self) -> dict[str, str]:
         """An inspector runs environment code to read its Config: no service keys, no token."""

@@ -40,6 +40,17 @@ class Stalled(RunFailure):
 
 
 @dataclass
+class Environment:
+    """The environment's process, once started, and the watches on what it writes."""
+
+    process: Process
+    started_at: float  # time.monotonic()
+    log_watch: LogWatch
+    tap: MetricsTap
+    evals: EvalWatch
+
+
+@dataclass
 class Feed:
     settings: Settings
     total_steps: int
@@ -48,11 +59,7 @@ class Feed:
     http: httpx.AsyncClient
     api: Process
     api_url: str
-    env: Process
-    env_started_at: float  # time.monotonic()
-    log_watch: LogWatch
-    tap: MetricsTap
-    evals: EvalWatch
+    env: Environment
     note_stall: Callable[[str | None], None]  # the run's details: a stall, or None once over
     stall_noted: bool = False
     env_done_at: float | None = None  # when its exit (0) was first seen
@@ -90,7 +97,7 @@ class Feed:
 
     async def stop_children(self) -> None:
         """The environment, then the API (their exits are what the run ends with, too)."""
-        for child in (self.env, self.api):
+        for child in (self.env.process, self.api):
             await asyncio.to_thread(child.stop)
 
     # Watching ------------------------------------------------------------------------------
@@ -98,7 +105,7 @@ class Feed:
     def _stall(self, step: int, waited: float) -> str:
         return (
             f"no usable batch from the environment for {waited:.0f} s (step {step}): "
-            f"{self._evidence(self.log_watch.why_nothing())}"
+            f"{self._evidence(self.env.log_watch.why_nothing())}"
         )
 
     def _evidence(self, why: str) -> str:
@@ -131,13 +138,13 @@ class Feed:
                 f"the trajectory API ended while the run needed data for step {step}: "
                 f"{self.api.describe()}"
             )
-        code = self.env.exit_code()
+        code = self.env.process.exit_code()
         if code is None:
             return
         if code != 0:
             raise EnvironmentFailed(
                 f"the environment ended while the run needed data for step {step}: "
-                f"{self.env.describe()}"
+                f"{self.env.process.describe()}"
             )
         # Exit 0: it stops once it has queued enough for total_steps, and what it queued
         # comes out of the API. A queue that gives no batch a moment later holds too little.
@@ -148,7 +155,7 @@ class Feed:
             raise EnvironmentFailed(
                 f"the environment exited (0) without queueing enough for step {step} of "
                 f"{self.total_steps} ({await self.queue_size()} group(s) left in the queue): "
-                f"{self.env.describe()}"
+                f"{self.env.process.describe()}"
             )
 
     def _working_since(self) -> float | None:
@@ -158,16 +165,16 @@ class Feed:
         if first is not None:
             return first
         limit = self.settings.atropos_start_timeout_s
-        if time.monotonic() - self.env_started_at > limit:
-            self.log_watch.read()
+        if time.monotonic() - self.env.started_at > limit:
+            self.env.log_watch.read()
             why = (
-                self.log_watch.why_nothing()
-                if self.log_watch.total
+                self.env.log_watch.why_nothing()
+                if self.env.log_watch.total
                 else "it hangs in its setup or its first item"
             )
             raise EnvironmentFailed(
                 f"the environment asked for no completion within {limit:g} s of its start "
                 f"(RLCS_ATROPOS_START_TIMEOUT_S): {self._evidence(why)}; "
-                f"{self.env.describe()}"
+                f"{self.env.process.describe()}"
             )
         return None

@@ -77,20 +77,8 @@ class AtroposInference:
     # The environment's own items -----------------------------------------------------------
 
     async def _own_items(self, deadline: float | None) -> list[dict[str, Any]]:
-        job, cfg = self.job, self.config
-        face = InferenceFace(
-            self.tokenizer,
-            SamplingDefaults(
-                max_tokens=job.max_tokens,
-                temperature=job.temperature,
-                top_p=cfg.top_p,
-                top_k=cfg.top_k,
-            ),
-            self.context,
-            self.end_ids,
-            job.model,
-            max_tokens_cap=job.max_tokens,
-        )
+        job = self.job
+        face = self._face()
         face.set_sampler(self.sampler)
         work = self.settings.var_dir / "inference" / "atropos" / uuid.uuid4().hex[:12]
         work.mkdir(parents=True, exist_ok=True)
@@ -125,6 +113,23 @@ class AtroposInference:
             return results
         finally:
             shutil.rmtree(work, ignore_errors=True)
+
+    def _face(self) -> InferenceFace:
+        """The loopback face the environment samples through, at the request's sampling."""
+        job, cfg = self.job, self.config
+        return InferenceFace(
+            self.tokenizer,
+            SamplingDefaults(
+                max_tokens=job.max_tokens,
+                temperature=job.temperature,
+                top_p=cfg.top_p,
+                top_k=cfg.top_k,
+            ),
+            self.context,
+            self.end_ids,
+            job.model,
+            max_tokens_cap=job.max_tokens,
+        )
 
     def _write_yaml(self, path: Path, face_url: str, key: str, groups_file: Path) -> Path:
         env = self.config.env_values()
@@ -202,28 +207,37 @@ def read_groups(path: Path, limit: int, decode: Callable[[list[int]], str]) -> l
             turns = messages[i] if i < len(messages) else []
             tokens = tokens_of[i] if i < len(tokens_of) else []
             mask = masks[i] if i < len(masks) else []
-            prompt, response = _split(turns)
-            if prompt is None and tokens and len(mask) == len(tokens):
-                prompt = decode([t for t, m in zip(tokens, mask, strict=True) if m == -100])
-                response = decode([t for t, m in zip(tokens, mask, strict=True) if m != -100])
-            score = float(score)
-            results.append(
-                {
-                    "prompt": prompt,
-                    "response": response,
-                    "score": score,
-                    "correct": score >= 1.0 - 1e-9,
-                    "reason": None,
-                    "truncated": False,
-                    "tokens": sum(1 for m in mask if m != -100),
-                    "turns": [
-                        {"role": str(t.get("role")), "content": str(t.get("content"))}
-                        for t in turns
-                        if isinstance(t, dict)
-                    ],
-                }
-            )
+            results.append(_result(float(score), turns, tokens, mask, decode))
     return results
+
+
+def _result(
+    score: float,
+    turns: list[Any],
+    tokens: list[int],
+    mask: list[int],
+    decode: Callable[[list[int]], str],
+) -> dict[str, Any]:
+    """One scored sequence as a result; its tokens, split by the mask, when its messages do
+    not hold the answer."""
+    prompt, response = _split(turns)
+    if prompt is None and tokens and len(mask) == len(tokens):
+        prompt = decode([t for t, m in zip(tokens, mask, strict=True) if m == -100])
+        response = decode([t for t, m in zip(tokens, mask, strict=True) if m != -100])
+    return {
+        "prompt": prompt,
+        "response": response,
+        "score": score,
+        "correct": score >= 1.0 - 1e-9,
+        "reason": None,
+        "truncated": False,
+        "tokens": sum(1 for m in mask if m != -100),
+        "turns": [
+            {"role": str(t.get("role")), "content": str(t.get("content"))}
+            for t in turns
+            if isinstance(t, dict)
+        ],
+    }
 
 
 def _split(turns: list[Any]) -> tuple[str | None, str]:

@@ -37,7 +37,7 @@ from core.run_folder import RunFolder
 from core.settings import Settings
 from core.spec import RunSpec
 from runners.atropos.env_yaml import write_env_yaml
-from runners.atropos.feed import EnvironmentFailed, Feed
+from runners.atropos.feed import Environment, EnvironmentFailed, Feed
 from runners.atropos.groups import Batch as Scored
 from runners.atropos.groups import read_batch
 from runners.atropos.rollout_records import sequence_records
@@ -89,7 +89,7 @@ class AtroposTrainer(FaceRunner[Feed, Drawn]):
         """The face serving the current policy, the trajectory API (registered with) and the
         environment; each ends with the run, the face last (after what still samples)."""
         from core.model_names import context_length
-        from runners.models.loading import load_tokenizer, tokenizer_folder
+        from runners.models.loading import load_tokenizer
 
         cfg = self.config
         models = self.settings.models_dir
@@ -97,7 +97,30 @@ class AtroposTrainer(FaceRunner[Feed, Drawn]):
         context = context_length(cfg.model_name, models) if backend == "local" else None
         http = httpx.AsyncClient(timeout=30)
         exits.push_async_callback(http.aclose)
-        face = InferenceFace(
+        face = self._face(tokenizer, context)
+        face.set_sampler(await self.snapshot(training), self.step)
+        face_url = await exits.enter_async_context(serving(face))
+        exits.push_async_callback(self._retire, face)
+        api, api_url = await self._start_api(exits, http, face.key)
+        await self._register(http, api_url, context)
+        yaml_path = self._write_env_yaml(face, face_url, api_url)
+        env = self._start_environment(exits, face.key, yaml_path)
+        return Feed(
+            settings=self.settings,
+            total_steps=self.total_steps,
+            face=face,
+            context=context,
+            http=http,
+            api=api,
+            api_url=api_url,
+            env=env,
+            note_stall=self._note_stall,
+        )
+
+    def _face(self, tokenizer: Any, context: int | None) -> InferenceFace:
+        """The loopback face the environment samples the run's policy through."""
+        cfg = self.config
+        return InferenceFace(
             tokenizer,
             SamplingDefaults(
                 max_tokens=int(cfg.env_values().get("max_token_length") or 256),
@@ -109,57 +132,61 @@ class AtroposTrainer(FaceRunner[Feed, Drawn]):
             _end_ids(tokenizer),
             cfg.model_name,
         )
-        face.set_sampler(await self.snapshot(training), self.step)
-        face_url = await exits.enter_async_context(serving(face))
-        exits.push_async_callback(self._retire, face)
-        api, api_url = await self._start_api(exits, http, face.key)
-        await self._register(http, api_url, context)
+
+    @property
+    def _wandb_name(self) -> str:
+        """The name the environment logs to W&B under (the prefix of its metrics' keys)."""
+        return self.config.wandb_name or self.spec.environment
+
+    def _write_env_yaml(self, face: InferenceFace, face_url: str, api_url: str) -> Path:
+        """The environment's `--config` YAML: where the API and the face are, and its key."""
+        from runners.models.loading import tokenizer_folder
+
+        cfg = self.config
         self.work.mkdir(parents=True, exist_ok=True)
-        wandb_name = cfg.wandb_name or self.spec.environment
-        yaml_path = write_env_yaml(
+        return write_env_yaml(
             self.work / "env.yaml",
             cfg,
-            tokenizer_dir=tokenizer_folder(cfg.model_name, models),
+            tokenizer_dir=tokenizer_folder(cfg.model_name, self.settings.models_dir),
             api_url=api_url,
             face_url=face_url,
             key=face.key,
-            wandb_name=wandb_name,
+            wandb_name=self._wandb_name,
             evals_dir=self.work / "evals",
         )
+
+    def _start_environment(
+        self, exits: contextlib.AsyncExitStack, key: str, yaml_path: Path
+    ) -> Environment:
+        """`<atropos python> FILE serve --config YAML` in the file's folder, and the watches on
+        what it writes."""
         metrics_file = self.work / "env-metrics.jsonl"
         env_log = self.work / "env.log"
         log_start, metrics_start = _size(env_log), _size(metrics_file)
         env_file = Path(self.spec.env_file)
-        env = self._start(
+        process = self._start(
             exits,
-            face.key,
+            key,
             "the environment",
             [self.settings.atropos_python, str(env_file), "serve", "--config", str(yaml_path)],
             env_file.parent,
             env_log,
             **{
                 METRICS_FILE_VARIABLE: str(metrics_file),
-                "WANDB_MODE": "offline" if cfg.use_wandb else "disabled",
+                "WANDB_MODE": "offline" if self.config.use_wandb else "disabled",
                 "WANDB_DIR": str(self.work),
                 "WANDB_SILENT": "true",
             },
         )
+        started_at = time.monotonic()
         evals = self.work / "evals" / "metrics.json"
-        return Feed(
-            settings=self.settings,
-            total_steps=self.total_steps,
-            face=face,
-            context=context,
-            http=http,
-            api=api,
-            api_url=api_url,
-            env=env,
-            env_started_at=time.monotonic(),
+        return Environment(
+            process,
+            started_at,
             # From where this attempt starts: a resumed run's folder holds the last one's too.
             log_watch=LogWatch(env_log, offset=log_start),
-            tap=MetricsTap(metrics_file, wandb_name, offset=metrics_start),
+            tap=MetricsTap(metrics_file, self._wandb_name, offset=metrics_start),
             evals=EvalWatch(evals, seen=evals.stat().st_mtime if evals.exists() else 0.0),
-            note_stall=self._note_stall,
         )
 
     def _start(
@@ -195,17 +222,7 @@ class AtroposTrainer(FaceRunner[Feed, Drawn]):
                 exits,
                 key,
                 "the trajectory API",
-                [
-                    self.settings.atropos_python,
-                    "-m",
-                    "uvicorn",
-                    "atroposlib.api:app",
-                    "--host",
-                    "127.0.0.1",
-                    "--port",
-                    str(port),
-                    "--no-access-log",
-                ],
+                self._api_command(port),
                 self.folder.path,
                 self.work / "api.log",
             )
@@ -225,6 +242,20 @@ class AtroposTrainer(FaceRunner[Feed, Drawn]):
             if "address already in use" not in api.tail().lower():
                 break
         raise EnvironmentFailed(f"the trajectory API did not start: {api.describe()}")
+
+    def _api_command(self, port: int) -> list[str]:
+        """atroposlib's API app under uvicorn, on loopback `port`."""
+        return [
+            self.settings.atropos_python,
+            "-m",
+            "uvicorn",
+            "atroposlib.api:app",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--no-access-log",
+        ]
 
     async def _register(self, http: httpx.AsyncClient, api_url: str, context: int | None) -> None:
         """The trainer's registration, then a first /batch: the API counts the trainer as
@@ -286,8 +317,8 @@ class AtroposTrainer(FaceRunner[Feed, Drawn]):
             **done.prepared.off_policy,
             **done.train_metrics,
             **face.stats.take(),
-            **feed.log_watch.take(),
-            **feed.tap.take(),
+            **feed.env.log_watch.take(),
+            **feed.env.tap.take(),
             "atropos/recomputed_logprobs": float(drawn.recomputed),
             "atropos/queue_size": float(await feed.queue_size()),
             **done.times,
@@ -298,7 +329,7 @@ class AtroposTrainer(FaceRunner[Feed, Drawn]):
             drawn.batch.reward_mean(),
             lambda: sequence_records(drawn.groups, trained, face.decode, face.end_ids),
             example=_example(drawn.batch, face.decode),
-            evals=feed.evals.take(),
+            evals=feed.env.evals.take(),
         )
 
     def tag_policies(self, face: InferenceFace, sequences: list[Sequence]) -> None:
@@ -339,7 +370,7 @@ class AtroposTrainer(FaceRunner[Feed, Drawn]):
         """The environment and the API stop first (nothing more is needed of them), then the
         last checkpoint and W&B as for any run."""
         await run.data.stop_children()
-        evals = run.data.evals.take()
+        evals = run.data.env.evals.take()
         if evals:
             run.reporter.eval(self.step, evals)
         await super().tear_down(run, status)

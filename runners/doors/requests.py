@@ -222,22 +222,14 @@ def chat_answer(
     for index, sequence in enumerate(sequences):
         text = decode(list(sequence.tokens))
         reply = parse_reply(text) if tools else Reply(text, [])
-        message: dict[str, Any] = {"role": "assistant", "content": reply.content}
-        if reply.tool_calls:
-            message["tool_calls"] = reply.tool_calls
         choice: dict[str, Any] = {
             "index": index,
-            "message": message,
+            "message": _assistant_message(reply),
             "finish_reason": "tool_calls" if reply.tool_calls else openai_finish(sequence),
             "logprobs": None,
         }
         if with_logprobs:
-            choice["logprobs"] = {
-                "content": [
-                    {"token": token_text(t), "logprob": lp, "bytes": None, "top_logprobs": []}
-                    for t, lp in zip(sequence.tokens, logprobs_of(sequence), strict=True)
-                ]
-            }
+            choice["logprobs"] = _chat_logprobs(sequence, token_text)
         if prompt is not None:
             choice["token_ids"] = [int(t) for t in sequence.tokens]
         choices.append(choice)
@@ -252,6 +244,23 @@ def chat_answer(
     if prompt is not None:
         answer["prompt_token_ids"] = list(prompt)
     return answer
+
+
+def _assistant_message(reply: Reply) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": reply.content}
+    if reply.tool_calls:
+        message["tool_calls"] = reply.tool_calls
+    return message
+
+
+def _chat_logprobs(sequence: types.SampledSequence, token_text: Any) -> dict[str, Any]:
+    """A chat choice's logprobs in OpenAI's shape: each sampled token's text and logprob."""
+    return {
+        "content": [
+            {"token": token_text(t), "logprob": lp, "bytes": None, "top_logprobs": []}
+            for t, lp in zip(sequence.tokens, logprobs_of(sequence), strict=True)
+        ]
+    }
 
 
 def completion_answer(

@@ -130,23 +130,7 @@ class ChatCompletion:
             num_samples=job.n,
             sampling_params=self.sampling_params(),
         )
-        if job.backend == "local":
-            call_args.update(
-                deadline=deadline,
-                cancel=cancel,
-                min_tokens=min(job.min_tokens, job.max_tokens),
-                ignore_eos=job.ignore_eos,
-            )
-            streams = [TextStream(self.decode, job.stop) for _ in range(job.n)]
-            if job.stream and emit is not None:
-                response = await self._streamed(call_args, streams, emit)
-            else:
-                response = await self._sampler.sample(**call_args)
-        else:
-            # The SDK has no deadline of its own and may wait on a stuck request indefinitely.
-            left = None if deadline is None else max(1.0, deadline - time.monotonic())
-            timeout = None if left is None else left + TINKER_MARGIN_S
-            response = await bounded(self._sampler.sample(**call_args), timeout, "sample")
+        response = await self._sample(call_args, deadline, cancel, emit)
         choices = [self._choice(i, seq) for i, seq in enumerate(response.sequences)]
         answer = {
             "ok": True,
@@ -159,6 +143,28 @@ class ChatCompletion:
         if job.token_ids:
             answer["prompt_token_ids"] = list(prompt)
         return answer
+
+    async def _sample(
+        self, call_args: dict[str, Any], deadline: float | None, cancel: Any, emit: Emit | None
+    ) -> types.SampleResponse:
+        """The sampler's answer by `deadline` (time.monotonic()): the local engine's streamed
+        to `emit` when the job streams, the Tinker SDK's bounded by a timeout."""
+        job = self.job
+        if job.backend == "local":
+            call_args.update(
+                deadline=deadline,
+                cancel=cancel,
+                min_tokens=min(job.min_tokens, job.max_tokens),
+                ignore_eos=job.ignore_eos,
+            )
+            streams = [TextStream(self.decode, job.stop) for _ in range(job.n)]
+            if job.stream and emit is not None:
+                return await self._streamed(call_args, streams, emit)
+            return await self._sampler.sample(**call_args)
+        # The SDK has no deadline of its own and may wait on a stuck request indefinitely.
+        left = None if deadline is None else max(1.0, deadline - time.monotonic())
+        timeout = None if left is None else left + TINKER_MARGIN_S
+        return await bounded(self._sampler.sample(**call_args), timeout, "sample")
 
     async def _streamed(
         self, call_args: dict[str, Any], streams: list[TextStream], emit: Emit

@@ -71,22 +71,7 @@ class CustomLoss:
 def build(name: str, inputs: Sequence[Mapping[str, Any]], graph: Mapping[str, Any]) -> CustomLoss:
     """The loss `graph` describes, every node checked first (GraphRefused naming the first
     that is not allowed)."""
-    if graph.get("format") != 1:
-        raise GraphRefused(f"graph.format: {graph.get('format')!r}; this server reads format 1")
-    declared = [(str(i["name"]), int(i["rank"])) for i in inputs]
-    if not declared or declared[0] != ("logprobs", 1):
-        raise GraphRefused(
-            "inputs: the first is logprobs, of rank 1 here (the local engine trains one target "
-            "token per position, so logprobs are [T])"
-        )
-    nodes = list(graph.get("nodes") or [])
-    placeholders = [n for n in nodes if n.get("op") == "placeholder"]
-    if [p.get("target") for p in placeholders] != [n for n, _ in declared]:
-        raise GraphRefused("graph: its placeholders are not the inputs declared, in order")
-    for node in nodes:
-        _check(name, node)
-    if not nodes or nodes[-1].get("op") != "output":
-        raise GraphRefused("graph: it ends without an output node")
+    declared, nodes = _checked(name, inputs, graph)
 
     def run(*values: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         env: dict[str, Any] = {}
@@ -109,6 +94,29 @@ def build(name: str, inputs: Sequence[Mapping[str, Any]], graph: Mapping[str, An
         raise GraphRefused("graph: it ends without an output node")
 
     return CustomLoss(name, declared[1:], run)
+
+
+def _checked(
+    name: str, inputs: Sequence[Mapping[str, Any]], graph: Mapping[str, Any]
+) -> tuple[list[tuple[str, int]], list[Any]]:
+    """The inputs declared (name, rank) and the graph's nodes, once every one is allowed."""
+    if graph.get("format") != 1:
+        raise GraphRefused(f"graph.format: {graph.get('format')!r}; this server reads format 1")
+    declared = [(str(i["name"]), int(i["rank"])) for i in inputs]
+    if not declared or declared[0] != ("logprobs", 1):
+        raise GraphRefused(
+            "inputs: the first is logprobs, of rank 1 here (the local engine trains one target "
+            "token per position, so logprobs are [T])"
+        )
+    nodes = list(graph.get("nodes") or [])
+    placeholders = [n for n in nodes if n.get("op") == "placeholder"]
+    if [p.get("target") for p in placeholders] != [n for n, _ in declared]:
+        raise GraphRefused("graph: its placeholders are not the inputs declared, in order")
+    for node in nodes:
+        _check(name, node)
+    if not nodes or nodes[-1].get("op") != "output":
+        raise GraphRefused("graph: it ends without an output node")
+    return declared, nodes
 
 
 def _check(name: str, node: Mapping[str, Any]) -> None:

@@ -381,23 +381,7 @@ class TinkerOps:
                 sampler = ready.result()
                 prompt = _prompt(request.prompt)
                 started.append((prompt, sampler.get_tokenizer()))
-                params = types.SamplingParams.model_validate(request.sampling_params)
-                submitted = sampler.sample(
-                    prompt,
-                    request.num_samples,
-                    params,
-                    include_prompt_logprobs=bool(request.prompt_logprobs),
-                    topk_prompt_logprobs=request.topk_prompt_logprobs,
-                    topk_sample_logprobs=request.topk_sample_logprobs,
-                    target_prompt_logprobs=request.target_prompt_logprobs,
-                    prompt_alt_tokens_k=request.prompt_alt_tokens_k,
-                    prompt_logprobs_last_n=request.prompt_logprobs_last_n,
-                    sequence_ids=request.sequence_ids,
-                    record_stability_info=request.record_stability_info,
-                    client=session_of(request.sampler_id),  # turns are fair between sessions
-                    deadline=deadline,
-                    cancel=stop,
-                )
+                submitted = _submit(sampler, request, prompt, deadline, stop)
             except BaseException as exc:
                 result.set_exception(exc)
                 return
@@ -578,6 +562,33 @@ def _optimizer_params(params: dict[str, Any]) -> types.AdamParams:
             "(types.AdamParams)"
         )
     return types.AdamParams.model_validate({k: v for k, v in params.items() if k != "type"})
+
+
+def _submit(
+    sampler: LocalSamplingClient,
+    request: Sample,
+    prompt: types.ModelInput,
+    deadline: float | None,
+    stop: threading.Event,
+) -> LocalFuture[types.SampleResponse]:
+    """The request's sample on its loaded sampler, every option the wire carries passed on."""
+    params = types.SamplingParams.model_validate(request.sampling_params)
+    return sampler.sample(
+        prompt,
+        request.num_samples,
+        params,
+        include_prompt_logprobs=bool(request.prompt_logprobs),
+        topk_prompt_logprobs=request.topk_prompt_logprobs,
+        topk_sample_logprobs=request.topk_sample_logprobs,
+        target_prompt_logprobs=request.target_prompt_logprobs,
+        prompt_alt_tokens_k=request.prompt_alt_tokens_k,
+        prompt_logprobs_last_n=request.prompt_logprobs_last_n,
+        sequence_ids=request.sequence_ids,
+        record_stability_info=request.record_stability_info,
+        client=session_of(request.sampler_id),  # turns are fair between sessions
+        deadline=deadline,
+        cancel=stop,
+    )
 
 
 def _prompt(model_input: dict[str, Any]) -> types.ModelInput:

@@ -72,6 +72,15 @@ class Collected:
     def transitions(self) -> int:
         return sum(len(e.transitions) for e in self.episodes)
 
+    def lose(self, spec: EpisodeSpec, exc: Exception) -> None:
+        """An episode lost to its environment or sampler: counted (by group too), logged, and
+        its error kept if among the first five."""
+        self.failed += 1
+        self.failed_by_group[spec.group] = self.failed_by_group.get(spec.group, 0) + 1
+        if len(self.errors) < 5:
+            self.errors.append(torch_free.advice(exc) or f"{type(exc).__name__}: {exc}")
+        log.warning("episode failed (group %s, seed %s): %s", spec.group, spec.seed, exc)
+
 
 async def run_episode(
     spec: EpisodeSpec,
@@ -128,11 +137,9 @@ async def collect(
     enough: Callable[[Collected], bool] = lambda _: False,
     split: Split = "train",
 ) -> Collected:
-    """Run episodes from `specs` with `concurrency` workers until `specs` ends or `enough`.
-
-    A failed sample or environment error drops that episode (counted), never the batch; the
-    engine host's going (EngineLost) ends the collection.
-    """
+    """Run episodes from `specs` with `concurrency` workers until `specs` ends or `enough`. A
+    failed sample or environment error drops that episode (counted), never the batch; the
+    engine host's going (EngineLost) ends the collection."""
     out = Collected(episodes=[])
     done = asyncio.Event()
     numbered = enumerate(specs)  # the k-th spec is the k-th episode, whichever worker runs it
@@ -149,11 +156,7 @@ async def collect(
             except (asyncio.CancelledError, EngineLost):
                 raise  # the engine host went: not this episode's failure, the run's
             except Exception as exc:  # an environment or sampler failure loses one episode
-                out.failed += 1
-                out.failed_by_group[spec.group] = out.failed_by_group.get(spec.group, 0) + 1
-                if len(out.errors) < 5:
-                    out.errors.append(torch_free.advice(exc) or f"{type(exc).__name__}: {exc}")
-                log.warning("episode failed (group %s, seed %s): %s", spec.group, spec.seed, exc)
+                out.lose(spec, exc)
                 continue
             out.episodes.append(episode)
             if enough(out):

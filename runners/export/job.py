@@ -31,31 +31,8 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     answer: dict[str, Any] = {}
 
-    def build(tmp: Path) -> None:
-        if args.tinker_state:
-            from runners.export.tinker import export_external
-
-            base, external = export_external(
-                args.tinker_state, args.name, tmp, card, settings.export_timeout_s
-            )
-            answer.update(base_model=base, format="tinker-external", external_path=external)
-        elif args.merged:
-            from runners.export.local import export_merged
-
-            answer.update(
-                base_model=export_merged(Path(args.sampler), tmp, card, settings.models_dir),
-                format="hf-merged",
-            )
-        else:
-            from runners.export.local import export_adapter
-
-            answer.update(
-                base_model=export_adapter(Path(args.sampler), tmp, card, settings.models_dir),
-                format="peft-lora",
-            )
-
     def build_all(tmp: Path) -> None:
-        build(tmp)
+        answer.update(_export(args, card, settings, tmp))
         if args.rollouts:  # the run's recorded episodes, written by the server
             shutil.copyfile(args.rollouts, tmp / ROLLOUTS_FILE)
 
@@ -71,6 +48,32 @@ def main(argv: list[str] | None = None) -> int:
         traceback.print_exc()
         return _answer({"ok": False, "error": f"{type(exc).__name__}: {exc}"}, 1)
     return _answer({"ok": True, **answer}, 0)
+
+
+def _export(
+    args: argparse.Namespace, card: dict[str, Any], settings: Settings, tmp: Path
+) -> dict[str, Any]:
+    """Write the checkpoint into `tmp` in the asked format; the answer's facts about it."""
+    if args.tinker_state:
+        from runners.export.tinker import export_external
+
+        base, external = export_external(
+            args.tinker_state, args.name, tmp, card, settings.export_timeout_s
+        )
+        return {"base_model": base, "format": "tinker-external", "external_path": external}
+    if args.merged:
+        from runners.export.local import export_merged
+
+        return {
+            "base_model": export_merged(Path(args.sampler), tmp, card, settings.models_dir),
+            "format": "hf-merged",
+        }
+    from runners.export.local import export_adapter
+
+    return {
+        "base_model": export_adapter(Path(args.sampler), tmp, card, settings.models_dir),
+        "format": "peft-lora",
+    }
 
 
 def publish(out: Path, build: Callable[[Path], None], overwrite: bool) -> list[str]:

@@ -14,7 +14,6 @@ def model_card(
     environment, config_hash, reward_mean, backend); `base_model` what the adapter applies to,
     `base_location` the folder its weights were read from on this machine, if any."""
     library = "transformers" if merged else "peft"
-    reward = card.get("reward_mean")
     lines = [
         "---",
         f"base_model: {base_model}",
@@ -30,6 +29,22 @@ def model_card(
             else "A LoRA adapter (PEFT format) trained with reinforcement learning."
         ),
         "",
+        *_facts(card, base_model, base_location),
+        "",
+        "## Loading",
+        "",
+        "```python",
+        *_loading_code(base_model, merged),
+        "```",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _facts(card: dict[str, Any], base_model: str, base_location: str | None) -> list[str]:
+    """The card's bullet list: the base model, the run and step, the environment, the reward."""
+    reward = card.get("reward_mean")
+    return [
         f"- Base model: `{base_model}`",
         *(
             [f"- Base model weights on the exporting machine: `{base_location}`"]
@@ -41,31 +56,29 @@ def model_card(
         f"- Config hash: `{card.get('config_hash')}`",
         f"- Latest mean reward of the run: {'n/a' if reward is None else f'{reward:.4g}'}",
         f"- Backend: {card.get('backend', 'local')}",
-        "",
-        "## Loading",
-        "",
-        "```python",
     ]
+
+
+def _loading_code(base_model: str, merged: bool) -> list[str]:
+    """The card's Python snippet that loads the folder (PATH): the merged model, or the adapter
+    on its base."""
     if merged:
-        lines += [
+        return [
             "from transformers import AutoModelForCausalLM, AutoTokenizer",
             "model = AutoModelForCausalLM.from_pretrained(PATH)",
             "tokenizer = AutoTokenizer.from_pretrained(PATH)",
         ]
-    elif base_model == TINY_RANDOM:
-        lines += [
+    if base_model == TINY_RANDOM:
+        return [
             "from peft import PeftModel",
             "from runners.models.tiny import build_tiny  # tiny-random is built, not downloaded",
             "base, tokenizer = build_tiny()",
             "model = PeftModel.from_pretrained(base, PATH)",
         ]
-    else:
-        lines += [
-            "from peft import PeftModel",
-            "from transformers import AutoModelForCausalLM, AutoTokenizer",
-            f"base = AutoModelForCausalLM.from_pretrained({base_model!r})",
-            "model = PeftModel.from_pretrained(base, PATH)",
-            "tokenizer = AutoTokenizer.from_pretrained(PATH)",
-        ]
-    lines += ["```", ""]
-    return "\n".join(lines)
+    return [
+        "from peft import PeftModel",
+        "from transformers import AutoModelForCausalLM, AutoTokenizer",
+        f"base = AutoModelForCausalLM.from_pretrained({base_model!r})",
+        "model = PeftModel.from_pretrained(base, PATH)",
+        "tokenizer = AutoTokenizer.from_pretrained(PATH)",
+    ]

@@ -345,6 +345,14 @@ async def train_on(
     optim = training.optim_step(adam)
     result = await bounded(fwd_bwd, timeout_s, "forward_backward")
     stepped = await bounded(optim, timeout_s, "optim_step")
+    return _step_metrics(kept, result, stepped)
+
+
+def _step_metrics(
+    kept: list[Sequence], result: types.ForwardBackwardOutput, stepped: types.OptimStepResponse
+) -> dict[str, float]:
+    """The step's train/* metrics from forward_backward's `result` and optim_step's `stepped`
+    answers, with the sampler/learner KL on the `kept` sequences (those made datums)."""
     # fp16 training's loss scale and the steps it skipped on an overflow (local engine, CUDA).
     scaling = {
         f"train/{key}": float(value)
@@ -363,7 +371,7 @@ async def train_on(
     return {
         "train/loss": loss_sum / max(1, tokens),
         "train/loss_sum": loss_sum,
-        "train/num_datums": float(len(datums)),
+        "train/num_datums": float(len(kept)),
         "train/num_action_tokens": float(tokens),
         **own,
         **scaling,

@@ -88,17 +88,8 @@ class Reporter:
         try:
             import wandb
 
-            name = self._config.wandb_name or f"{self._config.model_name.split('/')[-1]}"
             wandb_id = wandb_id_for(self.run_id)
-            options: dict[str, Any] = {  # wandb.init's keywords, of several types
-                "project": self._config.wandb_project,
-                "entity": self._settings.wandb_entity,
-                "name": f"{name}-{self.run_id}",
-                "id": wandb_id,
-                "dir": str(self.folder.path),
-                "config": self._config.model_dump(mode="json"),
-                "mode": "online" if online else "offline",
-            }
+            options = self._wandb_options(wandb_id, online)
             self._wandb = None
             if online and resume_step is not None:
                 try:
@@ -120,6 +111,19 @@ class Reporter:
             path = f"{run.entity}/{run.project}/{run.id}"
             lifecycle.record_fields(self._engine, self.run_id, wandb_path=path, wandb_url=run.url)
         log.info("W&B run %s (%s)", run.id, "online" if online else "offline, in the run folder")
+
+    def _wandb_options(self, wandb_id: str, online: bool) -> dict[str, Any]:
+        """wandb.init's keywords (of several types): the run's project, name, folder, config."""
+        name = self._config.wandb_name or f"{self._config.model_name.split('/')[-1]}"
+        return {
+            "project": self._config.wandb_project,
+            "entity": self._settings.wandb_entity,
+            "name": f"{name}-{self.run_id}",
+            "id": wandb_id,
+            "dir": str(self.folder.path),
+            "config": self._config.model_dump(mode="json"),
+            "mode": "online" if online else "offline",
+        }
 
     def finish_wandb(self, exit_code: int = 0) -> None:
         """The run's records end: its rollouts written (boundedly), its W&B run finished."""

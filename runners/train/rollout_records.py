@@ -24,19 +24,8 @@ def episode_records(
     stops = set(stop_ids)
     out = []
     for index, episode in enumerate(episodes):
-        segments: list[Segment] = []
         turn_advantages = [advantage.get((index, j)) for j in range(len(episode.transitions))]
-        for t, turn_advantage in zip(episode.transitions, turn_advantages, strict=True):
-            segments.append(Segment("env", decode(t.prompt_tokens), len(t.prompt_tokens)))
-            segments.append(
-                Segment(
-                    "model",
-                    decode(t.action_tokens),
-                    len(t.action_tokens),
-                    reward=t.reward,
-                    advantage=turn_advantage,
-                )
-            )
+        segments = _turn_segments(episode.transitions, turn_advantages, decode)
         trained_on = [a for a in turn_advantages if a is not None]
         transitions = episode.transitions
         logprobs = [lp for t in transitions for lp in t.action_logprobs]
@@ -61,6 +50,27 @@ def episode_records(
             )
         )
     return out
+
+
+def _turn_segments(
+    transitions: list[Transition],
+    turn_advantages: list[float | None],
+    decode: Callable[[list[int]], str],
+) -> list[Segment]:
+    """Each turn as the environment's text, then the model's with its reward and advantage."""
+    segments: list[Segment] = []
+    for t, turn_advantage in zip(transitions, turn_advantages, strict=True):
+        segments.append(Segment("env", decode(t.prompt_tokens), len(t.prompt_tokens)))
+        segments.append(
+            Segment(
+                "model",
+                decode(t.action_tokens),
+                len(t.action_tokens),
+                reward=t.reward,
+                advantage=turn_advantage,
+            )
+        )
+    return segments
 
 
 def _finish(last: Transition, stops: set[int]) -> str:

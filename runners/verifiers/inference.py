@@ -12,12 +12,13 @@ import asyncio
 import shutil
 import time
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
 from core.settings import Settings
 from core.spec import InferenceJob
 from core.verifiers import VerifiersRunConfig
-from core.verifiers_wire import Rollout
+from core.verifiers_wire import Group, Rollout
 from runners.doors.face import InferenceFace, serving
 from runners.doors.free_prompts import answer_prompts
 from runners.doors.requests import SamplingDefaults
@@ -92,18 +93,7 @@ class VerifiersInference:
                     face.key,
                 )
                 try:
-                    await driver.wait_ready(max(0.1, deadline - time.monotonic()))
-                    rolls = [
-                        asyncio.ensure_future(driver.roll(i, 1, sampling, split="eval"))
-                        for i in range(job.num_items or 1)
-                    ]
-                    done, pending = await asyncio.wait(
-                        rolls, timeout=max(0.1, deadline - time.monotonic())
-                    )
-                    for roll in pending:
-                        roll.cancel()
-                    groups = [r.result() for r in rolls if r in done and not r.exception()]
-                    failed = [r.exception() for r in rolls if r in done and r.exception()]
+                    played = await _play(driver, job.num_items or 1, sampling, deadline)
                 finally:
                     await asyncio.to_thread(driver.stop)
                     await face.drain(5.0)
@@ -111,16 +101,44 @@ class VerifiersInference:
             return [_nothing(str(exc))]
         finally:
             shutil.rmtree(work, ignore_errors=True)
-        results = [_result(r) for g in groups for r in g.rollouts]
-        if pending:
-            cut = (
-                f"the time budget of this request ({job.budget_s or 0:g} s, "
-                "RLCS_INFERENCE_BUDGET_S) ran out before the environment scored every example"
-            )
-            results = [{**r, "reason": r["reason"] or cut} for r in results] or [_nothing(cut)]
-        if failed and not results:
-            results = [_nothing(str(failed[0]))]
-        return results
+        return _results(played, job.budget_s)
+
+
+@dataclass
+class Played:
+    """What the environment scored in time (`groups`), what failed, and whether the time
+    budget cut it short."""
+
+    groups: list[Group]
+    failed: list[BaseException]
+    cut: bool
+
+
+async def _play(driver: Driver, count: int, sampling: dict[str, Any], deadline: float) -> Played:
+    """`count` examples of the eval split, one rollout each, until they end or `deadline`
+    does (those still playing then are cancelled)."""
+    await driver.wait_ready(max(0.1, deadline - time.monotonic()))
+    rolls = [asyncio.ensure_future(driver.roll(i, 1, sampling, split="eval")) for i in range(count)]
+    done, pending = await asyncio.wait(rolls, timeout=max(0.1, deadline - time.monotonic()))
+    for roll in pending:
+        roll.cancel()
+    groups = [r.result() for r in rolls if r in done and not r.exception()]
+    failed = [e for r in rolls if r in done and (e := r.exception()) is not None]
+    return Played(groups, failed, cut=bool(pending))
+
+
+def _results(played: Played, budget_s: float | None) -> list[dict[str, Any]]:
+    """One result per scored rollout; a cut request's say why, a failed one's say what failed."""
+    results = [_result(r) for g in played.groups for r in g.rollouts]
+    if played.cut:
+        cut = (
+            f"the time budget of this request ({budget_s or 0:g} s, "
+            "RLCS_INFERENCE_BUDGET_S) ran out before the environment scored every example"
+        )
+        results = [{**r, "reason": r["reason"] or cut} for r in results] or [_nothing(cut)]
+    if played.failed and not results:
+        results = [_nothing(str(played.failed[0]))]
+    return results
 
 
 def _result(rollout: Rollout) -> dict[str, Any]:

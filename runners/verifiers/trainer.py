@@ -88,6 +88,15 @@ class VerifiersTrainer(FaceRunner[Data, Rollouts]):
         face.set_sampler(await self.snapshot(training), self.step)
         face_url = await exits.enter_async_context(serving(face))
         exits.push_async_callback(face.drain, DRAIN_S)
+        driver = await self._start_driver(exits, face_url, face.key)
+        return Data(face, driver, context)
+
+    async def _start_driver(
+        self, exits: contextlib.AsyncExitStack, face_url: str, key: str
+    ) -> Driver:
+        """The environment's driver in the verifiers interpreter (stopped when the run ends),
+        once it has loaded the environment."""
+        cfg = self.config
         driver = Driver.start(
             self.settings,
             DriverConfig.of(
@@ -96,10 +105,10 @@ class VerifiersTrainer(FaceRunner[Data, Rollouts]):
                 f"{face_url}/v1",
                 cfg.model_name,
                 cfg.seed,
-                models,
+                self.settings.models_dir,
             ),
             self.work,
-            face.key,
+            key,
         )
         exits.push_async_callback(asyncio.to_thread, driver.stop)
         ready = await self._until_stopped(
@@ -112,7 +121,7 @@ class VerifiersTrainer(FaceRunner[Data, Rollouts]):
             ready.examples,
             ready.eval_examples,
         )
-        return Data(face, driver, context)
+        return driver
 
     async def next_batch(self, run: Run, step: int, times: dict[str, float]) -> list[Group]:
         with timed(times, "sample"):
