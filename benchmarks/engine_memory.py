@@ -26,6 +26,7 @@ from pathlib import Path
 import psutil
 from tinker import types
 
+from benchmarks.watch import Watch
 from core.model_names import SMOLLM2, TINY_RANDOM
 from runners.engine import openmp
 from runners.engine.local import LocalServiceClient, LocalTrainingClient
@@ -101,29 +102,16 @@ def read_memory() -> Reading:
     return Reading(process.memory_info().rss / MB, pss, in_use, free, process.num_threads())
 
 
-class PeakWatch:
+class PeakWatch(Watch):
     """The process's highest RSS while it runs, read every `interval` seconds on a thread."""
 
     def __init__(self, interval: float) -> None:
-        self._interval = interval
-        self._stop = threading.Event()
+        super().__init__(interval, name="peak-watch")
+        self._process = psutil.Process()
         self.peak = 0.0
-        self._thread = threading.Thread(target=self._watch, name="peak-watch", daemon=True)
 
-    def __enter__(self) -> PeakWatch:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def _watch(self) -> None:
-        process = psutil.Process()
-        while True:
-            self.peak = max(self.peak, process.memory_info().rss / MB)
-            if self._stop.wait(self._interval):
-                return
+    def look(self) -> None:
+        self.peak = max(self.peak, self._process.memory_info().rss / MB)
 
 
 def rl_step(
