@@ -26,6 +26,20 @@ TINY_RUN = {
     "group_size": 4,
     "batch_size": 2,
 }
+# A two-step repeat_word run on tiny-random that keeps a checkpoint after each step (LoRA
+# rank 4, 4 new tokens, one task x 2 tries per step, no eval, no W&B): an adapter to sample.
+SAVING_TINY_RUN = {
+    "environment": "repeat_word",
+    "model_name": "tiny-random",
+    "total_steps": 2,
+    "save_every": 1,
+    "steps_per_eval": 0,
+    "use_wandb": False,
+    "group_size": 2,
+    "batch_size": 1,
+    "max_token_length": 4,
+    "lora_rank": 4,
+}
 
 
 def wait_for(check: Callable[[], T], timeout: float = 20.0, every: float = 0.05) -> T:
