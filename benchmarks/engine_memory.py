@@ -26,6 +26,7 @@ from pathlib import Path
 import psutil
 from tinker import types
 
+from benchmarks.rl_data import importance_data
 from benchmarks.watch import Watch
 from core.model_names import SMOLLM2, TINY_RANDOM
 from runners.engine import openmp
@@ -123,20 +124,7 @@ def rl_step(
     sampler = trainer.save_weights_and_get_sampling_client().result()
     params = types.SamplingParams(max_tokens=args.new_tokens, temperature=1.0, stop=[])
     futures = [sampler.sample(types.ModelInput.from_ints(p), args.group, params) for p in prompts]
-    data = []
-    for prompt, future in zip(prompts, futures, strict=True):
-        for i, seq in enumerate(future.result().sequences):
-            full, pad = prompt + list(seq.tokens), [0.0] * (len(prompt) - 1)
-            data.append(
-                types.Datum(
-                    model_input=types.ModelInput.from_ints(full[:-1]),
-                    loss_fn_inputs={
-                        "target_tokens": full[1:],
-                        "logprobs": pad + list(seq.logprobs),
-                        "advantages": pad + [1.0 if i % 2 else -1.0] * len(seq.tokens),
-                    },
-                )
-            )
+    data = importance_data(prompts, [future.result() for future in futures])
     trainer.forward_backward(data, "importance_sampling")
     trainer.optim_step(types.AdamParams(learning_rate=1e-5)).result()
     return sampler
