@@ -29,20 +29,21 @@ from typing import Any
 
 import httpx
 
-from benchmarks.learning import OUT_DIR, TERMINAL, machine, mean_of, select, serving
+from benchmarks import learning
+from benchmarks.learning import (
+    OUT_DIR,
+    TERMINAL,
+    figure,
+    machine,
+    mean_of,
+    save_figure,
+    select,
+    serving,
+)
 from core.settings import PROJECT_ROOT
 
-COMMON: dict[str, Any] = {
-    "group_size": 4,
-    "batch_size": 4,
-    "max_token_length": 8,
-    "learning_rate": 5e-4,
-    "lora_rank": 8,
-    "save_every": 0,
-    "steps_per_eval": 0,
-    "use_wandb": False,
-    "seed": 0,
-}
+# learning.py's settings, with repeat_word's 8 new tokens.
+COMMON: dict[str, Any] = {**learning.COMMON, "max_token_length": 8}
 SETS = ("async", "speed", "kl", "losses", "distill")
 TEACHER_STEPS = 20
 SPEED_STEPS = 6  # per run of the speed set; its first step (start-up) is not counted
@@ -260,18 +261,13 @@ def report(done: list[Series]) -> str:
 
 
 def plot(done: list[Series], path: Path, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")  # files only, no display
-    import matplotlib.pyplot as plt
-
     panels = [
         ("async", "reward/mean", "async: mean reward (slow_repeat_word)"),
         ("kl", "kl/reference", "KL to the base model"),
         ("losses", "reward/mean", "losses: mean reward (repeat_word)"),
         ("distill", "reward/mean", "distillation: mean reward"),
     ]
-    fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 4.2))
+    fig, axes = figure(1, len(panels), figsize=(5.2 * len(panels), 4.2))
     for axis, (name, key, label) in zip(axes, panels, strict=True):
         members = [s for s in done if s.set == name]
         if name == "losses":
@@ -284,10 +280,7 @@ def plot(done: list[Series], path: Path, title: str) -> None:
         axis.set_xlabel("step")
         axis.grid(alpha=0.3)
         axis.legend(fontsize=7)
-    fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    save_figure(fig, title, path, 100)
 
 
 def save(done: list[Series], out: Path) -> None:

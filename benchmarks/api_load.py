@@ -11,8 +11,6 @@ import json
 import os
 import platform
 import random
-import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -35,6 +33,7 @@ from core.run_folder import hash_config
 from core.settings import PROJECT_ROOT, Settings
 from environments.base import EnvConfig
 from server.launch.supervisor import Supervisor
+from tests.support.live_server import free_port, stop_process
 
 CLIENTS = 32
 RUNS = 1000
@@ -124,12 +123,6 @@ def fresh_db(var_dir: Path, database_url: str | None = None) -> tuple[Settings, 
 # HTTP load ---------------------------------------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def start_server(var_dir: Path, database_url: str) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
     env = {
@@ -160,16 +153,6 @@ def start_server(var_dir: Path, database_url: str) -> tuple[subprocess.Popen[byt
             time.sleep(0.05)
     stop_process(proc)
     raise RuntimeError("the server did not answer /health within 30 s")
-
-
-def stop_process(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def percentile(samples: list[float], q: float) -> float:

@@ -9,8 +9,6 @@ import importlib.util
 import json
 import os
 import platform
-import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -26,6 +24,7 @@ import httpx
 from core.settings import PROJECT_ROOT
 from server.environments import discovery
 from server.environments.catalog import Catalog
+from tests.support.live_server import free_port, stop_process
 
 HEAVY = ("torch", "transformers", "tinker", "wandb", "peft", "gem", "openreward")
 STARTS = 3
@@ -163,12 +162,6 @@ uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), log_level="warning")
 """
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def child_env(var_dir: Path, port: int) -> dict[str, str]:
     env = {**os.environ, "RLCS_VAR_DIR": str(var_dir), "RLCS_HOST": "127.0.0.1"}
     env["RLCS_PORT"] = str(port)
@@ -211,12 +204,7 @@ def start_and_measure(argv: list[str], port: int, env: dict[str, str]) -> tuple[
         mapped = sorted({m for m in ("libtorch", "libcuda", "libcudart") if m in maps})
         return elapsed, rss, ",".join(mapped)
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc)
         if proc.stderr:
             proc.stderr.close()
 

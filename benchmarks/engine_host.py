@@ -26,7 +26,6 @@ import platform
 import shutil
 import statistics
 import tempfile
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +33,7 @@ from pathlib import Path
 import httpx
 import psutil
 
+from benchmarks.watch import Watch
 from core import engine_host
 from core.model_names import SMOLLM2, smollm2_converted_dir, smollm2_is_converted
 from core.settings import Settings
@@ -55,46 +55,37 @@ RUN = {
 }
 
 
-class PeakMemory:
-    """The summed memory of a server's processes and its engine hosts, at its peak: resident
-    (RSS: pages shared between processes, torch's libraries and the mapped weights, counted in
-    each) and proportional (PSS: a shared page split between the processes that map it); the
-    server itself counted with `with_server`."""
+class PeakMemory(Watch):
+    """The summed memory of a server's processes and its engine hosts, at its peak (read every
+    0.1 s): resident (RSS: pages shared between processes, torch's libraries and the mapped
+    weights, counted in each) and proportional (PSS: a shared page split between the processes
+    that map it); the server itself counted with `with_server`."""
 
     def __init__(self, server: LiveServer, with_server: bool = False) -> None:
-        self._server = server
+        super().__init__(0.1)
+        assert server.proc is not None
+        self._root = psutil.Process(server.proc.pid)
+        self._var_dir = server.var_dir
         self._with_server = with_server
         self.peak = 0
         self.peak_pss = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._watch, daemon=True)
 
-    def __enter__(self) -> PeakMemory:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def _watch(self) -> None:
-        assert self._server.proc is not None
-        root = psutil.Process(self._server.proc.pid)
-        while not self._stop.wait(0.1):
-            processes = {p.pid: p for p in root.children(recursive=True)}
-            if self._with_server:
-                processes[root.pid] = root
-            for pid in host_pids(self._server.var_dir):
-                processes.setdefault(pid, psutil.Process(pid))
-            rss = pss = 0
-            for process in processes.values():
-                try:
-                    info = process.memory_full_info()
-                except psutil.Error:
-                    continue
-                rss, pss = rss + info.rss, pss + info.pss
-            self.peak = max(self.peak, rss)
-            self.peak_pss = max(self.peak_pss, pss)
+    def look(self) -> None:
+        root = self._root
+        processes = {p.pid: p for p in root.children(recursive=True)}
+        if self._with_server:
+            processes[root.pid] = root
+        for pid in host_pids(self._var_dir):
+            processes.setdefault(pid, psutil.Process(pid))
+        rss = pss = 0
+        for process in processes.values():
+            try:
+                info = process.memory_full_info()
+            except psutil.Error:
+                continue
+            rss, pss = rss + info.rss, pss + info.pss
+        self.peak = max(self.peak, rss)
+        self.peak_pss = max(self.peak_pss, pss)
 
 
 def host_pids(var_dir: Path) -> list[int]:
@@ -304,30 +295,20 @@ def on_hosts(models_dir: Path, var: Path, hosts: str, bases: list[str]) -> str:
     )
 
 
-class BasesSeen:
+class BasesSeen(Watch):
     """The bases each host had loaded at once at most, looked at every half second while the
     block runs."""
 
     def __init__(self, api: httpx.Client) -> None:
+        super().__init__(0.5)
         self._api = api
         self.loaded: dict[str, list[str]] = {}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._watch, daemon=True)
 
-    def __enter__(self) -> BasesSeen:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def _watch(self) -> None:
-        while not self._stop.wait(0.5):
-            for host in engine_of(self._api):
-                held = [b["name"] for b in host["bases"] if b["loaded"]]
-                if len(held) > len(self.loaded.get(host["name"], [])):
-                    self.loaded[host["name"]] = held
+    def look(self) -> None:
+        for host in engine_of(self._api):
+            held = [b["name"] for b in host["bases"] if b["loaded"]]
+            if len(held) > len(self.loaded.get(host["name"], [])):
+                self.loaded[host["name"]] = held
 
 
 if __name__ == "__main__":

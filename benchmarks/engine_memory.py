@@ -26,6 +26,8 @@ from pathlib import Path
 import psutil
 from tinker import types
 
+from benchmarks.rl_data import importance_data
+from benchmarks.watch import Watch
 from core.model_names import SMOLLM2, TINY_RANDOM
 from runners.engine import openmp
 from runners.engine.local import LocalServiceClient, LocalTrainingClient
@@ -101,29 +103,16 @@ def read_memory() -> Reading:
     return Reading(process.memory_info().rss / MB, pss, in_use, free, process.num_threads())
 
 
-class PeakWatch:
+class PeakWatch(Watch):
     """The process's highest RSS while it runs, read every `interval` seconds on a thread."""
 
     def __init__(self, interval: float) -> None:
-        self._interval = interval
-        self._stop = threading.Event()
+        super().__init__(interval, name="peak-watch")
+        self._process = psutil.Process()
         self.peak = 0.0
-        self._thread = threading.Thread(target=self._watch, name="peak-watch", daemon=True)
 
-    def __enter__(self) -> PeakWatch:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def _watch(self) -> None:
-        process = psutil.Process()
-        while True:
-            self.peak = max(self.peak, process.memory_info().rss / MB)
-            if self._stop.wait(self._interval):
-                return
+    def look(self) -> None:
+        self.peak = max(self.peak, self._process.memory_info().rss / MB)
 
 
 def rl_step(
@@ -135,20 +124,7 @@ def rl_step(
     sampler = trainer.save_weights_and_get_sampling_client().result()
     params = types.SamplingParams(max_tokens=args.new_tokens, temperature=1.0, stop=[])
     futures = [sampler.sample(types.ModelInput.from_ints(p), args.group, params) for p in prompts]
-    data = []
-    for prompt, future in zip(prompts, futures, strict=True):
-        for i, seq in enumerate(future.result().sequences):
-            full, pad = prompt + list(seq.tokens), [0.0] * (len(prompt) - 1)
-            data.append(
-                types.Datum(
-                    model_input=types.ModelInput.from_ints(full[:-1]),
-                    loss_fn_inputs={
-                        "target_tokens": full[1:],
-                        "logprobs": pad + list(seq.logprobs),
-                        "advantages": pad + [1.0 if i % 2 else -1.0] * len(seq.tokens),
-                    },
-                )
-            )
+    data = importance_data(prompts, [future.result() for future in futures])
     trainer.forward_backward(data, "importance_sampling")
     trainer.optim_step(types.AdamParams(learning_rate=1e-5)).result()
     return sampler

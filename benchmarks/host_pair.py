@@ -171,6 +171,8 @@ def rl_step(
     """Sample a group per prompt with a snapshot of the current weights, then train on them."""
     from tinker import types
 
+    from benchmarks.rl_data import importance_data
+
     started = time.perf_counter()
     sampler = trainer.save_weights_and_get_sampling_client().result()
     params = types.SamplingParams(max_tokens=args.tokens, temperature=1.0, seed=seed, stop=[])
@@ -187,29 +189,6 @@ def rl_step(
         trained_tokens=sum(d.model_input.length for d in data),
         sampled_tokens=sum(len(s.tokens) for r in responses for s in r.sequences),
     )
-
-
-def importance_data(prompts: list[list[int]], responses: list[Any]) -> list[Any]:
-    """A datum per sample: the sampler's logprobs, advantages +1 and -1 in turn (a group's
-    mean is about zero, as after a baseline)."""
-    from tinker import types
-
-    data = []
-    for prompt, response in zip(prompts, responses, strict=True):
-        for i, sequence in enumerate(response.sequences):
-            full, pad = prompt + list(sequence.tokens), [0.0] * (len(prompt) - 1)
-            # Plain lists: the Datum turns them into its TensorData (its type says TensorData).
-            inputs: dict[str, Any] = {
-                "target_tokens": full[1:],
-                "logprobs": pad + list(sequence.logprobs),
-                "advantages": pad + [1.0 if i % 2 else -1.0] * len(sequence.tokens),
-            }
-            data.append(
-                types.Datum(
-                    model_input=types.ModelInput.from_ints(full[:-1]), loss_fn_inputs=inputs
-                )
-            )
-    return data
 
 
 # The bases ------------------------------------------------------------------------------

@@ -216,14 +216,29 @@ def table(curves: list[Curve]) -> str:
     return "\n".join(lines)
 
 
-def plot(curves: list[Curve], path: Path, title: str) -> None:
+def figure(rows: int, cols: int, **options: Any) -> tuple[Any, Any]:
+    """A matplotlib figure and its axes (`plt.subplots`), drawn for a file (no display)."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only, no display
     import matplotlib.pyplot as plt
 
+    return plt.subplots(rows, cols, **options)
+
+
+def save_figure(fig: Any, title: str, path: Path, dpi: int) -> None:
+    """The figure titled and laid out, written to `path`, then closed."""
+    import matplotlib.pyplot as plt
+
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=dpi)
+    plt.close(fig)
+
+
+def plot(curves: list[Curve], path: Path, title: str) -> None:
     envs = list(dict.fromkeys(c.env for c in curves))
-    fig, axes = plt.subplots(2, len(envs), figsize=(6.5 * len(envs), 8), squeeze=False)
+    fig, axes = figure(2, len(envs), figsize=(6.5 * len(envs), 8), squeeze=False)
     colours = dict(zip(LOSSES, ("tab:blue", "tab:orange", "tab:green", "tab:red"), strict=True))
     styles = {"grpo": "-", "rebn": "--"}
     for col, env in enumerate(envs):
@@ -238,10 +253,7 @@ def plot(curves: list[Curve], path: Path, title: str) -> None:
         for row in axes:
             row[col].grid(alpha=0.3)
     axes[0][-1].legend(fontsize=8, loc="best")
-    fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, title, path, 110)
 
 
 def save(curves: list[Curve], out: Path) -> None:

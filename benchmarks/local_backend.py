@@ -28,6 +28,7 @@ import torch
 from tinker import types
 
 from benchmarks import gpu
+from benchmarks.rl_data import importance_data
 from core.model_names import SMOLLM2, TINY_RANDOM
 from runners.engine.local import LocalSamplingClient, LocalServiceClient, LocalTrainingClient
 from runners.engine.padding import left_pad
@@ -286,32 +287,15 @@ def time_rl_step(trainer, prompts: list[list[int]], episodes: int, new_tokens: i
     """One RL step on the backend alone: sample `episodes` (groups of 16 over the prompts),
     importance-sampling forward_backward, optim_step, and a fresh sampler on the new weights."""
     sampler = trainer.save_weights_and_get_sampling_client().result()
-    groups = max(1, episodes // 16)
+    group_prompts = [prompts[g % len(prompts)] for g in range(max(1, episodes // 16))]
     params = types.SamplingParams(max_tokens=new_tokens, temperature=1.0, seed=0, stop=[])
     started = time.perf_counter()
 
     async def sample_all() -> list[types.SampleResponse]:
-        calls = [
-            sampler.sample(types.ModelInput.from_ints(prompts[g % len(prompts)]), 16, params)
-            for g in range(groups)
-        ]
+        calls = [sampler.sample(types.ModelInput.from_ints(p), 16, params) for p in group_prompts]
         return await asyncio.gather(*calls)
 
-    data = []
-    for g, response in enumerate(asyncio.run(sample_all())):
-        p = prompts[g % len(prompts)]
-        for i, seq in enumerate(response.sequences):
-            full, pad = p + list(seq.tokens), [0.0] * (len(p) - 1)
-            data.append(
-                types.Datum(
-                    model_input=types.ModelInput.from_ints(full[:-1]),
-                    loss_fn_inputs={
-                        "target_tokens": full[1:],
-                        "logprobs": pad + list(seq.logprobs),
-                        "advantages": pad + [1.0 if i % 2 else -1.0] * len(seq.tokens),
-                    },
-                )
-            )
+    data = importance_data(group_prompts, asyncio.run(sample_all()))
     trainer.forward_backward(data, "importance_sampling")
     trainer.optim_step(types.AdamParams(learning_rate=1e-5)).result()
     trainer.save_weights_and_get_sampling_client().result()

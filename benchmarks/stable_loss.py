@@ -32,6 +32,7 @@ from tinker import types
 
 from core.model_names import SMOLLM2, TINY_RANDOM
 from runners.engine.local import LocalSamplingClient, LocalServiceClient
+from tests.support.cookbook_datums import rl_datum
 
 ALIASES = {"tiny-random": TINY_RANDOM, "tiny": TINY_RANDOM, "smollm2": SMOLLM2}
 PROMPTS = ("Write anything:", "Say something.", "Go on:", "Tell me a story:")
@@ -70,28 +71,6 @@ def score(tokens: list[int], targets: set[int], kind: str) -> float:
     if kind == "share":
         return sum(t in targets for t in tokens) / len(tokens)
     return len(targets.intersection(tokens)) / len(targets)
-
-
-def datum(prompt: list[int], seq: types.SampledSequence, advantage: float) -> types.Datum:
-    """As tinker_cookbook/recipes/rl_loop.py builds it, with its provenance spans."""
-    ob_len, n, sid = len(prompt) - 1, len(seq.tokens), seq.sequence_id
-    return types.Datum(
-        model_input=types.ModelInput.from_ints(prompt + seq.tokens[:-1]),
-        loss_fn_inputs={
-            "target_tokens": [0] * ob_len + seq.tokens,
-            "logprobs": [0.0] * ob_len + seq.logprobs,
-            "advantages": [0.0] * ob_len + [advantage] * n,
-        },
-    ).with_provenance(
-        model_input=[
-            types.PromptProvenanceSpan(sequence_id=sid, length=len(prompt)),
-            types.SampledProvenanceSpan(sequence_id=sid, length=n - 1),
-        ],
-        loss_fn_inputs=[
-            types.PromptProvenanceSpan(sequence_id=sid, offset=1, length=len(prompt) - 1),
-            types.SampledProvenanceSpan(sequence_id=sid, length=n),
-        ],
-    )
 
 
 def run(
@@ -134,7 +113,7 @@ def run(
             mean = statistics.fmean(group)
             rewards += group
             for seq, reward in zip(sequences, group, strict=True):
-                data.append(datum(p, seq, reward - mean))
+                data.append(rl_datum(p, seq, reward - mean))
                 sampled.append((len(p) - 1, np.asarray(seq.logprobs)))
         out = trainer.forward_backward(data, loss, config).result()
         norm = trainer.optim_step(adam).result().metrics["grad_norm"]

@@ -11,31 +11,25 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from runners.models.tiny import build_tiny_tokenizer
 from server.app import create_app
 from tests.atropos.conftest import ENVS
-from tests.support.helpers import finish_run, start_run
-from tests.support.settings import make_settings
-from tests.support.standins.tinker_standin import (
-    TinkerStandin,
-    answering_with,
-    token_logprob,
+from tests.support.framework_on_tinker import (
+    KEY,
+    answering_standin,
+    assert_succeeds_on_tinker,
+    trained_data,
 )
+from tests.support.helpers import start_run
+from tests.support.settings import make_settings
+from tests.support.standins.tinker_standin import TinkerStandin
 
-KEY = "tml-standin-test-key-0123456789"
-TOKENIZER = build_tiny_tokenizer()
 # Close to what word_echo (repeat a word) and chat_dialogue (a colour, then in capitals) ask.
 ANSWERS = ["apple", "appel", "maple", "river", "red", "RED", "Red", "RXD"]
 
 
 @pytest.fixture
 def standin(monkeypatch: pytest.MonkeyPatch) -> Iterator[TinkerStandin]:
-    monkeypatch.setenv("TINKER_TELEMETRY", "0")
-    with TinkerStandin(
-        expected_api_key=KEY,
-        sample_fn=answering_with(ANSWERS, TOKENIZER),
-        extra_models=("tiny-random",),
-    ) as server:
+    with answering_standin(monkeypatch, ANSWERS) as server:
         yield server
 
 
@@ -56,26 +50,15 @@ def test_atropos_runs_train_on_tinker(
             start_run(client, environment="chat_dialogue", groups_per_step=1, **body),
         ]
         for run_id in runs:
-            run = finish_run(client, run_id, 300)
-            logs = client.get(f"/runs/{run_id}/logs", params={"tail": 40}).json()["lines"]
-            assert run["status"] == "succeeded", "\n".join(logs)
-            assert run["weights_path"].startswith("tinker://")
-            assert KEY not in "\n".join(logs)
+            assert_succeeds_on_tinker(client, run_id)
 
     # word_echo asks for its whole group in one request (managed_server's n).
     assert 4 in {b.get("num_samples") for b in standin.bodies("asample")}
     # chat_dialogue's sampler logprobs were recomputed through the SDK (prompt logprobs).
     assert any(b.get("prompt_logprobs") for b in standin.bodies("asample"))
-    data = [d for request in standin.bodies("forward_backward") for d in request["data"]]
-    assert data
-    for datum in data:
+    for datum in trained_data(standin):
         inputs = datum["loss_fn_inputs"]
         targets = inputs["target_tokens"]["values"]
         advantages = inputs["advantages"]["values"]
         logprobs = inputs["logprobs"]["values"]
         assert len(datum["model_input"]) == len(targets) == len(logprobs) == len(advantages)
-        trained = [i for i, lp in enumerate(logprobs) if lp != 0.0]
-        assert trained  # the answer's tokens, with the sampler's logprobs
-        assert [logprobs[i] for i in trained] == pytest.approx(
-            [token_logprob(targets[i]) for i in trained], abs=1e-6
-        )

@@ -5,13 +5,17 @@ configures it, trains it and tries it."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from tests.atropos.conftest import atropos_server
-from tests.support.helpers import FINISHED, wait_for
 from tests.support.reference_client.load import call, load_client
+from tests.support.reference_client.steps import (
+    edit_config,
+    select_listed,
+    train_two_steps,
+    try_unscored,
+)
 
 
 def test_the_reference_client_lists_configures_trains_and_tries_an_atropos_environment(
@@ -20,51 +24,34 @@ def test_the_reference_client_lists_configures_trains_and_tries_an_atropos_envir
     with atropos_server(tmp_path / "var") as server:
         rl = load_client(monkeypatch, server.url)
 
-        listed, _ = call(rl.rl_list_environments)
-        mine = {e["name"]: e for e in listed["environments"]}["word_echo"]
-        assert mine["framework"] == "atropos" and mine["class_name"] == "WordEchoEnv"
-
-        selected, _ = call(rl.rl_select_environment, "word_echo")
-        assert selected["selected"] == "word_echo", selected
-        assert selected["file_path"].endswith("word_echo/word_echo_env.py")
+        select_listed(
+            rl,
+            "word_echo",
+            framework="atropos",
+            class_name="WordEchoEnv",
+            file_path_end="word_echo/word_echo_env.py",
+        )
 
         config, _ = call(rl.rl_get_current_config)
         assert "rollout_server_url" in config["locked_fields"], config
         assert config["configurable_fields"]["group_size"] == 4
-        for field, value in [
-            ("model_name", "tiny-random"),
-            ("total_steps", 2),
-            ("max_token_length", 8),
-            ("wandb_name", "echo-trial"),
-        ]:
-            edited, _ = call(rl.rl_edit_config, field, value)
-            assert "error" not in edited, edited
+        edit_config(
+            rl,
+            [
+                ("model_name", "tiny-random"),
+                ("total_steps", 2),
+                ("max_token_length", 8),
+                ("wandb_name", "echo-trial"),
+            ],
+        )
         refused, _ = call(rl.rl_edit_config, "tokenizer_name", "gpt2")
         assert refused["error"].startswith("HTTP 400") and "locked" in refused["error"]
 
-        tried, _ = call(rl.rl_test_inference, ["Repeat this word: apple"], 8)
-        assert "error" not in tried, tried
-        (result,) = tried["results"]
+        result = try_unscored(rl, "Repeat this word: apple", 8)
         assert result["prompt"] == "Repeat this word: apple" and result["tokens"] <= 8
-        assert result["score"] is None and "num_items" in result["reason"]
 
-        started, _ = call(rl.rl_start_training)  # its defaults: lora_rank 32, lr 4e-5
-        assert started.get("status") == "queued", started
-        run_id = started["run_id"]
-
-        def finished_run() -> dict[str, Any] | None:
-            runs, _ = call(rl.rl_list_runs)
-            run = next(r for r in runs if r["run_id"] == run_id)
-            return run if run["status"] in FINISHED else None
-
-        ended = wait_for(finished_run, 300, every=1.0)
-        assert ended is not None and ended["status"] == "succeeded", ended
-        status, _ = call(rl.rl_check_status, run_id)
-        assert status["status"] == "succeeded" and status["step"] == 2, status
+        run_id, status, results = train_two_steps(rl)  # its defaults: lora_rank 32, lr 4e-5
         assert status["metrics"]["reward_mean"] is not None
-
-        results, _ = call(rl.rl_get_results, run_id)
-        assert results["weights_path"] and results["history"], results
         assert results["metrics"]["percent_correct"] is not None
 
         stopped, _ = call(rl.rl_stop_training, run_id)

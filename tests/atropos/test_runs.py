@@ -24,6 +24,7 @@ from tests.atropos.conftest import atropos_server
 from tests.support.helpers import (
     FINISHED,
     finish_run,
+    inference_before_and_after,
     pid_alive,
     processes_with,
     run_of,
@@ -227,15 +228,7 @@ def test_test_inference_scores_the_environments_own_items(
     server: LiveServer, finished: Finished
 ) -> None:
     run_id = finished.runs["word_echo"]["run_id"]
-    for body in ({"model": "tiny-random"}, {"run_id": run_id}):
-        answer = server.api.post(
-            "/test/inference",
-            json={"environment": "word_echo", "num_items": 1, "max_tokens": 8, **body},
-            timeout=60,
-        )
-        assert answer.status_code == 200, answer.text
-        out = answer.json()
-        assert (out["adapter"] is not None) == ("run_id" in body)
+    for out in inference_before_and_after(server.api, "word_echo", run_id, 1, 60):
         results = out["results"]
         assert len(results) == 4  # one item, its group of four, each scored
         for result in results:

@@ -6,9 +6,7 @@ leaves its slot, and the slots shrink. Asserted on the engine's own objects, not
 from __future__ import annotations
 
 import gc
-import threading
 import weakref
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -19,7 +17,7 @@ from runners.engine.local import LocalSamplingClient, LocalServiceClient, LocalT
 from runners.engine.sample import scheduler as engine
 from runners.engine.sample.packed_model import PackedModel
 from tests.backend.test_local_backend import ce_batch, prompt, train_steps
-from tests.support.local_backend import local_service
+from tests.support.local_backend import local_service, while_decoding
 
 SHORT = types.SamplingParams(max_tokens=3, seed=1, stop=[])
 
@@ -30,25 +28,6 @@ def _sample(sampler: LocalSamplingClient) -> types.SampleResponse:
 
 def _client(service: LocalServiceClient, seed: int) -> LocalTrainingClient:
     return service.create_lora_training_client("tiny-random", rank=4, seed=seed).result()
-
-
-def _while_decoding(sampler: LocalSamplingClient, then: Callable[[], list]) -> None:
-    """A request on `sampler` holds the decode thread at its first token until `then()` has
-    sent its requests (admitted while it still decodes, so it keeps its slot); all answered."""
-    decoding, release = threading.Event(), threading.Event()
-
-    def hold_the_thread(*_: object) -> None:
-        if not decoding.is_set():
-            decoding.set()
-            assert release.wait(timeout=60)
-
-    params = types.SamplingParams(max_tokens=6, seed=2, stop=[])
-    first = sampler.sample(prompt([1, 2, 3]), 1, params, on_token=hold_the_thread)
-    assert decoding.wait(timeout=60)
-    futures = [first, *then()]
-    release.set()
-    for future in futures:
-        future.result(timeout=60)
 
 
 def test_the_last_client_of_a_base_takes_its_weights_and_sampler_with_it(tmp_path: Path) -> None:
@@ -131,7 +110,7 @@ def test_closed_samplers_leave_their_slots_and_the_slots_shrink(tmp_path: Path) 
             train_steps(trainer, ce_batch(trainer), 1)
         x, a, c = (t.save_weights_and_get_sampling_client().result() for t in trainers)
         ids = [s._adapter.id for s in (x, a, c) if s._adapter is not None]
-        _while_decoding(x, lambda: [a.sample(prompt([4, 5]), 1, SHORT)])
+        while_decoding(x, 6, lambda: [a.sample(prompt([4, 5]), 1, SHORT)])
         scheduler = engine.scheduler_for(trainers[0]._host)
         model = scheduler._model
         assert isinstance(model, PackedModel)

@@ -7,7 +7,6 @@ recently used, never while held, and last when a waiting request wants their ada
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -29,7 +28,7 @@ from tests.backend.test_packed_model import (
     _rows,
     _slot_batch,
 )
-from tests.support.local_backend import local_service
+from tests.support.local_backend import local_service, while_decoding
 
 ATOL = 2e-5
 
@@ -296,26 +295,6 @@ def test_an_adapter_a_waiting_request_wants_is_evicted_last():
     assert roomy.hold(c, wanted={a.id, b.id}) == 2  # both wanted: a third slot opens
 
 
-def _while_decoding(sampler, max_tokens: int, then: Callable[[], list]) -> list:
-    """A request on `sampler` whose first token holds the decode thread until `then()` has
-    sent its requests (so they queue and are admitted together); every future, its first."""
-    decoding, release = threading.Event(), threading.Event()
-
-    def hold_the_thread(*_: object) -> None:
-        if not decoding.is_set():
-            decoding.set()
-            assert release.wait(timeout=60)
-
-    params = types.SamplingParams(max_tokens=max_tokens, seed=2, stop=[])
-    first = sampler.sample(prompt([1, 2, 3]), 1, params, on_token=hold_the_thread)
-    assert decoding.wait(timeout=60)
-    futures = [first, *then()]
-    release.set()
-    for future in futures:
-        future.result(timeout=60)
-    return futures
-
-
 def test_requests_admitted_together_keep_each_others_adapters(tmp_path):
     """Three slots hold a, b and x, a the least recently used; while a request on b decodes,
     requests on c and on a are admitted together: c evicts x, not a (wanted), so only c loads
@@ -329,7 +308,7 @@ def test_requests_admitted_together_keep_each_others_adapters(tmp_path):
         a, b, x, c = (t.save_weights_and_get_sampling_client().result() for t in trainers)
         short = types.SamplingParams(max_tokens=2, seed=1, stop=[])
         # x decodes longest, so a (then b) is let go before it: a is the least recently used.
-        _while_decoding(x, 6, lambda: [s.sample(prompt([4, 5]), 1, short) for s in (a, b)])
+        while_decoding(x, 6, lambda: [s.sample(prompt([4, 5]), 1, short) for s in (a, b)])
         table = engine.scheduler_for(trainers[0]._host)._table
         assert table is not None
         assert sorted(adapter for adapter, _ in table.resident()) == sorted(
@@ -338,7 +317,7 @@ def test_requests_admitted_together_keep_each_others_adapters(tmp_path):
         loads: list[int] = []
         load = table._load
         table._load = lambda slot, adapter: (loads.append(adapter.id), load(slot, adapter))
-        _while_decoding(b, 20, lambda: [s.sample(prompt([4, 5]), 1, short) for s in (c, a)])
+        while_decoding(b, 20, lambda: [s.sample(prompt([4, 5]), 1, short) for s in (c, a)])
         assert loads == [c._adapter.id]
     finally:
         service.close()

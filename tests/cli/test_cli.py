@@ -10,10 +10,8 @@ import io
 import json
 import os
 import signal
-import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, TypeVar
 
 import httpx
@@ -26,6 +24,7 @@ from tests.cli.conftest import Rlctl
 from tests.support.helpers import wait_for
 from tests.support.live_server import LiveServer, free_port
 from tests.support.rlctl import Result, run_cli
+from tests.support.standins.loopback import JsonHandler, serving
 
 OK, SERVER_ERROR, USAGE, UNREACHABLE, RUN_FAILED = 0, 1, 2, 3, 4
 T = TypeVar("T")
@@ -171,30 +170,22 @@ def test_watch_redraws_one_line_on_a_terminal(monkeypatch: pytest.MonkeyPatch) -
     assert lines[-1] == "run r-0000abcd stopped at step 2/4"
 
 
-class _TokenCheck(BaseHTTPRequestHandler):
+class _TokenCheck(JsonHandler):
     """Answers GET like the server with RLCS_API_TOKEN=s3cret (only what this test needs)."""
 
     def do_GET(self) -> None:  # noqa: N802 (the name http.server calls)
         allowed = self.headers.get("Authorization") == "Bearer s3cret"
-        body = json.dumps([] if allowed else {"detail": "Missing or wrong token."}).encode()
-        self.send_response(200 if allowed else 401)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *_: object) -> None:
-        pass
+        self.answer(
+            200 if allowed else 401, [] if allowed else {"detail": "Missing or wrong token."}
+        )
 
 
 def test_token_is_sent_as_bearer(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # The server's own token check has its tests; here: what the CLI sends, and its hint.
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _TokenCheck)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    url = f"http://127.0.0.1:{httpd.server_address[1]}"
-    try:
+    with serving(_TokenCheck) as standin:
+        url = standin.url
         right = run_cli(url, "--json", "envs", "list", RLCS_API_TOKEN="s3cret")
         assert right.returncode == OK and json.loads(right.stdout) == []
         monkeypatch.delenv("RLCS_API_TOKEN", raising=False)
@@ -204,9 +195,6 @@ def test_token_is_sent_as_bearer(
         monkeypatch.setenv("RLCS_API_TOKEN", "nope")
         wrong = main_result(capsys, "--url", url, "envs", "list")
         assert wrong.returncode == SERVER_ERROR and "HTTP 401" in wrong.stderr
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
 
 
 # Against the live server.

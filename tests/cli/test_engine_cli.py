@@ -5,10 +5,8 @@ the server's own schema, so a change of GET /engine's shape shows here."""
 from __future__ import annotations
 
 import json
-import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
@@ -16,33 +14,23 @@ import pytest
 from cli.main import main
 from tests.support.engine_answers import RUN, two_hosts
 from tests.support.rlctl import run_cli
+from tests.support.standins.loopback import JsonHandler, serving
 
 
-class _Engine(BaseHTTPRequestHandler):
+class _Engine(JsonHandler):
     """Answers GET /engine with `two_hosts`, as the server would."""
 
     def do_GET(self) -> None:  # noqa: N802 (the name http.server calls)
         found = self.path == "/engine"
-        body = json.dumps(two_hosts(time.time()) if found else {"detail": "Not Found"}).encode()
-        self.send_response(200 if found else 404)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *_: object) -> None:
-        pass
+        self.answer(
+            200 if found else 404, two_hosts(time.time()) if found else {"detail": "Not Found"}
+        )
 
 
 @pytest.fixture(scope="module")
 def stand_in() -> Iterator[str]:
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Engine)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{httpd.server_address[1]}"
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
+    with serving(_Engine) as standin:
+        yield standin.url
 
 
 def section(out: str, host: str) -> list[str]:

@@ -26,6 +26,20 @@ TINY_RUN = {
     "group_size": 4,
     "batch_size": 2,
 }
+# A two-step repeat_word run on tiny-random that keeps a checkpoint after each step (LoRA
+# rank 4, 4 new tokens, one task x 2 tries per step, no eval, no W&B): an adapter to sample.
+SAVING_TINY_RUN = {
+    "environment": "repeat_word",
+    "model_name": "tiny-random",
+    "total_steps": 2,
+    "save_every": 1,
+    "steps_per_eval": 0,
+    "use_wandb": False,
+    "group_size": 2,
+    "batch_size": 1,
+    "max_token_length": 4,
+    "lora_rank": 4,
+}
 
 
 def wait_for(check: Callable[[], T], timeout: float = 20.0, every: float = 0.05) -> T:
@@ -154,3 +168,22 @@ def finish_run(client: httpx.Client, run_id: str, timeout: float = 120.0) -> dic
     return wait_for(
         lambda: (r := run_of(client, run_id))["status"] in FINISHED and r, timeout, every=0.1
     )
+
+
+def inference_before_and_after(
+    client: httpx.Client, environment: str, run_id: str, num_items: int, timeout: float
+) -> list[dict]:
+    """POST /test/inference on `num_items` of the environment's own items (8 new tokens), on
+    tiny-random, then on the run's adapter (named in the answer only then): both answers."""
+    answers = []
+    for body in ({"model": "tiny-random"}, {"run_id": run_id}):
+        answer = client.post(
+            "/test/inference",
+            json={"environment": environment, "num_items": num_items, "max_tokens": 8, **body},
+            timeout=timeout,
+        )
+        assert answer.status_code == 200, answer.text
+        out = answer.json()
+        assert (out["adapter"] is not None) == ("run_id" in body)
+        answers.append(out)
+    return answers

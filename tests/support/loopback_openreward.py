@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import random
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -12,6 +11,8 @@ from contextlib import contextmanager
 import uvicorn
 from openreward.environments import Environment, Server, TextBlock, ToolOutput, terminal, tool
 from pydantic import BaseModel
+
+from tests.support.live_server import free_port
 
 MAX_NUMBER = 16
 MAX_GUESSES = 6
@@ -91,12 +92,6 @@ class QuizEnv(Environment):
             reward=1.0 if correct else 0.0,
             finished=True,
         )
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @contextmanager

@@ -12,7 +12,6 @@ import pwd
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -22,6 +21,8 @@ from types import TracebackType
 from typing import Any
 
 import pytest
+
+from tests.support.live_server import free_port
 
 SUPERUSER = "postgres"
 DATABASE = "rlcs"
@@ -43,12 +44,6 @@ def find_bindir() -> Path | None:
         if all(os.access(bindir / name, os.X_OK) for name in ("initdb", "postgres")):
             return bindir
     return None
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def child_pids(parent: int) -> list[int]:
@@ -117,7 +112,7 @@ class PostgresServer:
             self._run([str(self.bindir / "initdb"), *self._initdb_args()], timeout=timeout)
             # The free port may be taken by someone else before postgres binds it; then retry.
             for _ in range(3):
-                self.port = _free_port()
+                self.port = free_port()
                 if self._launch(timeout):
                     break
             else:

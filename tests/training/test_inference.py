@@ -7,28 +7,14 @@ from pathlib import Path
 from fastapi.testclient import TestClient
 
 from server.app import create_app
-from tests.support.helpers import wait_for
+from tests.support.helpers import SAVING_TINY_RUN, wait_for
 from tests.support.settings import make_settings
 from tests.test_inference import infer
 
 
 def test_sampling_a_trained_adapter(tmp_path: Path) -> None:
     with TestClient(create_app(make_settings(tmp_path))) as c:
-        run = c.post(
-            "/runs",
-            json={
-                "environment": "repeat_word",
-                "model_name": "tiny-random",
-                "total_steps": 2,
-                "save_every": 1,
-                "steps_per_eval": 0,
-                "use_wandb": False,
-                "group_size": 2,
-                "batch_size": 1,
-                "max_token_length": 4,
-                "lora_rank": 4,
-            },
-        ).json()["run_id"]
+        run = c.post("/runs", json=SAVING_TINY_RUN).json()["run_id"]
         wait_for(lambda: c.get(f"/runs/{run}").json()["status"] == "succeeded", 90, every=0.3)
         checkpoints = c.get(f"/runs/{run}/checkpoints").json()
         assert [(x["step"], x["kind"]) for x in checkpoints] == [

@@ -15,24 +15,12 @@ import openai
 import pytest
 
 from core.model_names import TINY_RANDOM_CONTEXT
-from tests.support.helpers import finish_run, run_of, start_run, wait_for
+from tests.support.helpers import SAVING_TINY_RUN, finish_run, run_of, start_run, wait_for
 from tests.support.live_server import LiveServer
 
 TOKEN = "openai-compat-test-token-0123456789"
 SMOLLM2 = "HuggingFaceTB/SmolLM2-135M-Instruct"
 HI = [{"role": "user", "content": "Repeat this word: apple"}]
-RUN = {
-    "environment": "repeat_word",
-    "model_name": "tiny-random",
-    "total_steps": 2,
-    "save_every": 1,
-    "steps_per_eval": 0,
-    "use_wandb": False,
-    "group_size": 2,
-    "batch_size": 1,
-    "max_token_length": 4,
-    "lora_rank": 4,
-}
 
 
 @pytest.fixture(scope="module")
@@ -54,9 +42,9 @@ def api(server: LiveServer) -> Iterator[httpx.Client]:
 def runs(api: httpx.Client) -> dict[str, str]:
     """A trained run (sampler checkpoints at steps 1 and 2) and one stopped while queued
     behind it (no checkpoint at all)."""
-    trained = start_run(api, **RUN)
+    trained = start_run(api, **SAVING_TINY_RUN)
     wait_for(lambda: run_of(api, trained)["status"] == "running", 60)
-    queued = start_run(api, **RUN)
+    queued = start_run(api, **SAVING_TINY_RUN)
     stopped = api.post(f"/runs/{queued}/stop")
     assert stopped.status_code == 200 and stopped.json()["status"] == "stopped", stopped.text
     assert finish_run(api, trained)["status"] == "succeeded"

@@ -8,16 +8,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from core.model_names import LOCAL_DEFAULT_MODEL
-from tests.support.helpers import wait_for
 from tests.support.live_server import LiveServer
 from tests.support.reference_client.load import CLIENT_TIMEOUT_S, call, load_client
-
-FINISHED = {"succeeded", "failed", "stopped"}
+from tests.support.reference_client.steps import edit_config, finished_run, start_training
 
 # Three prompts, two of which ask for long answers (the case that used to time out).
 PROMPTS = [
@@ -54,17 +51,18 @@ def test_reference_client_unchanged_drives_a_run_on_the_local_default(
 
     config, _ = call(rl.rl_get_current_config)
     assert config["configurable_fields"]["model_name"] == LOCAL_DEFAULT_MODEL, config
-    for field, value in [
-        ("total_steps", 2),
-        ("group_size", 2),
-        ("batch_size", 2),
-        ("max_token_length", 16),
-        ("steps_per_eval", 2),
-        ("eval_num_tasks", 2),
-        ("save_every", 1),
-    ]:
-        edited, _ = call(rl.rl_edit_config, field, value)
-        assert "error" not in edited, edited
+    edit_config(
+        rl,
+        [
+            ("total_steps", 2),
+            ("group_size", 2),
+            ("batch_size", 2),
+            ("max_token_length", 16),
+            ("steps_per_eval", 2),
+            ("eval_num_tasks", 2),
+            ("save_every", 1),
+        ],
+    )
 
     # The first inference after start-up, then a warm one: each answers within the client's
     # own timeout, and a response the budget cut short says so.
@@ -84,16 +82,8 @@ def test_reference_client_unchanged_drives_a_run_on_the_local_default(
         assert answer["model"] == LOCAL_DEFAULT_MODEL
         print(f"{attempt} inference: {took:.1f} s, {answer['summary']}")
 
-    started, took = call(rl.rl_start_training)
-    assert started.get("status") == "queued", started
-    run_id = started["run_id"]
-
-    def finished_run() -> dict[str, Any] | None:
-        runs, _ = call(rl.rl_list_runs)  # not rate-limited, unlike rl_check_status
-        mine = next(r for r in runs if r["run_id"] == run_id)
-        return mine if mine["status"] in FINISHED else None
-
-    summary = wait_for(finished_run, 600, every=2.0)
+    run_id = start_training(rl)
+    summary = finished_run(rl, run_id, 600, every=2.0)
     assert summary["status"] == "succeeded", summary
 
     status, _ = call(rl.rl_check_status, run_id)

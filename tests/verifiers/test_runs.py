@@ -15,7 +15,15 @@ from typing import Any
 
 import pytest
 
-from tests.support.helpers import FINISHED, finish_run, pid_alive, run_of, start_run, wait_for
+from tests.support.helpers import (
+    FINISHED,
+    finish_run,
+    inference_before_and_after,
+    pid_alive,
+    run_of,
+    start_run,
+    wait_for,
+)
 from tests.support.live_server import LiveServer
 from tests.verifiers.conftest import publish, verifiers_server
 
@@ -289,15 +297,7 @@ def test_test_inference_scores_the_environments_own_examples(
     server: LiveServer, finished: dict[str, dict[str, Any]]
 ) -> None:
     run_id = finished["reverse-word"]["run_id"]
-    for body in ({"model": "tiny-random"}, {"run_id": run_id}):
-        answer = server.api.post(
-            "/test/inference",
-            json={"environment": "reverse-word", "num_items": 2, "max_tokens": 8, **body},
-            timeout=90,
-        )
-        assert answer.status_code == 200, answer.text
-        out = answer.json()
-        assert (out["adapter"] is not None) == ("run_id" in body)
+    for out in inference_before_and_after(server.api, "reverse-word", run_id, 2, 90):
         results = out["results"]
         assert len(results) == 2
         assert [r["prompt"] for r in results] == [

@@ -4,10 +4,11 @@ started and stopped by the test (or as a context manager). Handlers reach the st
 
 from __future__ import annotations
 
+import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
-from typing import Self
+from typing import Any, Self
 
 
 class LoopbackServer:
@@ -64,3 +65,25 @@ class LoopbackServer:
         tb: TracebackType | None,
     ) -> None:
         self.stop()
+
+
+class JsonHandler(BaseHTTPRequestHandler):
+    """A quiet handler (it logs nothing) that answers with a JSON body."""
+
+    def answer(self, status: int, payload: Any) -> None:
+        body = json.dumps(payload).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *_: object) -> None:
+        pass
+
+
+def serving(handler: type[BaseHTTPRequestHandler]) -> LoopbackServer:
+    """A loopback server (not started yet) whose requests `handler` answers."""
+    server = LoopbackServer()
+    server.handler_class = handler
+    return server
