@@ -32,6 +32,7 @@ from core.procs import process_start_time
 from core.run_folder import hash_config
 from core.settings import PROJECT_ROOT, Settings
 from environments.base import EnvConfig
+from server.launch.launcher import LOCAL_LAUNCHER
 from server.launch.supervisor import Supervisor
 from tests.support.live_server import free_port, stop_process
 
@@ -271,10 +272,12 @@ def bench_supervisor(
             seed(engine, settings.runs_dir, active, RunStatus.running, pids, first=RUNS)
             supervisor = Supervisor(settings, engine)
             supervisor.reconcile()
-            assert len(supervisor._watched) == active, "reconcile() did not adopt every run"
+            # The local launcher adopts and watches the runs (server/launch/local.py).
+            local = supervisor.launchers.get(LOCAL_LAUNCHER)
+            assert len(local._watched) == active, "reconcile() did not adopt every run"
             results[label] = time_ticks(supervisor, ticks)
             # Nothing was settled as lost or spawned: the tick only watched.
-            assert len(supervisor._watched) == active
+            assert len(local._watched) == active
             engine.dispose()
         return results
     finally:
