@@ -96,21 +96,30 @@ def test_a_script_killed_mid_step_is_settled_and_freed(fragile: LiveServer) -> N
     assert not pid_alive(script.pid)
 
 
-def test_sessions_of_a_dead_engine_host_are_settled(fragile: LiveServer) -> None:
-    service = tinker.ServiceClient(base_url=fragile.url)
+@pytest.fixture
+def killable(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    """A server of its own whose engine host gets killed, with the default quiet timeout: at 2 s
+    (`fragile`) the session, silent between the SDK's 10 s heartbeats, could be settled as quiet
+    before the host's death reached it (seen in 2 of 4 runs)."""
+    with tinker_server(tmp_path_factory.mktemp("tinker-killable")) as live:
+        yield live
+
+
+def test_sessions_of_a_dead_engine_host_are_settled(killable: LiveServer) -> None:
+    service = tinker.ServiceClient(base_url=killable.url)
     training = service.create_lora_training_client("tiny-random", rank=4).result(WAIT_S)
     run_id = training.model_id.split(":")[0]
-    host = engine_host.running(fragile.var_dir)
+    host = engine_host.running(killable.var_dir)
     assert host is not None
     os.kill(host.pid, signal.SIGKILL)
-    run = wait_for(lambda: (r := run_of(fragile, run_id))["status"] == "failed" and r, 30)
+    run = wait_for(lambda: (r := run_of(killable, run_id))["status"] == "failed" and r, 30)
     # The failure kind runs have recorded for it since the process was "the engine".
     assert run["failure_kind"] == "engine" and "exited" in run["details"]
     assert "Last lines of its log" in run["details"]
     with pytest.raises(tinker.BadRequestError, match="engine host exited"):
         training.optim_step(ADAM).result(WAIT_S)
     # A new session gets a new host.
-    again = tinker.ServiceClient(base_url=fragile.url)
+    again = tinker.ServiceClient(base_url=killable.url)
     fresh = again.create_lora_training_client("tiny-random", rank=4).result(WAIT_S)
     assert fresh.forward(datums("cross_entropy"), "cross_entropy").result(WAIT_S)
     again.close("success").result(WAIT_S)
