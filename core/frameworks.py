@@ -23,6 +23,7 @@ class FrameworkEntry:
     name: Framework
     label: str  # how a message names one of its environments: "an Atropos"
     trainer: str  # the runner's RunnerBase subclass
+    describe: str  # the server's reading of its inspector's first answer
     # The fields a run adds to the environment's own config; None: the environment's Config.
     run_config: str | None = None
     # Its own interpreter (a Settings attribute), how to set it right, its inspect script (run
@@ -30,7 +31,6 @@ class FrameworkEntry:
     python_setting: str | None = None
     python_needs: str = ""
     inspect_script: Path | None = None
-    describe: str | None = None  # the server's reading of its inspector's first answer
     # The inference client's job: a class built with (settings, job, sampler, tokenizer,
     # context) whose `run(deadline)` scores; None: ours, run in the client itself.
     inference: str | None = None
@@ -49,27 +49,32 @@ def _envside(framework: str) -> Path:
 FRAMEWORKS: dict[Framework, FrameworkEntry] = {
     entry.name: entry
     for entry in (
-        FrameworkEntry("rlcs", "one of ours", "runners.train.loop:Trainer"),
+        FrameworkEntry(
+            "rlcs",
+            "one of ours",
+            "runners.train.loop:Trainer",
+            "server.environments.inspector:describe_ours",
+        ),
         FrameworkEntry(
             "atropos",
             "an Atropos",
             "runners.atropos.trainer:AtroposTrainer",
+            "server.environments.atropos_config:describe_atropos",
             run_config="core.atropos:AtroposRunConfig",
             python_setting="atropos_python",
             python_needs="RLCS_ATROPOS_PYTHON at a Python with atroposlib 0.4 (.venv-atropos)",
             inspect_script=_envside("atropos"),
-            describe="server.environments.atropos_config:describe_atropos",
             inference="runners.atropos.inference:AtroposInference",
         ),
         FrameworkEntry(
             "verifiers",
             "a verifiers",
             "runners.verifiers.trainer:VerifiersTrainer",
+            "server.environments.verifiers.config:describe_verifiers",
             run_config="core.verifiers:VerifiersRunConfig",
             python_setting="verifiers_python",
             python_needs="RLCS_VERIFIERS_PYTHON at a Python with verifiers 0.3 (.venv-verifiers)",
             inspect_script=_envside("verifiers"),
-            describe="server.environments.verifiers.config:describe_verifiers",
             inference="runners.verifiers.inference:VerifiersInference",
         ),
     )

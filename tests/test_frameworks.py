@@ -17,7 +17,8 @@ def test_each_framework_names_a_trainer_config_describer_and_job_that_exist(
     entry = FRAMEWORKS[name]
     assert entry.name == name
     assert issubclass(load(entry.trainer), RunnerBase)
-    for path in (entry.run_config, entry.describe, entry.inference):
+    assert callable(load(entry.describe))
+    for path in (entry.run_config, entry.inference):
         if path is not None:
             assert load(path) is not None, path
     if entry.inspect_script is not None:

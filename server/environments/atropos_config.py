@@ -79,10 +79,7 @@ def describe_atropos(first: Described, ask: Ask) -> ConfigSchema:
         fields=env_fields | TRAINING_FIELDS | LOCKED_ENV_FIELDS,
         locked=LOCKED_ENV_FIELDS | AtroposTrainingConfig.locked_fields(),
         schema=merged_schema(first.config_schema),
-        defaults={
-            "model_name": AtroposTrainingConfig.model_fields["model_name"].default,
-            "backend": AtroposTrainingConfig.model_fields["backend"].default,
-        },
+        defaults=two_owners.training_defaults(AtroposTrainingConfig),
         _ask=ask,
         framework="atropos",
         env_fields=env_fields,

@@ -198,8 +198,7 @@ class Inspectors:
         """Import the file in an inspector and describe its Config; InspectFailed else."""
         key = (path, class_name, mtime, framework)
         # By path: another framework's describer module imports this one.
-        described_by = FRAMEWORKS[framework].describe
-        describe: Describe = describe_ours if described_by is None else load(described_by)
+        describe: Describe = load(FRAMEWORKS[framework].describe)
         process, first = self._start(key)
         self._keep(key, process)
 

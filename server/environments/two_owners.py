@@ -16,6 +16,11 @@ from server.environments.inspector import Ask, ConfigInvalid, InspectFailed
 Trained = TypeVar("Trained", bound=BaseModel)
 
 
+def training_defaults(ours: type[BaseModel]) -> dict[str, Any]:
+    """What a new config of such an environment starts from, of our half: its model, backend."""
+    return {name: ours.model_fields[name].default for name in ("model_name", "backend")}
+
+
 def validate_by_owners(
     ours: type[Trained],
     training: dict[str, Any],

@@ -78,10 +78,7 @@ def describe_verifiers(first: Described, ask: Ask) -> ConfigSchema:
         fields=env_fields | TRAINING_FIELDS | fixed,
         locked=VerifiersTrainingConfig.locked_fields() | fixed,
         schema=merged_schema(first.config_schema),
-        defaults={
-            "model_name": VerifiersTrainingConfig.model_fields["model_name"].default,
-            "backend": VerifiersTrainingConfig.model_fields["backend"].default,
-        },
+        defaults=two_owners.training_defaults(VerifiersTrainingConfig),
         _ask=ask,
         framework="verifiers",
         env_fields=env_fields,
