@@ -114,15 +114,32 @@ def placing(settings: Settings, base: str | None) -> Iterator[Placement]:
     """The host a client on `base` connects to, chosen under the machine's place lock, held
     until the block ends: connect (and claim, where it says so) inside it. With one host, or
     no base to place, the machine's first host."""
+    with placing_several(settings, base, 1) as placed:
+        yield placed[0]
+
+
+@contextmanager
+def placing_several(settings: Settings, base: str | None, count: int) -> Iterator[list[Placement]]:
+    """`count` different hosts for one client on `base` (a run sampling or training on several,
+    issue 55), each chosen as `placing` chooses one among those not chosen yet, under the place
+    lock held until the block ends. ValueError when the machine has fewer hosts."""
     slots = plan(settings)
+    if count > len(slots):
+        raise ValueError(
+            f"{count} engine hosts asked for; this machine has {len(slots)} (RLCS_ENGINE_HOSTS)"
+        )
     if len(slots) == 1 or base is None:
-        yield Placement(slots[0], claim=False)
+        yield [Placement(slot, claim=False) for slot in slots[:count]]
         return
     home = engine_host.node_folder(settings.var_dir, settings.node_name)
     home.mkdir(parents=True, exist_ok=True)
     with (home / PLACE_LOCK).open("a") as turn:
         fcntl.flock(turn, fcntl.LOCK_EX)
-        seen = [HostView(s, probe(settings.var_dir, s)) for s in slots]
-        slot = choose(seen, base)
-        held = seen[slot.index].status
-        yield Placement(slot, claim=held is None or not held.holds(base))
+        left = [HostView(s, probe(settings.var_dir, s)) for s in slots]
+        placed = []
+        for _ in range(count):
+            slot = choose(left, base)
+            view = next(v for v in left if v.slot == slot)
+            left.remove(view)
+            placed.append(Placement(slot, claim=view.status is None or not view.status.holds(base)))
+        yield placed

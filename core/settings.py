@@ -277,6 +277,12 @@ class Settings(BaseSettings):
         "engine host, hosted Tinker); the runner sets it itself when its environment's file "
         "imports torch",
     )
+    engine_group_backend: Literal["auto", "gloo", "nccl"] = Field(
+        "auto",
+        description="What a run's host group (num_devices above 1) sums its gradients over: "
+        "auto = NCCL where each of its hosts has a GPU of its own, else gloo (on the CPU, and "
+        "for hosts sharing a GPU, which NCCL refuses)",
+    )
     engine_admission_wait_s: float = Field(
         600.0,
         ge=0,
@@ -602,6 +608,7 @@ class Settings(BaseSettings):
             "RLCS_ENGINE_CLIENT_TIMEOUT_S": str(self.engine_client_timeout_s),
             "RLCS_ENGINE_ADMISSION_WAIT_S": str(self.engine_admission_wait_s),
             "RLCS_ENGINE_IDLE_S": str(self.engine_idle_s),
+            "RLCS_ENGINE_GROUP_BACKEND": self.engine_group_backend,
         }
 
     def _optional_variables(self) -> dict[str, str]:

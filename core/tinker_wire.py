@@ -77,6 +77,14 @@ class Saved(Line):
     steps: int
 
 
+class Joined(Line):
+    """A model became a rank of its run's host group (its adapter now rank 0's)."""
+
+    kind: Literal["joined"] = "joined"
+    rank: int
+    size: int
+
+
 class LossReady(Line):
     kind: Literal["loss_ready"] = "loss_ready"
 
@@ -136,6 +144,7 @@ Answer = Annotated[
     | Saved
     | SamplerReady
     | LossReady
+    | Joined
     | Sampled
     | Released
     | Cancelled
@@ -304,6 +313,21 @@ class CreateLoss(Op[LossReady]):
     graph: dict[str, Any]
 
 
+class JoinGroup(Op[Joined]):
+    """A model becomes rank `rank` of a host group of `size` (one run's models on as many
+    hosts, meeting in the file `store`): its gradients are summed over the ranks before each
+    optim_step. A run's engine backend sends it (runners/backends/group_training.py); the
+    Tinker API has no such operation."""
+
+    op: Literal["join_group"] = "join_group"
+    model_id: str
+    store: str
+    rank: int
+    size: int
+    backend: Literal["gloo", "nccl"]
+    timeout_s: float
+
+
 class Release(Op[Released]):
     """A session ended: its models and samplers go, requests still queued on them never run,
     and the sequences it recorded (their ids start with `session_id`)."""
@@ -328,6 +352,7 @@ Request = Annotated[
     | Sample
     | CancelSamples
     | CreateLoss
+    | JoinGroup
     | Release,
     Field(discriminator="op"),
 ]
@@ -347,6 +372,7 @@ def model_of(request: Op[Any]) -> str | None:
             | SaveSampler()
             | SaveExternal()
             | Snapshot()
+            | JoinGroup()
         ):
             return request.model_id
         case _:

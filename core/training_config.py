@@ -4,7 +4,7 @@ reads these fields, the environment never needs to."""
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
@@ -156,6 +156,20 @@ class TrainingConfig(BaseModel):
     top_k: int = Field(-1, ge=-1, le=1_000_000)
     seed: int = Field(0, ge=0, le=2**31 - 1)
     resume_from: str | None = Field(None, description="A state checkpoint path to start from")
+    # Several engine hosts for one local run on the shared engine (issue 55).
+    sample_hosts: Annotated[int, Field(ge=1, le=64)] | Literal["all"] = Field(
+        1,
+        description="Engine hosts a local run samples on (rollout data parallel): 1, a number, "
+        "or all (every host of the machine); its trainer stays on the first, and its weights "
+        "reach the others after each step",
+    )
+    num_devices: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="Engine hosts a local run trains on as one group: each step's datums split "
+        "over them, their LoRA gradients summed before every optimizer step",
+    )
 
     @field_validator("loss_fn")
     @classmethod
@@ -205,6 +219,17 @@ class TrainingConfig(BaseModel):
             raise ValueError(
                 "0 leaves nothing to learn from without a teacher: set teacher (on-policy "
                 "distillation), or leave reward_coef out"
+            )
+        return value
+
+    @field_validator("sample_hosts")
+    @classmethod
+    def _samples_recorded_where_trained(cls, value: int | str, info: ValidationInfo) -> int | str:
+        loss_fn = info.data.get("loss_fn")
+        if value != 1 and loss_fn and loss_config.LOSSES[loss_fn].reads_recorded:
+            raise ValueError(
+                f"{loss_fn} reads the sequences its trainer's host recorded as it sampled them, "
+                "so its run samples on that host alone: use sample_hosts 1, or another loss"
             )
         return value
 

@@ -28,7 +28,7 @@ from tinker.proto.response_conv import (
 
 from core.checkpoint_check import CheckpointUnusable
 from core.engine_client import EngineClient, EngineLost
-from core.engine_placement import placing
+from core.engine_placement import Placement, placing, placing_several
 from core.model_names import ModelNotAvailable
 from core.pending import PendingCalls
 from core.settings import Settings
@@ -39,6 +39,8 @@ from core.tinker_wire import (
     Done,
     Failed,
     ForwardBackward,
+    Joined,
+    JoinGroup,
     LoadModel,
     LoraSpec,
     ModelReady,
@@ -146,7 +148,8 @@ def _expect(kind: type[Any]) -> Callable[[Any], Any]:
 
 class EngineService:
     """ServiceClient: training and sampling clients for one run (or the inference client), in
-    the engine host placement chose for `base_model` (its base is claimed there at once)."""
+    the engine host placement chose for `base_model` (its base is claimed there at once), or
+    at `placed` (chosen by `several`)."""
 
     def __init__(
         self,
@@ -155,18 +158,44 @@ class EngineService:
         checkpoint_dir: Path,
         base_model: str | None = None,
         role: Literal["run", "inference"] = "run",
+        placed: Placement | None = None,
     ) -> None:
         self.run_id = run_id
         self.checkpoint_dir = Path(checkpoint_dir)
         self.models_dir = settings.models_dir
-        name = f"run {run_id}" if role == "run" else run_id
-        with placing(settings, base_model) as placed:
-            self._calls = _Calls(EngineClient(settings, name, role, placed.slot))
-            if placed.claim and base_model is not None:
-                self._calls.client.claim(base_model)
+        if placed is None:
+            with placing(settings, base_model) as placed:
+                self._calls = self._connect(settings, role, base_model, placed)
+        else:
+            self._calls = self._connect(settings, role, base_model, placed)
         self.device = self._calls.client.welcome.device
+        self.slot = placed.slot
         self.host = placed.slot.name
         self._names = itertools.count()
+
+    @classmethod
+    def several(
+        cls, settings: Settings, run_id: str, checkpoint_dir: Path, base_model: str, count: int
+    ) -> list[EngineService]:
+        """One run's services on `count` different hosts (the first its home), placed together."""
+        with placing_several(settings, base_model, count) as placements:
+            return [
+                cls(settings, run_id, checkpoint_dir, base_model, "run", placed)
+                for placed in placements
+            ]
+
+    def _connect(
+        self,
+        settings: Settings,
+        role: Literal["run", "inference"],
+        base_model: str | None,
+        placed: Placement,
+    ) -> _Calls:
+        name = f"run {self.run_id}" if role == "run" else self.run_id
+        calls = _Calls(EngineClient(settings, name, role, placed.slot))
+        if placed.claim and base_model is not None:
+            calls.client.claim(base_model)
+        return calls
 
     @property
     def host_pid(self) -> int:
@@ -272,6 +301,20 @@ class EngineTraining:
             request,
             lambda answer: types.OptimStepResponse(metrics=_expect(Stepped)(answer).metrics),
         )
+
+    def join_group(
+        self, store: str, rank: int, size: int, backend: Literal["gloo", "nccl"], timeout_s: float
+    ) -> LocalFuture[Joined]:
+        """This model becomes rank `rank` of its run's host group (group_training.py)."""
+        request = JoinGroup(
+            model_id=self.model_id,
+            store=store,
+            rank=rank,
+            size=size,
+            backend=backend,
+            timeout_s=timeout_s,
+        )
+        return self._service.call(request, _expect(Joined))
 
     def save_state(self, name: str, **_: Any) -> LocalFuture[types.SaveWeightsResponse]:
         request = SaveState(model_id=self.model_id, name=name, overwrite=True)

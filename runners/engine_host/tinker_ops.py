@@ -36,6 +36,8 @@ from core.tinker_wire import (
     Failed,
     ForwardBackward,
     HeldModel,
+    Joined,
+    JoinGroup,
     LoadModel,
     LoadState,
     LossReady,
@@ -59,10 +61,11 @@ from core.tinker_wire import (
     Trained,
     model_of,
 )
-from runners.engine.futures import LocalFuture, resolved
+from runners.engine.futures import LocalFuture, resolved, task
 from runners.engine.local import LocalServiceClient
 from runners.engine.recorded_sequences import UnknownSequence
 from runners.engine.sample.sampler import LocalSamplingClient
+from runners.engine.train.group import GradientGroup
 from runners.engine.train.training import LocalTrainingClient
 from runners.engine_host import custom_loss, proto, rollout_text
 from runners.models.loading import tokenizer_folder
@@ -195,6 +198,8 @@ class TinkerOps:
                 return self._cancel_samples(request)
             case CreateLoss():
                 return self._create_loss(request)
+            case JoinGroup():
+                return self._join_group(request)
             case Release():
                 return self._release(request)
 
@@ -291,6 +296,21 @@ class TinkerOps:
         client = self._model(request.model_id)
         future = _guard(lambda: client.optim_step(_optimizer_params(request.params)))
         return Work(future, lambda response: Stepped(metrics=response.metrics or {}))
+
+    def _join_group(self, request: JoinGroup) -> Work[None]:
+        client = self._model(request.model_id)
+
+        def join() -> None:
+            store = Path(request.store)
+            group = GradientGroup(
+                store, request.rank, request.size, request.backend, request.timeout_s
+            )
+            client.join_group(group).result()
+
+        # The rendezvous waits for the other ranks: on a thread of its own, not the reader's.
+        future, work = task(join)
+        threading.Thread(target=work, daemon=True, name=f"join {request.model_id}").start()
+        return Work(future, lambda _: Joined(rank=request.rank, size=request.size))
 
     def _save_state(self, request: SaveState) -> Work[Any]:
         client = self._model(request.model_id)

@@ -33,6 +33,7 @@ from core.run_folder import RunFolder
 from core.settings import Settings
 from core.spec import RunSpec
 from environments.base import EnvConfig
+from runners.backends.spread_sampling import spread_metrics
 from runners.engine.disk_full import DiskFull, full_errno
 from runners.episodes.collection import Collector, concurrency_for
 from runners.episodes.policy import SamplerPolicy
@@ -74,6 +75,7 @@ class Trainer(RunnerBase[Collector, Collected]):
         self.bound = config.max_steps_off_policy or 0
         self.pipeline: Pipeline[Collected] | None = None
         self.published = 0  # the newest policy (optimizer steps) the producer samples from
+        self.spread: dict[int, dict[str, float]] = {}  # each step's sampling over its hosts
 
     # Set-up --------------------------------------------------------------------------------
 
@@ -134,6 +136,7 @@ class Trainer(RunnerBase[Collector, Collected]):
         metrics = {
             **run.data.metrics(collected.episodes, "env"),
             "sampler/failed_episodes": collected.failed,
+            **self.spread.pop(done.step, {}),
             **done.train_metrics,
             "sampler/dropped_groups": prepared.dropped_groups,
             **(prepared.off_policy if self.bound else {}),
@@ -158,6 +161,7 @@ class Trainer(RunnerBase[Collector, Collected]):
         """Step `step`'s episodes (its tasks, its seeds), sampled from `sampler`."""
         policy = self._policy(collector.renderer, sampler, self.seeds.sampling(step))
         collected = await collector.train_batch(policy, step)
+        self.spread[step] = spread_metrics(sampler)
         if not collected.episodes and collected.failed:
             raise RuntimeError(
                 f"every episode of step {step} failed ({collected.failed}), e.g. "

@@ -11,6 +11,7 @@ import math
 
 from core.engine_placement import HostView, views
 from core.engine_slots import GIB
+from core.host_groups import hosts_wanted
 from core.model_names import weight_bytes
 from core.models import Run
 from core.settings import Settings
@@ -21,17 +22,26 @@ class EngineRoom:
         self._settings = settings
 
     def wait_reason(self, run: Run) -> str | None:
-        """Why `run` cannot start on this machine's hosts now, or None."""
+        """Why `run` cannot start on this machine's hosts now, or None: its base needs a host
+        that holds it or has room, one per host it asks for (sample_hosts, num_devices)."""
         base, needed = self._base_of(run)
         if base is None or needed is None:
             return None
         seen = views(self._settings)
-        if any(v.status is not None and v.status.holds(base) for v in seen):
+        config = json.loads(run.config_json)
+        wanted = hosts_wanted(
+            config.get("sample_hosts", 1), int(config.get("num_devices", 1)), len(seen)
+        )
+        usable = [
+            v
+            for v in seen
+            if (v.status is not None and v.status.holds(base)) or self._room(v) >= needed
+        ]
+        if len(usable) >= wanted:
             return None
-        if any(self._room(v) >= needed for v in seen):
-            return None
+        hosts = f"{wanted} engine hosts" if wanted > 1 else "an engine host"
         return (
-            f"waiting for room on an engine host for {base} ({needed / GIB:.2f} GiB): "
+            f"waiting for room on {hosts} for {base} ({needed / GIB:.2f} GiB): "
             + "; ".join(v.describe() for v in seen)
             + ". It starts once a host has room (runs on other bases ending free it)."
         )

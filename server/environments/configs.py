@@ -150,6 +150,9 @@ class ConfigService:
         if purpose == "train":
             self._models.check_rank(config.lora_rank, config.backend)
             self._models.check_fits(config.model_name, config.backend, config.engine)
+            self._models.check_hosts(
+                config.sample_hosts, config.num_devices, config.backend, config.engine
+            )
 
     def check_model_name(self, model: str, backend: str, field: str, purpose: str) -> None:
         """422 naming `field` when `backend` cannot serve `model` (a teacher, say)."""

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from core.engine_slots import GIB, plan
+from core.host_groups import group_backend
 from core.model_names import model_available, weight_bytes
 from core.settings import Settings
 from server.errors import DomainError, InvalidValue
@@ -153,6 +154,39 @@ class ModelCheck:
             "between the hosts of a device). Raise the budget, give a device fewer hosts "
             '(RLCS_ENGINE_HOSTS), train a smaller model, or set engine "private".'
         )
+
+    def check_hosts(
+        self, sample_hosts: int | str, num_devices: int, backend: str, engine: str
+    ) -> None:
+        """422 naming `sample_hosts` or `num_devices` when a run asks for engine hosts it
+        would not have: more than this machine's, or any beyond one off the shared engine."""
+        if sample_hosts == 1 and num_devices == 1:
+            return
+        settings = self._settings
+        field = "num_devices" if num_devices > 1 else "sample_hosts"
+        if self.backend_for(backend) == "tinker":
+            raise InvalidValue(
+                f"field '{field}': engine hosts are the local backend's; hosted Tinker places "
+                f'a run itself. Leave {field} at 1, or set backend "local".'
+            )
+        if (settings.run_engine if engine == "auto" else engine) != "shared":
+            raise InvalidValue(
+                f"field '{field}': a run on a private engine holds its one model in its own "
+                f'process. Leave {field} at 1, or set engine "shared".'
+            )
+        slots = plan(settings)
+        for name, asked in (("num_devices", num_devices), ("sample_hosts", sample_hosts)):
+            if isinstance(asked, int) and asked > len(slots):
+                raise InvalidValue(
+                    f"field '{name}': {asked} engine hosts asked for; this machine has "
+                    f"{len(slots)} ({', '.join(s.device for s in slots)}). Use at most "
+                    f"{len(slots)}, or give the server more hosts (RLCS_ENGINE_HOSTS)."
+                )
+        if num_devices > 1:
+            try:
+                group_backend(slots, settings.engine_group_backend)
+            except ValueError as exc:
+                raise InvalidValue(f"field 'num_devices': {exc}.") from None
 
     def _check_tinker(self, model: str, field: str, purpose: str, error: type[DomainError]) -> None:
         if self._tinker is None:

@@ -27,6 +27,7 @@ from runners.engine.futures import LocalFuture
 from runners.engine.host import AdapterWeights, LiveAdapter, ModelHost
 from runners.engine.recorded_sequences import SequenceStore
 from runners.engine.train.forward import DatumBatch, autocast_dtype, run_loss, validate_data
+from runners.engine.train.group import GradientGroup, flatten, unflatten
 from runners.engine.train.loss_scale import DynamicLossScale
 from runners.engine.train.losses import resolve_config
 from runners.engine.train.microbatch_budget import SMALL_BUDGET
@@ -103,6 +104,8 @@ class LocalTrainingClient:
         self._loss_scale = loss_scale_for(host)
         self._worker = TurnWorker(host.lock)
         self._closed = False
+        # A rank of a run's host group (group.py): gradients summed over the ranks each step.
+        self._group: GradientGroup | None = None
 
     # ----- training -----------------------------------------------------------------------
 
@@ -172,7 +175,24 @@ class LocalTrainingClient:
             raise ValueError(
                 f"the local backend implements AdamW only; got {type(params).__name__}"
             )
-        return self._worker.submit(Hold.STEP_END, self._run_optim_step, params)
+        if self._group is None:
+            return self._worker.submit(Hold.STEP_END, self._run_optim_step, params, None)
+        # The ranks' sum is taken outside the lane's turn: a rank waiting for another host's
+        # must not hold this host's lane (two groups on two hosts would wait on each other).
+        flat = self._worker.submit(Hold.STEP_END, self._flat_grads)
+        summed = self._worker.submit(Hold.NONE, _collective, self._group.sum_, flat)
+        return self._worker.submit(Hold.STEP_END, self._run_optim_step, params, summed)
+
+    def join_group(self, group: GradientGroup) -> LocalFuture[None]:
+        """This client becomes `group`'s rank: its adapter is set to rank 0's (every rank
+        starts from the same weights) and, from its next optim_step on, its gradients are
+        summed over the ranks first. The collective runs outside the lane's turn."""
+        if self._group is not None:
+            raise ValueError("this model is a rank of a group already")
+        tensors = list(self._adapter.tensors.values())
+        flat = self._worker.submit(Hold.STEP_END, flatten, tensors, tensors)
+        shared = self._worker.submit(Hold.NONE, _collective, group.broadcast_, flat)
+        return self._worker.submit(Hold.STEP_END, self._take_weights, group, shared)
 
     # ----- checkpoints and samplers -----------------------------------------------------------
 
@@ -273,6 +293,8 @@ class LocalTrainingClient:
         self._worker.shutdown(wait=True, cancel_futures=cancel_pending)
         if not self._closed:
             self._closed = True
+            if self._group is not None:
+                self._group.close()
             self._let_go_of_tensors()
             self._host.release()
             heap.give_back_free_memory()
@@ -357,12 +379,36 @@ class LocalTrainingClient:
         lengths = [len(tokens) for tokens in batch.tokens]
         return self._host.shared.training_pass(self._tokens_per_microbatch, lengths)
 
-    def _run_optim_step(self, params: types.AdamParams) -> types.OptimStepResponse:
+    def _take_weights(self, group: GradientGroup, shared: LocalFuture[torch.Tensor]) -> None:
+        """Rank 0's adapter (`shared`) into this client's, and the group kept."""
+        tensors = list(self._adapter.tensors.values())
+        with self._host.training(self._adapter), torch.no_grad():
+            for mine, theirs in zip(tensors, unflatten(shared.result(), tensors), strict=True):
+                mine.copy_(theirs)
+        self._group = group
+
+    def _flat_grads(self) -> torch.Tensor:
+        """This rank's gradients in one buffer, unscaled (a float16 trainer's ranks may scale
+        their losses differently; their sum is taken unscaled)."""
+        with self._host.training(self._adapter):
+            params = list(self._host.params.values())
+            grads = [p.grad for p in params]
+            if self._loss_scale is not None:
+                self._loss_scale.unscale_([g for g in grads if g is not None])
+            return flatten(grads, params)
+
+    def _run_optim_step(
+        self, params: types.AdamParams, summed: LocalFuture[torch.Tensor] | None
+    ) -> types.OptimStepResponse:
+        """AdamW on the step's gradients: this client's, or (a rank of a group) the ranks'
+        sum, `summed`, unscaled already."""
         host, scaler = self._host, self._loss_scale
         used_scale = None if scaler is None else scaler.scale  # None too: no backward pass yet
         with host.training(self._adapter):
+            if summed is not None:
+                _set_grads(list(host.params.values()), summed.result())
             grads = [p for p in host.params.values() if p.grad is not None]
-            if scaler is not None:  # unscaled before the norm, the clipping and AdamW
+            if scaler is not None and summed is None:  # unscaled before the norm and AdamW
                 scaler.unscale_([p.grad for p in grads if p.grad is not None])
             norm = _clipped_norm(grads, params.grad_clip_norm)
             # A non-finite norm is an overflow (fp16) somewhere in the step's gradients: with
@@ -486,6 +532,20 @@ def loss_scale_for(host: ModelHost) -> DynamicLossScale | None:
     fp16's range is too narrow for unscaled gradients. None elsewhere."""
     half = autocast_dtype(host.device, host.model)
     return DynamicLossScale() if half == torch.float16 else None
+
+
+def _collective(
+    operation: Callable[[torch.Tensor], None], flat: LocalFuture[torch.Tensor]
+) -> torch.Tensor:
+    """`operation` (a group's sum or broadcast) on the buffer an earlier request made."""
+    buffer = flat.result()
+    operation(buffer)
+    return buffer
+
+
+def _set_grads(params: list[torch.nn.Parameter], flat: torch.Tensor) -> None:
+    for param, grad in zip(params, unflatten(flat, params), strict=True):
+        param.grad = grad.clone() if param.grad is None else param.grad.copy_(grad)
 
 
 def _clipped_norm(grads: list[torch.nn.Parameter], max_norm: float) -> float:
