@@ -135,11 +135,15 @@ def placing_several(settings: Settings, base: str | None, count: int) -> Iterato
     home.mkdir(parents=True, exist_ok=True)
     with (home / PLACE_LOCK).open("a") as turn:
         fcntl.flock(turn, fcntl.LOCK_EX)
-        left = [HostView(s, probe(settings.var_dir, s)) for s in slots]
-        placed = []
-        for _ in range(count):
-            slot = choose(left, base)
-            view = next(v for v in left if v.slot == slot)
-            left.remove(view)
-            placed.append(Placement(slot, claim=view.status is None or not view.status.holds(base)))
-        yield placed
+        yield choose_several([HostView(s, probe(settings.var_dir, s)) for s in slots], base, count)
+
+
+def choose_several(views: list[HostView], base: str, count: int) -> list[Placement]:
+    """`count` different hosts for `base`, each as `choose` picks among those left."""
+    left, placed = list(views), []
+    for _ in range(count):
+        slot = choose(left, base)
+        view = next(v for v in left if v.slot == slot)
+        left.remove(view)
+        placed.append(Placement(slot, claim=view.status is None or not view.status.holds(base)))
+    return placed

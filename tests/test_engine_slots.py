@@ -15,9 +15,10 @@ from pathlib import Path
 import pytest
 
 from core import engine_host, procs
-from core.engine_placement import HostView, choose
+from core.engine_placement import HostView, choose, choose_several, placing_several
 from core.engine_slots import GIB, Slot, SlotsRefused, plan, visible_gpus
 from core.engine_wire import BaseHeld, Status
+from core.host_groups import group_backend
 from server.launch.ray import resources_for
 from tests.support.settings import make_settings
 
@@ -176,3 +177,36 @@ def test_a_host_of_the_former_layout_is_stopped_not_run_beside(tmp_path: Path) -
     finally:
         stand_in.kill()
         stand_in.wait()
+
+
+def test_a_run_on_several_hosts_gets_different_ones_in_placement_order(tmp_path: Path) -> None:
+    a, b, c = slots(tmp_path, "3", [], cores=3)
+    views = [
+        HostView(a, status(0, [held("Y", 1)])),
+        HostView(b, status(1, [held("X", 1)])),
+        HostView(c, None),
+    ]
+    # Its base's holder first (no claim there), then an empty host (claimed), then the roomiest.
+    placed = choose_several(views, "X", 3)
+    assert [(p.slot, p.claim) for p in placed] == [(b, False), (c, True), (a, True)]
+    assert [p.slot for p in choose_several(views, "X", 1)] == [b]
+
+
+def test_more_hosts_than_the_machine_has_are_refused(tmp_path: Path) -> None:
+    settings = make_settings(tmp_path, engine_hosts="2", device="cpu")
+    with pytest.raises(ValueError, match="3 engine hosts asked for; this machine has 2"):
+        with placing_several(settings, "X", 3):
+            pass
+
+
+def test_a_group_sums_over_nccl_only_where_each_host_has_a_gpu(tmp_path: Path) -> None:
+    own = slots(tmp_path, "0,1", ["0", "1"])
+    shared = slots(tmp_path, "0,0", ["0"])
+    cpu = slots(tmp_path, "2", [])
+    assert group_backend(own, "auto") == "nccl"
+    assert group_backend(shared, "auto") == group_backend(cpu, "auto") == "gloo"
+    assert group_backend(own, "gloo") == "gloo"
+    with pytest.raises(ValueError, match="two ranks on one GPU are refused"):
+        group_backend(shared, "nccl")
+    with pytest.raises(ValueError, match="on the CPU"):
+        group_backend(cpu, "nccl")

@@ -1,0 +1,245 @@
+"""One run across several engine hosts (issue 55), side by side in one run, through the run's
+own client (runners/backends): tiny-random and SmolLM2-135M, float32. Parts:
+
+- `sample`: a sampling-bound step (one prompt, group 16 x 64 tokens, seeds 0-15) on one host
+  with every core (the default), on one of two hosts (RLCS_ENGINE_HOSTS=2, a core each,
+  `sample_hosts: 1`) and on both (`sample_hosts: 2`): tokens/s, the ratios, and whether the
+  16 rows drew the same tokens and logprobs everywhere.
+- `group`: 5 steps on 8 datums, one host against a group of two (4 + 4, gradients summed over
+  gloo): the LoRA weights' largest difference, each step's time; and a sum all-reduce of an
+  86M-float buffer (7B's LoRA at rank 32) between two gloo ranks of one process.
+
+Run from the repo root (about 5 minutes on 2 CPU cores):
+    .venv/bin/python -m benchmarks.across_hosts [--parts sample,group] [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import platform
+import shutil
+import statistics
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from tinker import types
+
+from core.model_names import SMOLLM2
+from core.settings import Settings
+from runners.backends.engine_backend import EngineService
+from runners.backends.group_training import GroupTraining
+from runners.backends.spread_sampling import SpreadSampling, spread
+from runners.engine.train.group import GradientGroup
+from tests.conftest import stop_engine_hosts
+
+GROUP, TOKENS = 16, 64
+ADAM = types.AdamParams(learning_rate=1e-4, beta1=0.9, beta2=0.95, eps=1e-8)
+
+
+def settings(folder: Path, hosts: str | None) -> Settings:
+    return Settings(
+        var_dir=folder / "var",
+        engine_hosts=hosts,
+        device="cpu",
+        dtype="float32",
+        sampling_dtype="float32",
+    )
+
+
+async def sampler_on(
+    config: Settings, model: str, hosts: int, folder: Path
+) -> tuple[SpreadSampling, list[EngineService]]:
+    services = EngineService.several(config, "bench", folder / "ckpt", model, hosts)
+    training = await services[0].create_lora_training_client(model, rank=8, seed=0)
+    home = await training.save_weights_and_get_sampling_client()
+    return await spread(training, home, services[1:], 0), services
+
+
+async def one_step(sampler: SpreadSampling, prompt: list[int]) -> tuple[float, list[Any]]:
+    """The step's 16 rows, drawn at once; its seconds and the rows (tokens, logprobs)."""
+    start = time.perf_counter()
+    answers = await asyncio.gather(
+        *(
+            sampler.sample(
+                types.ModelInput.from_ints(prompt),
+                1,
+                types.SamplingParams(max_tokens=TOKENS, seed=seed, temperature=1.0),
+            )
+            for seed in range(GROUP)
+        )
+    )
+    rows = [(list(a.sequences[0].tokens), list(a.sequences[0].logprobs)) for a in answers]
+    return time.perf_counter() - start, rows
+
+
+def sample_part(models: list[str], rounds: int) -> None:
+    arms = {"one host, all cores": (None, 1), "1 of 2 hosts": ("2", 1), "2 hosts": ("2", 2)}
+    for model in models:
+        folder = Path(tempfile.mkdtemp(prefix="across-"))
+        try:
+            asyncio.run(_sample_model(model, arms, rounds, folder))
+        finally:
+            stop_engine_hosts(folder)
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+async def _sample_model(
+    model: str, arms: dict[str, tuple[str | None, int]], rounds: int, folder: Path
+) -> None:
+    samplers: dict[str, SpreadSampling] = {}
+    for name, (hosts, sample_hosts) in arms.items():
+        where = folder / ("one" if hosts is None else "two")
+        samplers[name], _ = await sampler_on(settings(where, hosts), model, sample_hosts, where)
+    prompt = list(range(5, 37))
+    seconds: dict[str, list[float]] = {name: [] for name in arms}
+    rows: dict[str, list[Any]] = {}
+    for round_ in range(rounds + 1):  # the first round warms each arm up, uncounted
+        for name, sampler in samplers.items():
+            took, rows[name] = await one_step(sampler, prompt)
+            if round_:
+                seconds[name].append(took)
+    tokens = sum(len(t) for t, _ in rows["2 hosts"])
+    base = statistics.median(seconds["one host, all cores"])
+    print(f"\n{model}: a step of {GROUP} x {TOKENS} tokens, median of {rounds}")
+    for name, took in seconds.items():
+        median = statistics.median(took)
+        print(
+            f"  {name:<20} {median:6.2f} s  {tokens / median:7.1f} tok/s  "
+            f"{base / median:5.2f}x the default"
+        )
+    two, one_of_two = (
+        statistics.median(seconds["2 hosts"]),
+        statistics.median(seconds["1 of 2 hosts"]),
+    )
+    print(f"  sample_hosts 2 against 1 on the same two hosts: {one_of_two / two:.2f}x")
+    # On hosts of one size, a row draws the same whichever host answers; a host with more
+    # threads may split a product's sum otherwise, and round apart.
+    print(f"  rows the same, either host of two: {rows['2 hosts'] == rows['1 of 2 hosts']}")
+    same_tokens = [t for t, _ in rows["2 hosts"]] == [t for t, _ in rows["one host, all cores"]]
+    print(f"  tokens the same as on one host with every core: {same_tokens}")
+
+
+def datums(tokenizer: Any) -> list[types.Datum]:
+    texts = [
+        "hello world",
+        "the cat sat",
+        "a b c d",
+        "RL on a CPU",
+        "more text",
+        "sums",
+        "eight",
+        "four",
+    ]
+    out = []
+    for index, text in enumerate(texts):
+        tokens = tokenizer.encode(text) + [1, 2]
+        n = len(tokens) - 1
+        out.append(
+            types.Datum(
+                model_input=types.ModelInput.from_ints(tokens[:-1]),
+                loss_fn_inputs={
+                    "target_tokens": tokens[1:],
+                    "logprobs": [0.0] * n,
+                    "advantages": [1.0 if index % 2 else -0.5] * n,
+                },
+            )
+        )
+    return out
+
+
+async def _train(training: Any, data: list[types.Datum], steps: int) -> list[float]:
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        training.forward_backward(data, "importance_sampling")
+        await training.optim_step(ADAM)
+        times.append(time.perf_counter() - start)
+    return times
+
+
+async def _group_model(model: str, folder: Path) -> None:
+    one = EngineService.several(settings(folder / "one", None), "alone", folder / "a", model, 1)[0]
+    two = EngineService.several(settings(folder / "two", "2"), "group", folder / "g", model, 2)
+    alone = await one.create_lora_training_client(model, rank=8, seed=0)
+    ranks = [await s.create_lora_training_client(model, rank=8, seed=s.slot.index) for s in two]
+    group = GroupTraining(ranks)
+    await group.join(str(folder / "store"), "gloo", 120.0)
+    data = datums(alone.get_tokenizer())
+    alone_s = await _train(alone, data, 5)
+    group_s = await _train(group, data, 5)
+    a = await alone.save_weights_for_sampler("alone")
+    g = await group.save_weights_for_sampler("group")
+    from safetensors.torch import load_file
+
+    wa = load_file(Path(a.path) / "adapter_model.safetensors")
+    wg = load_file(Path(g.path) / "adapter_model.safetensors")
+    diff = max(float((wa[k] - wg[k]).abs().max()) for k in wa)
+    print(f"\n{model}: 5 steps on 8 datums, one host against a group of 2 (4 + 4, gloo)")
+    print(f"  LoRA weights' largest difference: {diff:.2e} (goal <= 1e-6, lr 1e-4)")
+    print(
+        f"  step: one host {statistics.median(alone_s[1:]):.3f} s, "
+        f"group {statistics.median(group_s[1:]):.3f} s (median of steps 2-5)"
+    )
+
+
+def all_reduce_time(floats: int, tries: int = 3) -> float:
+    """The median seconds of a sum all-reduce of `floats` float32s between 2 gloo ranks."""
+    store = Path(tempfile.mkdtemp(prefix="store-")) / "store"
+    took: list[float] = []
+
+    def rank(index: int) -> None:
+        group = GradientGroup(store, index, 2, "gloo", 120.0)
+        buffer = torch.ones(floats)
+        for _ in range(tries + 1):
+            start = time.perf_counter()
+            group.sum_(buffer)
+            if index == 0:
+                took.append(time.perf_counter() - start)
+
+    threads = [threading.Thread(target=rank, args=(i,)) for i in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return statistics.median(took[1:])
+
+
+def group_part(models: list[str]) -> None:
+    for model in models:
+        folder = Path(tempfile.mkdtemp(prefix="group-"))
+        try:
+            asyncio.run(_group_model(model, folder))
+        finally:
+            stop_engine_hosts(folder)
+            shutil.rmtree(folder, ignore_errors=True)
+    floats = 86_000_000
+    seconds = all_reduce_time(floats)
+    print(
+        f"\nsum all-reduce of {floats / 1e6:.0f}M floats between 2 gloo ranks (one process): "
+        f"{seconds:.3f} s ({floats * 4 / seconds / 1e9:.2f} GB/s)"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--parts", default="sample,group")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--models", default=f"tiny-random,{SMOLLM2}")
+    args = parser.parse_args()
+    print(f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}")
+    models = args.models.split(",")
+    parts = args.parts.split(",")
+    if "sample" in parts:
+        sample_part(models, args.rounds)
+    if "group" in parts:
+        group_part(models)
+
+
+if __name__ == "__main__":
+    main()
