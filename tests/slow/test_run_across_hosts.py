@@ -31,9 +31,7 @@ def two_hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     # float32 sampling: a row's draw is the same whatever batch it shares (bfloat16 products
     # may round apart with the batch's size).
     float32 = {"RLCS_DTYPE": "float32", "RLCS_SAMPLING_DTYPE": "float32"}
-    with LiveServer(
-        var, RLCS_ENGINE_HOSTS="2", RLCS_MAX_CONCURRENT_RUNS="4", **float32
-    ) as server:
+    with LiveServer(var, RLCS_ENGINE_HOSTS="2", RLCS_MAX_CONCURRENT_RUNS="4", **float32) as server:
         yield server
 
 
@@ -52,7 +50,9 @@ def episodes(server: LiveServer, run_id: str) -> list[tuple]:
 
 
 def history(server: LiveServer, run_id: str) -> list[dict]:
-    return [r for r in server.api.get(f"/runs/{run_id}/history").json()["rows"] if "time/step_s" in r]
+    return [
+        r for r in server.api.get(f"/runs/{run_id}/history").json()["rows"] if "time/step_s" in r
+    ]
 
 
 def final_adapter(server: LiveServer, run_id: str) -> dict:
