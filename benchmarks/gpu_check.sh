@@ -8,7 +8,8 @@
 # issue 43's sweep: 8 RL runs of the 1.5B shape all at once in one engine against two at a
 # time in private processes (part `sweep`, not in the default call); issue 52's pair: two RL runs
 # on two bases (the 1.5B shape under two folder names) in two engine hosts sharing the GPU
-# (budgets halved) against both in one host (part `hosts`, not in the default call either).
+# (budgets halved) against both in one host (part `hosts`, not in the default call either);
+# issue 55's run across two hosts on GPU 0 (part `across`, not in the default call).
 #
 # Here, once (the device image lacks tinker and pydantic; .whl is git-ignored):
 #     mkdir -p .git/info && echo /.whl/ >> .git/info/exclude && bash benchmarks/gpu_check.sh wheels
@@ -23,9 +24,12 @@
 # 184 s, the call about 4 minutes with the machine's start: the gpu tests 37 s, the pair about
 # 140 s, 35-38 s of it per case to start the hosts, load both bases and take a warm-up step):
 #     run(command="bash benchmarks/gpu_check.sh hosts", carry=[".whl"], timeout_s=400)
+# and part `across` (issue 55) the same way (not yet timed; expect about 3 minutes):
+#     run(command="bash benchmarks/gpu_check.sh across", carry=[".whl"], timeout_s=400)
 # Logs come back under $OUT (gpu_tests.log, random-135m.log, random-1.5b.log, random-7b.log,
 # multi-adapter-random-135m.log, multi-adapter-random-1.5b.log, sweep-random-1.5b.log,
-# hosts-random-1.5b.log and the engine hosts' own logs, hosts-{one,two}-0-host*.log).
+# hosts-random-1.5b.log and the engine hosts' own logs, hosts-{one,two}-0-host*.log,
+# across-random-135m.log).
 set -uo pipefail
 
 if [ "${1:-}" = wheels ]; then
@@ -56,7 +60,7 @@ wants() { [[ " $PARTS " == *" $1 "* ]]; }
 # its lane's marker, so the file is named instead of `-m gpu`; -W default: the image's
 # transformers is another version than uv.lock's, whose warnings are not ours to fail on.
 wants tests && timeout 210 python3 -m pytest --noconftest -W default tests/backend/gpu/test_gpu.py \
-    -q -rP -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.log"
+    tests/backend/gpu/test_gpu_groups.py -q -rP -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.log"
 
 # Issue 42: 8 clients x 8 rows x 64 tokens on distinct adapters in mixed batches, against one
 # client alone, one adapter per batch and 8 on one shared adapter (goal: 8 at least 5x one).
@@ -83,6 +87,15 @@ wants sweep && timeout 380 python3 -m benchmarks.training_lanes --device cuda \
 wants hosts && timeout 330 python3 -m benchmarks.host_pair --device cuda --models random-1.5b \
     --group 16 --batch 6 --tokens 64 --steps 8 --host-logs "$OUT" 2>&1 \
     | grep -v "Loading weights\|Writing model" | tee "$OUT/hosts-random-1.5b.log"
+
+# Issue 55: one run across two engine hosts sharing GPU 0 (NCCL refuses two ranks on one GPU:
+# gloo on CUDA tensors). A step of 16 x 64 tokens on the 135M shape with `sample_hosts: 2`
+# against one host (goal: at least 1.3x its sampling rate, one host being bound by its
+# launches); a group of two (4 + 4 datums) against one host, 5 steps (goal: within 1e-3 of the
+# largest weight, bf16); a sum all-reduce of 86M floats (7B's LoRA at rank 32). Not yet run on
+# a GPU: expect about 3 minutes.
+wants across && timeout 330 python3 -m benchmarks.across_hosts --device cuda --rounds 3 2>&1 \
+    | grep -v "Loading weights\|Writing model" | tee "$OUT/across-random-135m.log"
 
 # Each shape in its own process (its memory goes back); 64 rows x 64 tokens, as the goals say.
 bench() {
