@@ -12,7 +12,7 @@ own client (runners/backends): tiny-random and SmolLM2-135M, float32. Parts:
 On a GPU (`--device cuda`, `benchmarks/gpu_check.sh across`): the 135M shape with random
 weights, two hosts sharing GPU 0, bfloat16; the all-reduce over gloo on CUDA tensors.
 
-Run from the repo root (about 5 minutes on 2 CPU cores):
+Run from the repo root (about 12 minutes on 2 CPU cores):
     .venv/bin/python -m benchmarks.across_hosts [--parts sample,group] [--rounds 3]
 """
 
@@ -97,6 +97,16 @@ async def one_step(sampler: SpreadSampling, prompt: list[int]) -> tuple[float, l
     return time.perf_counter() - start, rows
 
 
+async def one_by_one(sampler: Any, prompt: list[int]) -> list[Any]:
+    """The step's 16 rows drawn one after another (each alone in its batch)."""
+    rows = []
+    for seed in range(GROUP):
+        params = types.SamplingParams(max_tokens=TOKENS, seed=seed, temperature=1.0)
+        answer = await sampler.sample(types.ModelInput.from_ints(prompt), 1, params)
+        rows.append((list(answer.sequences[0].tokens), list(answer.sequences[0].logprobs)))
+    return rows
+
+
 def sample_part(models: list[str], rounds: int) -> None:
     arms = {"one host, all cores": (None, 1), "1 of 2 hosts": ("2", 1), "2 hosts": ("2", 2)}
     for model in models:
@@ -137,15 +147,12 @@ async def _sample_model(
         statistics.median(seconds["1 of 2 hosts"]),
     )
     print(f"  sample_hosts 2 against 1 on the same two hosts: {one_of_two / two:.2f}x")
-    # The goal's check: the same 16 requests to either host alone. A row's draw is its own
-    # (its seed), but its logits round with its batch's size (8 + 8 against 16 in one batch),
-    # which in float32 can tip a token in a larger model.
-    spread_rows = samplers["2 hosts"].parts
-    _, on_first = await one_step(SpreadSampling(spread_rows[:1], 0), prompt)
-    _, on_second = await one_step(SpreadSampling(spread_rows[1:], 0), prompt)
-    print(
-        f"  the 16 rows on either host alone, tokens and logprobs the same: {on_first == on_second}"
-    )
+    # The goal's check: the same 16 requests to either host, one at a time (each row alone in
+    # its batch). Drawn together, rows join the decode batch as they arrive, and a batch's size
+    # rounds a float32 product otherwise, which can tip a token in a larger model.
+    parts = samplers["2 hosts"].parts
+    on_first, on_second = [await one_by_one(part, prompt) for part in parts[:2]]
+    print(f"  the 16 rows on either host, one at a time, the same: {on_first == on_second}")
     same = [t for t, _ in rows["2 hosts"]] == [t for t, _ in rows["1 of 2 hosts"]]
     print(f"  tokens spread 8 + 8 the same as 16 in one batch: {same}")
 
@@ -207,17 +214,19 @@ async def _group_model(model: str, folder: Path) -> None:
     """One host on all 8 datums; the same with micro-batches of about half (the engine's own
     rounding between two ways to sum the same gradients); a group of two, 4 + 4."""
     one = EngineService.several(settings(folder / "one", None), "alone", folder / "a", model, 1)[0]
+    alone = await one.create_lora_training_client(model, rank=8, seed=0)
+    data = datums(alone.get_tokenizer())
+    # A training pass's budget counts its rows at their longest: half the rows a micro-batch.
+    half = max(d.model_input.length for d in data) * len(data) // 2
     halves_settings = settings(folder / "halves", None).model_copy(
-        update={"tokens_per_microbatch": 48}
+        update={"tokens_per_microbatch": half}
     )
     halves = EngineService.several(halves_settings, "halves", folder / "h", model, 1)[0]
     two = EngineService.several(settings(folder / "two", "2"), "group", folder / "g", model, 2)
-    alone = await one.create_lora_training_client(model, rank=8, seed=0)
     split = await halves.create_lora_training_client(model, rank=8, seed=0)
     ranks = [await s.create_lora_training_client(model, rank=8, seed=s.slot.index) for s in two]
     group = GroupTraining(ranks)
     await group.join(str(folder / "store"), "gloo", 120.0)
-    data = datums(alone.get_tokenizer())
     alone_s, alone_norms = await _train(alone, data, 5)
     await _train(split, data, 5)
     group_s, group_norms = await _train(group, data, 5)

@@ -6,7 +6,7 @@ snapshot, the others from the same weights saved as a sampler checkpoint and ope
     -> SpreadSampling(v): each sample() call to the host with the fewest calls in flight
 
 A call is answered whole by one host, and a row's draw depends on its prompt, seed and weights
-only (runners/engine/README.md), so which host answers changes no token.
+(runners/engine/README.md): the same call gives the same tokens and logprobs on either host.
 """
 
 from __future__ import annotations

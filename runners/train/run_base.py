@@ -13,15 +13,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from core import lifecycle, loss_config
-from core.engine_slots import plan
-from core.host_groups import group_backend, hosts_wanted, sampling_hosts
 from core.models import RunStatus
 from core.run_folder import RunFolder
 from core.settings import Settings
@@ -31,6 +28,7 @@ from runners.train import staleness
 from runners.train.learner import Sequence, assign_advantages, train_on
 from runners.train.report import timed
 from runners.train.resume import loadable_state
+from runners.train.run_hosts import RunHosts
 from runners.train.scorers import Scorers, open_scorers
 
 if TYPE_CHECKING:
@@ -136,9 +134,7 @@ class RunnerBase(Generic[D, B]):
         # The step of the last checkpoint this attempt holds (or resumed from): a stop right
         # after a periodic save must not save the same name again (Tinker refuses that).
         self.saved_step: int | None = None
-        # The engine hosts this run uses beside its first (sample_hosts, num_devices): their
-        # services, counted as the first's are.
-        self.other_hosts: list[Any] = []
+        self.hosts = RunHosts(settings, config)  # beside its first (sample_hosts, num_devices)
 
     async def run(self) -> RunStatus:
         # What the run opens is closed when it ends, however it ends (a failure half-way
@@ -206,7 +202,6 @@ class RunnerBase(Generic[D, B]):
         driver's data."""
         from tinker import types
 
-        from runners.backends.engine_backend import EngineService
         from runners.backends.factory import create_service, resolve_backend, run_engine
         from runners.train.report import Reporter
 
@@ -222,15 +217,13 @@ class RunnerBase(Generic[D, B]):
         reporter = Reporter(self.engine, self.settings, self.run_id, self.folder, cfg)
         checkpoints = self.folder.path / "checkpoints"
         where = run_engine(cfg.engine, self.settings) if backend == "local" else "private"
-        if backend == "local" and where == "shared" and self.engine_hosts() > 1:
-            services = [
-                reporter.meter.wrap(placed, backend)
-                for placed in EngineService.several(
-                    self.settings, self.run_id, checkpoints, cfg.model_name, self.engine_hosts()
-                )
-            ]
-            service, self.other_hosts = services[0], services[1:]
-            log.info("run %s: on engine hosts %s", self.run_id, ", ".join(hosts_of(services)))
+        if backend == "local" and where == "shared" and self.hosts.wanted > 1:
+            service = self.hosts.open(
+                self.run_id,
+                checkpoints,
+                cfg.model_name,
+                lambda placed: reporter.meter.wrap(placed, backend),
+            )
         else:
             created = create_service(
                 backend,
@@ -280,36 +273,10 @@ class RunnerBase(Generic[D, B]):
                     "resume",
                 )
 
-        if cfg.num_devices > 1:
-            training = await self._group(made, [service, *self.other_hosts[: cfg.num_devices - 1]])
-        else:
-            training = await made(service)
+        training = await self.hosts.training(made, service, self.folder.path)
         # Our own earlier attempt logged under this run's W&B id: rewind it to the checkpoint.
         reporter.start_wandb(resume_step=self.step if own_resume else None)
         return training
-
-    def engine_hosts(self) -> int:
-        """The engine hosts this run is placed on (1 unless it samples or trains on more)."""
-        cfg = self.training_config
-        return hosts_wanted(cfg.sample_hosts, cfg.num_devices, len(plan(self.settings)))
-
-    async def _group(
-        self,
-        made: Callable[[ServiceClient], Awaitable[TrainingClient]],
-        services: list[ServiceClient],
-    ) -> TrainingClient:
-        """The run's model on each of `services`' hosts, joined as one host group."""
-        from runners.backends.group_training import GroupTraining
-
-        ranks = await asyncio.gather(*(made(on) for on in services))
-        group = GroupTraining(list(ranks))  # type: ignore[arg-type]  # engine clients, counted
-        slots = [on.slot for on in services]  # type: ignore[attr-defined]
-        store = self.folder.path / "group" / f"{os.getpid()}-{time.time_ns()}"
-        store.parent.mkdir(parents=True, exist_ok=True)
-        backend = group_backend(slots, self.settings.engine_group_backend)
-        await self._call(group.join(str(store), backend, GROUP_TIMEOUT_S), "join the host group")
-        log.info("run %s: trains on %s hosts as one group (%s)", self.run_id, len(ranks), backend)
-        return group
 
     # The RL step ---------------------------------------------------------------------------
 
@@ -405,16 +372,7 @@ class RunnerBase(Generic[D, B]):
             else training.save_weights_and_get_sampling_client()
         )
         home = await self._call(call, "sampler snapshot")
-        samplers = sampling_hosts(self.training_config.sample_hosts, len(plan(self.settings)))
-        if samplers == 1 or not self.other_hosts:
-            return home
-        from runners.backends.spread_sampling import spread
-
-        others = self.other_hosts[: samplers - 1]
-        return await self._call(
-            spread(training, home, others, self.step),  # type: ignore[arg-type]
-            "the weights to the run's other engine hosts",
-        )
+        return await self.hosts.sampler(training, home, self.step)
 
     # Between steps -------------------------------------------------------------------------
 
@@ -478,11 +436,6 @@ class RunnerBase(Generic[D, B]):
 
 
 ADMISSION_POLL_S = 5.0  # how often a run waiting for the engine host's memory asks again
-GROUP_TIMEOUT_S = 600.0  # how long a host group's rank waits for the others (join, each sum)
-
-
-def hosts_of(services: list[Any]) -> list[str]:
-    return [getattr(service, "host", "?") for service in services]
 
 
 def step_from_name(path: str) -> int:

@@ -328,9 +328,12 @@ def describe_errors(errors: Sequence[Mapping[str, Any]]) -> str:
 def _with_loss_default(config_schema: ConfigSchema, values: dict[str, Any]) -> dict[str, Any]:
     """A run that samples ahead (max_steps_off_policy of 1 or more) and chose no loss trains
     with stable_reinforce, as tinker-cookbook's async runs do, where its driver can feed it
-    (the environment's schema offers it); the others keep the class's default."""
+    (the environment's schema offers it) and it samples on its trainer's host alone (the
+    sequences it reads are recorded there); the others keep the class's default."""
     ahead = values.get("max_steps_off_policy")
     if "loss_fn" in values or not isinstance(ahead, int) or isinstance(ahead, bool) or ahead < 1:
+        return values
+    if values.get("sample_hosts", 1) != 1:
         return values
     field = config_schema.schema.get("properties", {}).get("loss_fn", {})
     if field.get("default") != "importance_sampling":

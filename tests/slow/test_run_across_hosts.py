@@ -1,9 +1,9 @@
 """One run across several engine hosts (issue 55), with a real server, real hosts and signals
-(RLCS_ENGINE_HOSTS=2 on the CPU): a run sampling on two hosts draws exactly what it draws on
-one; a run training on two hosts as a group (its datums split 4+4, the gradients summed) ends
-with the weights one host gives it (float32); a host of a group killed: the run resumes by
-itself, a run on the other host never notices; what the machine cannot give is refused at
-POST /runs, naming the field.
+(RLCS_ENGINE_HOSTS=2 on the CPU, float32): a run sampling on two hosts draws what it draws on
+one (tiny-random's rows round alike in any batch); a run training on two hosts as a group (its
+datums split 4+4, the gradients summed) ends with the weights one host gives it; a host of a
+group killed: the run resumes by itself, a run on the other host never notices; what the
+machine cannot give is refused at POST /runs, naming the field.
 """
 
 from __future__ import annotations
@@ -70,6 +70,18 @@ def test_a_run_sampling_on_two_hosts_draws_what_it_draws_on_one(two_hosts: LiveS
     # Calls go to the host with the fewest in flight: the other host answers its share.
     assert all(0.0 < r["sampler/other_hosts_share"] < 1.0 for r in rows), rows
     assert "sampler/hosts" not in history(two_hosts, one)[0]
+
+
+def test_a_run_sampling_ahead_on_two_hosts_stays_within_its_bound(two_hosts: LiveServer) -> None:
+    """Each step's weights reach both hosts before that policy draws: a batch is at most
+    `max_steps_off_policy` behind (its loss is importance_sampling: stable_reinforce reads
+    what its trainer's host recorded)."""
+    run_id = finished(two_hosts, max_steps_off_policy=1, sample_hosts=2)
+    assert run_of(two_hosts.api, run_id)["config"]["loss_fn"] == "importance_sampling"
+    rows = history(two_hosts, run_id)
+    assert [r["sampler/steps_off_policy_max"] <= 1 for r in rows] == [True] * RUN["total_steps"]
+    assert sum(r["sampler/stale_groups_dropped"] for r in rows) == 0
+    assert all(r["sampler/hosts"] == 2.0 for r in rows)
 
 
 def test_a_group_of_two_hosts_trains_as_one_host_does(two_hosts: LiveServer) -> None:
