@@ -125,3 +125,27 @@ def test_a_model_joins_one_group_only(services, tmp_path) -> None:
     with pytest.raises(ValueError, match="a rank of a group already"):
         trainer.join_group(group)
     assert torch.isfinite(torch.tensor(train(trainer, datums(trainer)))).all()
+
+
+def test_a_rank_with_no_datums_still_takes_the_groups_step(services, tmp_path) -> None:
+    """One datum over two ranks (1 + 0): the idle rank's step takes the sum too, and no rank
+    steps a parameter no pass reached (as one host would not)."""
+    alone = services[0].create_lora_training_client("tiny-random", rank=4, seed=0).result()
+    one = datums(alone)[:1]
+    want = train(alone, one)
+    ranks = [
+        services[i].create_lora_training_client("tiny-random", rank=4, seed=0).result()
+        for i in (1, 2)
+    ]
+    with ThreadPoolExecutor(2) as pool:
+        groups = list(
+            pool.map(lambda rank: GradientGroup(tmp_path / "store", rank, 2, "gloo", 60.0), [0, 1])
+        )
+        for future in [r.join_group(g) for r, g in zip(ranks, groups, strict=True)]:
+            future.result(timeout=60)
+        idle = pool.submit(lambda: [ranks[1].optim_step(ADAM).result() for _ in range(STEPS)])
+        norms = train(ranks[0], one)
+        idle.result(timeout=120)
+    assert norms == pytest.approx(want, rel=1e-6)
+    assert max_diff(ranks[0], ranks[1]) == 0.0
+    assert max_diff(ranks[0], alone) <= 1e-6

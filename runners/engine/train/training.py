@@ -389,13 +389,16 @@ class LocalTrainingClient:
 
     def _flat_grads(self) -> torch.Tensor:
         """This rank's gradients in one buffer, unscaled (a float16 trainer's ranks may scale
-        their losses differently; their sum is taken unscaled)."""
+        their losses differently; their sum is taken unscaled), then one number a parameter:
+        1 where it has a gradient (summed: whether any rank's pass reached it)."""
         with self._host.training(self._adapter):
             params = list(self._host.params.values())
             grads = [p.grad for p in params]
             if self._loss_scale is not None:
                 self._loss_scale.unscale_([g for g in grads if g is not None])
-            return flatten(grads, params)
+            flat = flatten(grads, params)
+            reached = [0.0 if g is None else 1.0 for g in grads]
+            return torch.cat([flat, torch.tensor(reached, device=flat.device)])
 
     def _run_optim_step(
         self, params: types.AdamParams, summed: LocalFuture[torch.Tensor] | None
@@ -543,9 +546,15 @@ def _collective(
     return buffer
 
 
-def _set_grads(params: list[torch.nn.Parameter], flat: torch.Tensor) -> None:
-    for param, grad in zip(params, unflatten(flat, params), strict=True):
-        param.grad = grad.clone() if param.grad is None else param.grad.copy_(grad)
+def _set_grads(params: list[torch.nn.Parameter], summed: torch.Tensor) -> None:
+    """The ranks' summed gradients (`_flat_grads`' layout) into `params`; a parameter no
+    rank's pass reached keeps none, as on one host (AdamW then leaves it be)."""
+    flat, reached = summed[: -len(params)], summed[-len(params) :].tolist()
+    for param, grad, any_rank in zip(params, unflatten(flat, params), reached, strict=True):
+        if not any_rank:
+            param.grad = None
+        else:
+            param.grad = grad.clone() if param.grad is None else param.grad.copy_(grad)
 
 
 def _clipped_norm(grads: list[torch.nn.Parameter], max_norm: float) -> float:
