@@ -211,8 +211,9 @@ def _largest_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) 
 
 
 async def _group_model(model: str, folder: Path) -> None:
-    """One host on all 8 datums; the same with micro-batches of about half (the engine's own
-    rounding between two ways to sum the same gradients); a group of two, 4 + 4."""
+    """A group of two (4 + 4) against one host on all 8 datums in one pass; beside it, that
+    host against one cutting micro-batches of 4 (the engine's own float32 rounding between
+    two ways to sum the same gradients)."""
     one = EngineService.several(settings(folder / "one", None), "alone", folder / "a", model, 1)[0]
     alone = await one.create_lora_training_client(model, rank=8, seed=0)
     data = datums(alone.get_tokenizer())
@@ -231,16 +232,18 @@ async def _group_model(model: str, folder: Path) -> None:
     await _train(split, data, 5)
     group_s, group_norms = await _train(group, data, 5)
     wa, wh, wg = [await _weights(c, n) for c, n in ((alone, "a"), (split, "h"), (group, "g"))]
-    diff, own = _largest_difference(wa, wg), _largest_difference(wa, wh)
     largest = max(float(w.abs().max()) for w in wa.values())
     norms = max(abs(g - a) / a for g, a in zip(group_norms, alone_norms, strict=True))
     goal = "1e-6 in float32" if DEVICE == "cpu" else "1e-3 of the largest weight, bf16"
-    print(f"\n{model}: 5 steps on 8 datums, one host against a group of 2 (4 + 4, gloo), lr 4e-5")
+    print(f"\n{model}: 5 steps on 8 datums, a group of 2 hosts (4 + 4, gloo), lr 4e-5")
+    print(f"  LoRA weights' largest difference (goal: {goal}):")
+    whole = _largest_difference(wa, wg)
     print(
-        f"  LoRA weights' largest difference: {diff:.2e}, {diff / largest:.2e} of the largest "
-        f"weight (goal: {goal}); gradient norms within {norms:.1e} relative"
+        f"    against one host, all 8 in one pass: {whole:.2e} ({whole / largest:.1e} of the "
+        f"largest weight; gradient norms within {norms:.1e} relative)"
     )
-    print(f"  one host against itself with micro-batches of about half: {own:.2e}")
+    own = _largest_difference(wa, wh)
+    print(f"    one host, 4 + 4 against 8 in one pass (its own rounding): {own:.2e}")
     print(
         f"  step: one host {statistics.median(alone_s[1:]):.3f} s, "
         f"group {statistics.median(group_s[1:]):.3f} s (median of steps 2-5)"
