@@ -48,7 +48,9 @@ def datums(trainer: LocalTrainingClient) -> list[types.Datum]:
                 },
             )
         )
-    return out
+    # Longest first, as a pass orders its micro-batches: the ranks' shares (4 + 4) are then the
+    # micro-batches one client cuts with a budget of half the rows.
+    return sorted(out, key=lambda d: -d.model_input.length)
 
 
 def train(trainer: LocalTrainingClient, data: list[types.Datum]) -> list[float]:
@@ -95,13 +97,24 @@ def max_diff(a: LocalTrainingClient, b: LocalTrainingClient) -> float:
 
 
 def test_two_ranks_of_four_datums_train_as_one_client_of_eight(services, tmp_path) -> None:
+    """Bit for bit what one client gets cutting the 8 as the ranks do (two micro-batches of 4);
+    against one pass of all 8, float32's rounding of a product of 8 rows against two of 4."""
     alone = services[0].create_lora_training_client("tiny-random", rank=4, seed=0).result()
-    want_norms = train(alone, datums(alone))
-    ranks, norms = grouped(services, tmp_path / "store", dist.ReduceOp.SUM)
-    assert max_diff(ranks[0], ranks[1]) == 0.0  # the same AdamW step on every rank
-    assert max_diff(ranks[0], alone) <= 1e-6
-    assert norms[0] == norms[1]
-    assert norms[0] == pytest.approx(want_norms, rel=1e-5)
+    data = datums(alone)
+    half = max(d.model_input.length for d in data) * len(data) // 2
+    cut = local_service(tmp_path / "cut", tokens_per_microbatch=half)
+    try:
+        halves = cut.create_lora_training_client("tiny-random", rank=4, seed=0).result()
+        want_norms = train(halves, data)
+        one_pass = train(alone, data)
+        ranks, norms = grouped(services, tmp_path / "store", dist.ReduceOp.SUM)
+        assert max_diff(ranks[0], ranks[1]) == 0.0  # the same AdamW step on every rank
+        assert max_diff(ranks[0], halves) == 0.0
+        assert norms[0] == norms[1] == want_norms
+        assert max_diff(ranks[0], alone) <= 1e-6
+        assert norms[0] == pytest.approx(one_pass, rel=1e-5)
+    finally:
+        cut.close()
 
 
 def test_an_average_of_the_ranks_fails_the_same_comparison(services, tmp_path) -> None:
