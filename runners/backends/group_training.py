@@ -78,6 +78,8 @@ class GroupTraining:
             [EngineTraining, list[types.Datum]], LocalFuture[types.ForwardBackwardOutput]
         ],
     ) -> LocalFuture[types.ForwardBackwardOutput]:
+        if not data:  # nothing to split: rank 0 answers as one host would
+            return call(self.ranks[0], data)
         shares = split(data, len(self.ranks))
         parts = [call(rank, share) for rank, share in zip(self.ranks, shares, strict=True) if share]
         return gathered(parts, merged)

@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 from tinker import types
 
-from runners.backends.group_training import gathered, merged, split
+from runners.backends.group_training import GroupTraining, gathered, merged, split
 from runners.backends.spread_sampling import SpreadSampling, spread_metrics
-from runners.engine.futures import LocalFuture
+from runners.engine.futures import LocalFuture, resolved
 
 
 def test_datums_split_in_contiguous_shares_as_even_as_can_be() -> None:
@@ -77,3 +77,26 @@ def test_each_call_goes_to_the_host_with_the_fewest_in_flight() -> None:
     assert spread_metrics(spread) == {"sampler/hosts": 2.0, "sampler/other_hosts_share": 0.4}
     assert spread_metrics(spread)["sampler/other_hosts_share"] == 0.0  # counted once
     assert spread_metrics(SpreadSampling([home], version=3)) == {}  # type: ignore[list-item]
+
+
+class Rank:
+    """A rank's training client as the group sees one: answers at once, counting datums."""
+
+    base_model, lora_rank = "tiny-random", 4
+
+    def __init__(self) -> None:
+        self.calls: list[int] = []
+
+    def forward_backward(self, data: list[Any], *_: Any) -> LocalFuture[Any]:
+        self.calls.append(len(data))
+        return resolved(output(float(len(data)), 0.0, len(data)))
+
+
+def test_a_group_splits_its_datums_and_an_empty_batch_goes_to_rank_0() -> None:
+    ranks = [Rank(), Rank()]
+    group = GroupTraining(ranks)  # type: ignore[arg-type]
+    out = group.forward_backward(["datum"] * 5, "importance_sampling").result(timeout=1)
+    assert [rank.calls for rank in ranks] == [[3], [2]]
+    assert out.metrics["loss:sum"] == 5.0 and len(out.loss_fn_outputs) == 5
+    group.forward_backward([], "importance_sampling").result(timeout=1)
+    assert [rank.calls for rank in ranks] == [[3, 0], [2]]
