@@ -34,21 +34,16 @@ import torch
 from tinker import types
 
 from benchmarks.host_pair import resolve
-from core import engine_host
+from benchmarks.rl_data import text_data
 from core.model_names import SMOLLM2
 from core.settings import Settings
 from runners.backends.engine_backend import EngineService
 from runners.backends.group_training import GroupTraining
 from runners.backends.spread_sampling import SpreadSampling, spread
 from runners.engine.train.group import GradientGroup
+from tests.support.engine_hosts import stop_engine_hosts
 
 GROUP, TOKENS = 16, 64
-
-
-def stop_hosts(folder: Path) -> None:
-    """The hosts this script started under `folder` (one var/ per case)."""
-    for var in folder.glob("*/var"):
-        engine_host.stop(var)
 
 
 ADAM = types.AdamParams(learning_rate=4e-5, beta1=0.9, beta2=0.95, eps=1e-8)
@@ -114,7 +109,7 @@ def sample_part(models: list[str], rounds: int) -> None:
         try:
             asyncio.run(_sample_model(model, arms, rounds, folder))
         finally:
-            stop_hosts(folder)
+            stop_engine_hosts(folder)
             shutil.rmtree(folder, ignore_errors=True)
 
 
@@ -157,34 +152,16 @@ async def _sample_model(
     print(f"  tokens spread 8 + 8 the same as 16 in one batch: {same}")
 
 
-def datums(tokenizer: Any) -> list[types.Datum]:
-    texts = [
-        "hello world",
-        "the cat sat",
-        "a b c d",
-        "RL on a CPU",
-        "more text",
-        "sums",
-        "eight",
-        "four",
-    ]
-    out = []
-    for index, text in enumerate(texts):
-        tokens = tokenizer.encode(text) + [1, 2]
-        n = len(tokens) - 1
-        out.append(
-            types.Datum(
-                model_input=types.ModelInput.from_ints(tokens[:-1]),
-                loss_fn_inputs={
-                    "target_tokens": tokens[1:],
-                    "logprobs": [0.0] * n,
-                    "advantages": [1.0 if index % 2 else -0.5] * n,
-                },
-            )
-        )
-    # Longest first, as a pass orders its micro-batches: the group's shares are then the
-    # micro-batches one host cuts with a budget of half the rows.
-    return sorted(out, key=lambda d: -d.model_input.length)
+TEXTS = [
+    "hello world",
+    "the cat sat",
+    "a b c d",
+    "RL on a CPU",
+    "more text",
+    "sums",
+    "eight",
+    "four",
+]
 
 
 async def _train(
@@ -219,7 +196,7 @@ async def _group_model(model: str, folder: Path) -> None:
     count also changes how a product's sums round."""
     one = EngineService.several(settings(folder / "one", "2"), "alone", folder / "a", model, 1)[0]
     alone = await one.create_lora_training_client(model, rank=8, seed=0)
-    data = datums(alone.get_tokenizer())
+    data = text_data(alone.get_tokenizer(), TEXTS, end=(1, 2))
     # A training pass's budget counts its rows at their longest: half the rows a micro-batch.
     half = max(d.model_input.length for d in data) * len(data) // 2
     halves_settings = settings(folder / "halves", "2").model_copy(
@@ -282,7 +259,7 @@ def group_part(models: list[str]) -> None:
         try:
             asyncio.run(_group_model(model, folder))
         finally:
-            stop_hosts(folder)
+            stop_engine_hosts(folder)
             shutil.rmtree(folder, ignore_errors=True)
     floats = 86_000_000
     seconds = all_reduce_time(floats)

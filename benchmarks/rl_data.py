@@ -27,3 +27,22 @@ def importance_data(prompts: list[list[int]], responses: list[Any]) -> list[type
                 )
             )
     return data
+
+
+def text_data(tokenizer: Any, texts: list[str], end: tuple[int, ...] = ()) -> list[types.Datum]:
+    """A datum per text (its tokens, then `end`'s), all trained, logprobs 0, advantages -0.5 and
+    +1 in turn; longest first, as a training pass orders its micro-batches (split in two
+    contiguous halves, they are the micro-batches one client cuts with a budget of half)."""
+    data = []
+    for index, text in enumerate(texts):
+        tokens = [*tokenizer.encode(text), *end]
+        n = len(tokens) - 1
+        inputs: dict[str, Any] = {
+            "target_tokens": tokens[1:],
+            "logprobs": [0.0] * n,
+            "advantages": [1.0 if index % 2 else -0.5] * n,
+        }
+        data.append(
+            types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]), loss_fn_inputs=inputs)
+        )
+    return sorted(data, key=lambda d: -d.model_input.length)

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from core import engine_host
 from core.settings import PROJECT_ROOT, Settings
 from server.app import create_app
+from tests.support.engine_hosts import stop_engine_hosts
 
 # A real PostgreSQL for the tests that ask for it (started once per session, on first use).
 from tests.support.postgres import PostgresServer, postgres, postgres_url  # noqa: F401
@@ -43,16 +43,6 @@ def _engine_hosts_end_with_the_session(
 ) -> Iterator[None]:
     yield
     stop_engine_hosts(tmp_path_factory.getbasetemp())
-
-
-def stop_engine_hosts(folder: Path) -> None:
-    """Every engine host recorded under `folder` (var/engine/<node>/<index>/host.json, or the
-    former var/engine/host.json)."""
-    records = [*folder.glob(f"**/engine/*/*/{engine_host.RECORD}")]
-    var_dirs = {record.parents[3] for record in records}
-    var_dirs |= {record.parents[1] for record in folder.glob(f"**/engine/{engine_host.RECORD}")}
-    for var_dir in var_dirs:
-        engine_host.stop(var_dir)
 
 
 @pytest.fixture(scope="session")

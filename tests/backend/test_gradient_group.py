@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 from tinker import types
 
+from benchmarks.rl_data import text_data
 from runners.engine.local import LocalServiceClient, LocalTrainingClient
 from runners.engine.train.group import GradientGroup
 from tests.support.local_backend import local_service
@@ -33,24 +34,9 @@ STEPS = 5
 
 
 def datums(trainer: LocalTrainingClient) -> list[types.Datum]:
-    tokenizer = trainer.get_tokenizer()
-    out = []
-    for index, text in enumerate(TEXTS):
-        tokens = tokenizer.encode(text)
-        advantage = 1.0 if index % 2 else -0.5
-        out.append(
-            types.Datum(
-                model_input=types.ModelInput.from_ints(tokens[:-1]),
-                loss_fn_inputs={
-                    "target_tokens": tokens[1:],
-                    "logprobs": [0.0] * (len(tokens) - 1),
-                    "advantages": [advantage] * (len(tokens) - 1),
-                },
-            )
-        )
-    # Longest first, as a pass orders its micro-batches: the ranks' shares (4 + 4) are then the
-    # micro-batches one client cuts with a budget of half the rows.
-    return sorted(out, key=lambda d: -d.model_input.length)
+    """TEXTS as datums, longest first: the ranks' shares (4 + 4) are then the micro-batches one
+    client cuts with a budget of half the rows."""
+    return text_data(trainer.get_tokenizer(), TEXTS)
 
 
 def train(trainer: LocalTrainingClient, data: list[types.Datum]) -> list[float]:
