@@ -72,7 +72,7 @@ async def sampler_on(
     services = EngineService.several(config, "bench", folder / "ckpt", model, hosts)
     training = await services[0].create_lora_training_client(model, rank=8, seed=0)
     home = await training.save_weights_and_get_sampling_client()
-    return await spread(training, home, services[1:], 0), services
+    return await spread(training, home, services[1:]), services
 
 
 async def one_step(sampler: SpreadSampling, prompt: list[int]) -> tuple[float, list[Any]]:

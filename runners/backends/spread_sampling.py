@@ -2,8 +2,9 @@
 parallel, no collectives. Each host holds the run's base; the trainer's host samples from its
 snapshot, the others from the same weights saved as a sampler checkpoint and opened there.
 
-    step's weights (version v) -> home: snapshot; others: save_weights_for_sampler, opened
-    -> SpreadSampling(v): each sample() call to the host with the fewest calls in flight
+    step's weights -> home: snapshot; others: save_weights_for_sampler, opened
+    -> SpreadSampling: each sample() call to the host with the fewest calls in flight
+    (the batch it draws is tagged with its policy step by whoever drew it, as on one host)
 
 A call is answered whole by one host, and a row's draw depends on its prompt, seed and weights
 (runners/engine/README.md): the same call gives the same tokens and logprobs on either host.
@@ -26,9 +27,8 @@ ROLLOUT_WEIGHTS = "rollout-weights"
 class SpreadSampling:
     """SamplingClient: samplers of one version of a run's weights on several hosts."""
 
-    def __init__(self, parts: list[EngineSampling], version: int) -> None:
+    def __init__(self, parts: list[EngineSampling]) -> None:
         self.parts = parts
-        self.version = version  # the policy (optimizer steps) every part samples
         self._in_flight = [0] * len(parts)
         self._answered = [0] * len(parts)  # calls each part took, since the last take
         self._turns = itertools.count()
@@ -81,14 +81,13 @@ async def spread(
     training: EngineTraining,
     home: EngineSampling,
     others: list[EngineService],
-    version: int,
 ) -> SpreadSampling:
-    """Version `version` of the run's weights on every host: `home` (the trainer's snapshot),
-    and on each of `others`, the same weights saved once and opened there."""
+    """The run's current weights on every host: `home` (the trainer's snapshot), and on each
+    of `others`, the same weights saved once and opened there."""
     if not others:
-        return SpreadSampling([home], version)
+        return SpreadSampling([home])
     saved = await training.save_weights_for_sampler(ROLLOUT_WEIGHTS)
     opened = await asyncio.gather(
         *(service.create_sampling_client(model_path=saved.path) for service in others)
     )
-    return SpreadSampling([home, *opened], version)
+    return SpreadSampling([home, *opened])

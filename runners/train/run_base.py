@@ -372,7 +372,7 @@ class RunnerBase(Generic[D, B]):
             else training.save_weights_and_get_sampling_client()
         )
         home = await self._call(call, "sampler snapshot")
-        return await self.hosts.sampler(training, home, self.step)
+        return await self.hosts.sampler(training, home)
 
     # Between steps -------------------------------------------------------------------------
 

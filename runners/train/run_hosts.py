@@ -75,16 +75,14 @@ class RunHosts:
         log.info("trains on %s hosts as one group (%s)", len(ranks), backend)
         return group
 
-    async def sampler(
-        self, training: TrainingClient, home: SamplingClient, version: int
-    ) -> SamplingClient:
-        """`home` (the snapshot of the run's weights after `version` steps), or those weights
-        on the first `samplers` hosts."""
+    async def sampler(self, training: TrainingClient, home: SamplingClient) -> SamplingClient:
+        """`home` (the snapshot of the run's current weights), or those weights on the first
+        `samplers` hosts."""
         others = self.others[: self.samplers - 1]
         if not others:
             return home
         from runners.backends.spread_sampling import spread
 
-        spreading = spread(training, home, others, version)  # type: ignore[arg-type]
+        spreading = spread(training, home, others)  # type: ignore[arg-type]
         timeout_s = self._settings.backend_call_timeout_s
         return await bounded(spreading, timeout_s, "the weights to the run's other engine hosts")

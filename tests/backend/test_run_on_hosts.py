@@ -64,7 +64,7 @@ class Part:
 
 def test_each_call_goes_to_the_host_with_the_fewest_in_flight() -> None:
     home, other = Part(), Part()
-    spread = SpreadSampling([home, other], version=3)  # type: ignore[list-item]
+    spread = SpreadSampling([home, other])  # type: ignore[list-item]
     for _ in range(4):
         spread.sample("prompt", 1, None)
     assert (len(home.calls), len(other.calls)) == (2, 2)  # in turn while level
@@ -76,7 +76,7 @@ def test_each_call_goes_to_the_host_with_the_fewest_in_flight() -> None:
             call.set_result("done")
     assert spread_metrics(spread) == {"sampler/hosts": 2.0, "sampler/other_hosts_share": 0.4}
     assert spread_metrics(spread)["sampler/other_hosts_share"] == 0.0  # counted once
-    assert spread_metrics(SpreadSampling([home], version=3)) == {}  # type: ignore[list-item]
+    assert spread_metrics(SpreadSampling([home])) == {}  # type: ignore[list-item]
 
 
 class Rank:
