@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from runners.engine import heap, lora
+from runners.engine import heap, lora, onednn_cache
 from runners.engine.host import ModelHost, SharedBase
 
 MIB = 1 << 20
@@ -182,6 +182,7 @@ class BaseModels:
         host.close(for_good=True)  # its decode scheduler too, with the base's last host
         if forgotten is not None:
             free_weights(forgotten.model)
+            onednn_cache.empty()  # the products compiled for its shapes
         heap.give_back_free_memory()
 
     # Bases -------------------------------------------------------------------------------
