@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import psutil
 import pytest
 
 from core import engine_host
@@ -136,6 +137,10 @@ def test_engine_lists_the_host(server: LiveServer) -> None:
     assert engine["running"] and host["running"] and host["pid"] == host_pid(server)
     assert host["device"] == "cpu" and host["name"] == f"{engine['node']}/0"
     assert host["log"].endswith("/0/host.log") and host["rss_bytes"] > 0
+    environment = psutil.Process(host["pid"]).environ()  # what keeps its memory returning
+    assert environment["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == engine_host.ONEDNN_CACHE
+    for name, value in engine_host.MALLOC_THRESHOLDS.items():
+        assert environment[name] == value
     assert httpx.get(f"{server.url}/engine").status_code == 200
 
 
