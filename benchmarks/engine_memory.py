@@ -8,6 +8,10 @@ of 1, and the RSS after each batch within 10% of the RSS before it.
     .venv/bin/python -m benchmarks.engine_memory            # SmolLM2-135M, minutes on 2 cores
     .venv/bin/python -m benchmarks.engine_memory --quick    # tiny-random, seconds
     .venv/bin/python -m benchmarks.engine_memory --warm     # first-use costs paid before
+
+The host's own settings are its environment's (core/engine_host.py); as it runs:
+    ONEDNN_PRIMITIVE_CACHE_CAPACITY=128 MALLOC_MMAP_THRESHOLD_=33554432 \
+        MALLOC_TRIM_THRESHOLD_=1048576 .venv/bin/python -m benchmarks.engine_memory --warm
 """
 
 from __future__ import annotations

@@ -50,7 +50,7 @@ def _capacity_calls() -> tuple[Callable[[int], int], Callable[[ctypes._Pointer],
         get_capacity = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_int))(
             loaded_at + found[_GET]
         )
-    except (OSError, AttributeError, ValueError, struct.error) as exc:
+    except (OSError, AttributeError, IndexError, ValueError, struct.error) as exc:
         log.debug("oneDNN's cache cannot be reached: %s", exc)
         return None
     return set_capacity, get_capacity
@@ -81,11 +81,11 @@ def _function_symbols(path: Path, names: tuple[str, ...]) -> dict[str, int]:
         return {
             name: value
             for name in names
-            if (value := _find(image, name, symtab, strtab)) is not None
+            if (value := _symbol_value(image, name, symtab, strtab)) is not None
         }
 
 
-def _find(image: mmap.mmap, name: str, symtab: tuple, strtab: tuple) -> int | None:
+def _symbol_value(image: mmap.mmap, name: str, symtab: tuple, strtab: tuple) -> int | None:
     names_start, names_end = strtab[4], strtab[4] + strtab[5]
     table_start, table_end = symtab[4], symtab[4] + symtab[5]
     wanted = name.encode() + b"\0"
