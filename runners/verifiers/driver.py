@@ -198,10 +198,18 @@ class Driver:
         self.child.stop()
 
 
+# The null harness is a PEP 723 script whose dependencies are unpinned (openai, mcp, httpx,
+# tenacity), resolved afresh for each new environment: openai 3.63 (uploaded 2026-12-03) with
+# httpx2 2.17 failed every rollout ("Invalid timeout ... got <class 'httpx.Timeout'>"). It
+# resolves as of this moment instead, as a lock would (openai 3.60, httpx2 2.16.2).
+HARNESS_RESOLVED_AS_OF = "2026-11-27T00:00:00Z"
+
+
 def harness_home(settings: Settings) -> dict[str, str]:
     """Where verifiers' v1 runtime prepares its harness (`pip install --user uv`, then `uv sync
     --script`, into $HOME): a folder of the server's, not the user's home; the package caches
-    stay the user's, so that what was fetched once is not fetched again."""
+    stay the user's, so that what was fetched once is not fetched again. The harness's script
+    resolves as of `HARNESS_RESOLVED_AS_OF` unless the user's UV_EXCLUDE_NEWER says otherwise."""
     home = settings.var_dir / "verifiers" / "home"
     home.mkdir(parents=True, exist_ok=True)
     user = Path(os.environ.get("HOME") or Path.home())
@@ -209,6 +217,7 @@ def harness_home(settings: Settings) -> dict[str, str]:
         "HOME": str(home),
         "UV_CACHE_DIR": os.environ.get("UV_CACHE_DIR") or str(user / ".cache" / "uv"),
         "PIP_CACHE_DIR": os.environ.get("PIP_CACHE_DIR") or str(user / ".cache" / "pip"),
+        "UV_EXCLUDE_NEWER": os.environ.get("UV_EXCLUDE_NEWER") or HARNESS_RESOLVED_AS_OF,
     }
 
 
