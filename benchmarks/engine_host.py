@@ -228,16 +228,22 @@ def settled_rss(var_dir: Path, within: float = 0.01, every_s: float = 1.0) -> fl
     return last
 
 
-# The kept part's arms: the host as shipped, and one with glibc's own (rising) thresholds.
-MALLOC_ARMS = {"as shipped": engine_host.MALLOC_THRESHOLDS, "glibc's own thresholds": {}}
+# The kept part's arms: the host's environment as shipped, and without its malloc thresholds
+# (glibc's own, rising ones).
+MALLOC_ARMS = {
+    "as shipped": engine_host.HOST_ENVIRONMENT,
+    "glibc's own thresholds": {
+        k: v for k, v in engine_host.HOST_ENVIRONMENT.items() if not k.startswith("MALLOC_")
+    },
+}
 
 
 def kept_up(models_dir: Path, rounds: int) -> None:
     """The batches on each arm in turn, `rounds` times, and their table."""
     measured = [
-        (arm, kept_batches(models_dir, thresholds))
+        (arm, kept_batches(models_dir, environment))
         for _ in range(rounds)
-        for arm, thresholds in MALLOC_ARMS.items()
+        for arm, environment in MALLOC_ARMS.items()
     ]
     print(
         "\n| host | batch | runs | peak GB (all) | x the first | host RSS before GB | after GB "
@@ -258,20 +264,20 @@ def kept_up(models_dir: Path, rounds: int) -> None:
     print("goals: the 4 at most 1.6x the first 1; the host after each batch within 10% of before")
 
 
-def kept_batches(models_dir: Path, thresholds: dict[str, str]) -> list[Batch]:
+def kept_batches(models_dir: Path, environment: dict[str, str]) -> list[Batch]:
     """1 run, then 4 at once, then 1 again, on one server and one host kept up, the host
-    started here with `thresholds` for glibc's malloc (the server adopts it)."""
+    started here with `environment` for its defaults (the server adopts it)."""
     with tempfile.TemporaryDirectory() as tmp:
         var = Path(tmp) / "var"
         env = {"RLCS_MODELS_DIR": str(models_dir), "RLCS_MAX_CONCURRENT_RUNS": "8"}
         with LiveServer(var, None, **env) as server:
             api = httpx.Client(base_url=server.url, timeout=60)
-            shipped = engine_host.MALLOC_THRESHOLDS
-            engine_host.MALLOC_THRESHOLDS = thresholds
+            shipped = engine_host.HOST_ENVIRONMENT
+            engine_host.HOST_ENVIRONMENT = environment
             try:
                 engine_host.ensure(Settings(var_dir=var, models_path=models_dir))
             finally:
-                engine_host.MALLOC_THRESHOLDS = shipped
+                engine_host.HOST_ENVIRONMENT = shipped
             batches = []
             for count in (1, 4, 1):
                 before = settled_rss(var)

@@ -9,9 +9,8 @@ of 1, and the RSS after each batch within 10% of the RSS before it.
     .venv/bin/python -m benchmarks.engine_memory --quick    # tiny-random, seconds
     .venv/bin/python -m benchmarks.engine_memory --warm     # first-use costs paid before
 
-The host's own settings are its environment's (core/engine_host.py); as it runs:
-    ONEDNN_PRIMITIVE_CACHE_CAPACITY=128 MALLOC_MMAP_THRESHOLD_=33554432 \
-        MALLOC_TRIM_THRESHOLD_=1048576 .venv/bin/python -m benchmarks.engine_memory --warm
+A host runs with `core/engine_host.HOST_ENVIRONMENT` (oneDNN's cache, glibc's malloc
+thresholds), read once as a process starts: set those variables to measure as a host runs.
 """
 
 from __future__ import annotations

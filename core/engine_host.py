@@ -37,16 +37,16 @@ LOCK = "host.lock"
 LOG = "host.log"
 START_LOCK = "start.lock"
 _SOCKET_PATH_MAX = 100  # sun_path holds 108 bytes; a longer path goes under the temp folder
-# oneDNN keeps a compiled product for each shape it meets (1,024 by default): a host meets a
-# new one with every batch size, and kept them all past its runs (benchmarks/README.md, issue
-# 52). A host's decode steps reuse a few shapes; a user's own setting wins.
-ONEDNN_CACHE = "128"
-# glibc raises its mmap threshold as large blocks are freed (up to 32 MiB) and its trim
-# threshold with it (to 64 MiB), and trims a thread arena's top only past that: every arena a
-# client's thread used kept tens of MB past its runs (malloc_trim never trims those tops).
-# Fixed, the thresholds stay at the heights the host reaches anyway (blocks up to 32 MiB from
-# the arenas) and a top past 1 MiB goes back as it frees (benchmarks/README.md, issue 52).
-MALLOC_THRESHOLDS = {
+# What a host's environment holds unless the user set it (benchmarks/README.md, issue 52):
+HOST_ENVIRONMENT = {
+    # oneDNN keeps a compiled product for each shape it meets (1,024 by default): a host meets
+    # a new one with every batch size; its decode steps reuse a few.
+    "ONEDNN_PRIMITIVE_CACHE_CAPACITY": "128",
+    # glibc raises its mmap threshold as large blocks are freed (up to 32 MiB) and its trim
+    # threshold with it (to 64 MiB), and trims a thread arena's top only past that, so every
+    # arena a client's thread used kept tens of MB past its runs (malloc_trim never trims
+    # those tops). Fixed, they stay at the heights the host reaches anyway (blocks up to 32 MiB
+    # from the arenas) and a top past 1 MiB goes back as it frees.
     "MALLOC_MMAP_THRESHOLD_": str(32 << 20),
     "MALLOC_TRIM_THRESHOLD_": str(1 << 20),
 }
@@ -168,8 +168,7 @@ def _start(settings: Settings, slot: Slot, timeout_s: float) -> HostRecord:
     logfile = log_path(settings.var_dir, slot)
     env = settings.child_environment()
     env["RLCS_ENGINE_SLOT"] = slot.to_json()
-    env.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", ONEDNN_CACHE)
-    for name, value in MALLOC_THRESHOLDS.items():
+    for name, value in HOST_ENVIRONMENT.items():
         env.setdefault(name, value)
     if slot.gpu is not None:
         env["CUDA_VISIBLE_DEVICES"] = slot.gpu  # it sees its GPU alone, as "cuda"

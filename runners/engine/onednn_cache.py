@@ -11,6 +11,7 @@ import mmap
 import struct
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any, NamedTuple
 
 log = logging.getLogger(__name__)
 
@@ -28,8 +29,13 @@ class _LinkMap(ctypes.Structure):
     _fields_ = [("l_addr", ctypes.c_size_t), ("l_name", ctypes.c_char_p)]
 
 
+class _Calls(NamedTuple):
+    set_capacity: Callable[[int], int]  # oneDNN's status: 0 done
+    get_capacity: Callable[[Any], int]  # into an int's pointer
+
+
 @functools.cache
-def _capacity_calls() -> tuple[Callable[[int], int], Callable[[ctypes._Pointer], int]] | None:
+def _capacity_calls() -> _Calls | None:
     """oneDNN's set and get of the cache's capacity, or None where they cannot be found
     safely (no libtorch_cpu, no symbol table, not an ELF64 little-endian file)."""
     try:
@@ -53,7 +59,7 @@ def _capacity_calls() -> tuple[Callable[[int], int], Callable[[ctypes._Pointer],
     except (OSError, AttributeError, IndexError, ValueError, struct.error) as exc:
         log.debug("oneDNN's cache cannot be reached: %s", exc)
         return None
-    return set_capacity, get_capacity
+    return _Calls(set_capacity, get_capacity)
 
 
 def _load_address(library: ctypes.CDLL) -> int:
@@ -109,7 +115,7 @@ def capacity() -> int | None:
     if calls is None:
         return None
     value = ctypes.c_int()
-    return value.value if calls[1](ctypes.pointer(value)) == 0 else None
+    return value.value if calls.get_capacity(ctypes.pointer(value)) == 0 else None
 
 
 def empty() -> bool:
@@ -119,4 +125,4 @@ def empty() -> bool:
     kept = capacity()
     if calls is None or kept is None:
         return False
-    return calls[0](0) == 0 and calls[0](kept) == 0
+    return calls.set_capacity(0) == 0 and calls.set_capacity(kept) == 0
